@@ -1,0 +1,1 @@
+"""Numba CPU kernels. `gpu/` provides the same ops under the same names."""

@@ -1,0 +1,1 @@
+"""Numba CUDA kernels, same op names as `cpu/`. Importing needs no GPU."""

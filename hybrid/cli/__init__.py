@@ -1,0 +1,30 @@
+"""The `hybrid` command line. Each subcommand lives in its own module and registers itself."""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import HybridError
+
+app = typer.Typer(
+    name="hybrid",
+    help="Run GDN-hybrid LLMs (Qwen3.5/3.6, Qwen3.5-MoE, Qwen3-Next) from llama.cpp GGUF files, fast.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+from . import info, make_model, bench_kernels  # noqa: E402  (each adds its command to `app`)
+
+
+def main() -> None:
+    """Console entry point: user errors print one clear line and exit 1, never a traceback."""
+    try:
+        app()
+    except HybridError as e:
+        from rich.console import Console
+        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,1 @@
+"""`hybrid bench_kernels` (being written)."""

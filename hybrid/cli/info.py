@@ -1,0 +1,1 @@
+"""`hybrid info` (being written)."""

@@ -1,0 +1,1 @@
+"""`hybrid make_model` (being written)."""
