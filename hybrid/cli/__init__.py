@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from . import info, make_model, bench_kernels  # noqa: E402  (each adds its command to `app`)
+from . import info, make_model, bench_kernels, decode, bench  # noqa: E402,F401  (each adds its command)
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
         app()
     except HybridError as e:
         from rich.console import Console
-        Console(stderr=True).print(f"[bold red]error:[/] {e}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -1,0 +1,46 @@
+"""What `hybrid info` reports about a model, as plain JSON-ready data (rendering lives in the CLI)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .config import ATTN, GDN, ModelConfig
+from .model_file import ModelFile
+
+
+def describe_layers(c: ModelConfig) -> str:
+    """e.g. '8 trunk: 6 GDN + 2 attention; MTP block at blk.8'."""
+    n_gdn = sum(k == GDN for k in c.layer_kinds)
+    n_attn = sum(k == ATTN for k in c.layer_kinds)
+    text = f"{c.n_layer} trunk: {n_gdn} GDN + {n_attn} attention"
+    if c.n_nextn:
+        text += f"; MTP block at blk.{c.n_layer}"
+    return text
+
+
+def summarize(m: ModelFile) -> dict[str, Any]:
+    """Everything `info` shows. Keys are stable: scripts read `hybrid info --json`."""
+    c = m.config
+    bytes_by_role = m.bytes_by_role()
+    return {
+        "path": str(m.path),
+        "name": m.metadata.get("general.name"),
+        "architecture": c.arch,
+        "gguf_version": m.version,
+        "file_type": m.metadata.get("general.file_type"),
+        "n_layer": c.n_layer,
+        "n_nextn": c.n_nextn,
+        "mtp_block": f"blk.{c.n_layer}" if c.n_nextn else None,
+        "layers": describe_layers(c),
+        "n_embd": c.n_embd,
+        "n_vocab": c.n_vocab,
+        "tied_output": c.tied_output,
+        "layer_kinds": list(c.layer_kinds),
+        "n_tensors": len(m.tensors),
+        "n_params": sum(t.n_elements for t in m.tensors.values()),
+        "tensor_types": m.count_by_type(),
+        "bytes_by_type": m.bytes_by_type(),
+        "bytes_by_role": bytes_by_role,
+        "tensor_bytes": sum(bytes_by_role.values()),
+        "file_bytes": m.file_bytes,
+        "config": c.to_dict(),
+    }
