@@ -5,3 +5,9 @@ Importing this package needs neither a GPU nor a CUDA toolkit.
 __version__ = "0.1.0"
 
 from .errors import HybridError, ModelError  # noqa: F401
+
+
+def load(path=None, device="auto", threads=None, n_ctx=None):
+    """Open a GGUF model and return a `hybrid.api.Model` (see there)."""
+    from .api import load as _load
+    return _load(path, device=device, threads=threads, n_ctx=n_ctx)

@@ -24,7 +24,9 @@ def main() -> None:
         app()
     except HybridError as e:
         from rich.console import Console
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        from rich.text import Text
+        # a Text, not markup: messages quote shapes like [512, 1024] that markup would eat
+        Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "bold red"), str(e)))
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
