@@ -1,0 +1,180 @@
+"""Next-token sampling as llama.cpp's default chain, and stop-string handling for streamed text.
+
+Order (llama.cpp common sampler): penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+Top-p and min-p therefore see the untempered logits, and top-p's mass is taken over the top-k
+survivors only. `probs` returns the distribution the draw uses, so speculative decoding can
+compare a draft against exactly what `sample` would do.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+from .errors import HybridError
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """llama.cpp's defaults. temperature <= 0 means greedy (argmax after the penalties);
+    top_k <= 0, top_p >= 1 and min_p <= 0 switch those filters off; repeat_last_n = -1 penalises
+    the whole history and 0 none of it."""
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0   # llama.cpp's, off by default: minus count * this
+    presence_penalty: float = 0.0    # minus this once for any token seen
+    seed: int | None = None
+
+    def __post_init__(self):
+        problems = []
+        if not math.isfinite(self.temperature):
+            problems.append(f"temperature must be a finite number, not {self.temperature}")
+        if not 0.0 <= self.top_p <= 1.0:
+            problems.append(f"top_p must be in [0, 1], not {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            problems.append(f"min_p must be in [0, 1], not {self.min_p}")
+        if not self.repeat_penalty > 0.0:
+            problems.append(f"repeat_penalty must be > 0, not {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            problems.append(f"repeat_last_n must be -1 (all), 0 (off) or positive, not {self.repeat_last_n}")
+        if self.seed is not None and self.seed < 0:
+            problems.append(f"seed must be >= 0, not {self.seed}")
+        if problems:
+            raise HybridError("bad sampling settings: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    """Draws token ids from logits with a seeded generator (same seed -> same sequence)."""
+
+    def __init__(self, config: SamplerConfig | None = None):
+        self.config = config or SamplerConfig()
+        self.rng = np.random.default_rng(self.config.seed)
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        x = self._penalized(logits, history)
+        if self.config.greedy:
+            return int(np.argmax(x))  # first maximum: lowest id on ties
+        ids, p = self._distribution(x)
+        cdf = np.cumsum(p)
+        k = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return int(ids[min(k, len(ids) - 1)])
+
+    def probs(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """float32[n_vocab]: the final distribution `sample` draws from (one-hot when greedy)."""
+        x = self._penalized(logits, history)
+        out = np.zeros(x.shape[0], dtype=np.float32)
+        if self.config.greedy:
+            out[int(np.argmax(x))] = 1.0
+        else:
+            ids, p = self._distribution(x)
+            out[ids] = p
+        return out
+
+    # --- the chain ----------------------------------------------------------------------
+    def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        x = np.array(logits, dtype=np.float64).reshape(-1)  # a copy: the caller's logits stay
+        if x.size == 0:
+            raise HybridError("cannot sample from empty logits")
+        if np.isnan(x).any():
+            raise HybridError("the logits contain NaN: the model produced invalid numbers")
+        if np.isneginf(x).all():
+            raise HybridError("every token is masked out (all logits are -inf)")
+        c = self.config
+        n_last = len(history) if c.repeat_last_n == -1 else c.repeat_last_n
+        if n_last <= 0 or len(history) == 0 or (
+                c.repeat_penalty == 1.0 and c.frequency_penalty == 0.0 and c.presence_penalty == 0.0):
+            return x
+        seen, counts = np.unique(np.asarray(history[-n_last:], dtype=np.int64), return_counts=True)
+        if seen[0] < 0 or seen[-1] >= x.size:
+            raise HybridError(f"history holds a token id outside the vocabulary of {x.size}")
+        v = x[seen]
+        # Dividing a negative logit would raise its probability: llama.cpp multiplies those.
+        v = np.where(v <= 0.0, v * c.repeat_penalty, v / c.repeat_penalty)
+        x[seen] = v - counts * c.frequency_penalty - c.presence_penalty
+        return x
+
+    def _distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probabilities) after top-k, top-p, min-p and temperature, ids by falling logit."""
+        c = self.config
+        ids = _top_k(x, c.top_k)
+        v = x[ids]
+        if c.top_p < 1.0:
+            cum = np.cumsum(_softmax(v))
+            # The smallest prefix whose mass reaches top_p (at least one token).
+            v = v[:min(int(np.searchsorted(cum, c.top_p, side="left")) + 1, v.size)]
+        if c.min_p > 0.0:
+            # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); v is sorted, so a prefix.
+            v = v[:max(1, int(np.count_nonzero(v >= v[0] + math.log(c.min_p))))]
+        ids = ids[:v.size]
+        return ids, _softmax(v / c.temperature)
+
+
+def _top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest logits (all ids when k <= 0), sorted by falling logit, lowest id first
+    among equals — so the kth place is decided deterministically on ties."""
+    n = x.size
+    if 0 < k < n:
+        kth_largest = np.partition(x, n - k)[n - k]
+        candidates = np.flatnonzero(x >= kth_largest)
+    else:
+        candidates = np.arange(n)
+    order = np.argsort(-x[candidates], kind="stable")  # stable: candidates are in id order
+    return candidates[order][:k] if k > 0 else candidates[order]
+
+
+def _softmax(v: np.ndarray) -> np.ndarray:
+    e = np.exp(v - v.max())
+    return e / e.sum()
+
+
+class StopStep(NamedTuple):
+    text: str        # safe to show now
+    stopped: bool    # a stop string was hit: generation should end
+
+
+class StopChecker:
+    """Watches streamed text for stop strings. Text that could still become the start of a stop
+    string is held back; on a hit, the text before the stop string is released and the stop
+    string itself never is."""
+
+    def __init__(self, stop_strings: Iterable[str]):
+        self.stop_strings = tuple(s for s in stop_strings if s)  # "" would stop at once
+        self.stopped = False
+        self.matched: str | None = None  # the stop string that was hit
+        self._held = ""
+
+    def push(self, text: str) -> StopStep:
+        if self.stopped:
+            return StopStep("", True)
+        buffer = self._held + text
+        hit = min(((buffer.find(s), s) for s in self.stop_strings if s in buffer), default=None)
+        if hit is not None:
+            at, self.matched = hit
+            self.stopped, self._held = True, ""
+            return StopStep(buffer[:at], True)
+        keep = max((_overlap(buffer, s) for s in self.stop_strings), default=0)
+        self._held = buffer[len(buffer) - keep:] if keep else ""
+        return StopStep(buffer[:len(buffer) - keep], False)
+
+    def flush(self) -> str:
+        """The held-back text, once generation ended without a stop string."""
+        held, self._held = ("" if self.stopped else self._held), ""
+        return held
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest proper prefix of `stop` that `text` ends with."""
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0
