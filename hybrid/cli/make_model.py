@@ -86,8 +86,8 @@ def make_model(
     console = Console(highlight=False)
     plan = plan_model(spec, types)
     if plan_only:
-        for t in plan:
-            console.print(f"{t.name:<40} {str(list(t.ne)):<24} {t.type.name:<5} {t.nbytes:>14,}")
+        for t in plan:      # plain print: one unwrapped line per tensor, for scripts
+            print(f"{t.name:<40} {str(list(t.ne)):<24} {t.type.name:<5} {t.nbytes:>14,}")
         console.print(_summary(spec, plan))
         return
     if out.exists() and not force:
