@@ -1,0 +1,316 @@
+"""Slow, obvious numpy float64 reference forward for llama.cpp arch `qwen35` (dense GDN hybrid).
+
+Written straight from docs/MODEL_FORMAT.md §3 (trunk) and §4.1–4.2 (MTP head). It is an oracle, so
+it favours readability over speed: whole-sequence matmuls per layer, and plain Python loops over
+tokens for the two things that are sequential (the DeltaNet recurrence, causal attention).
+It reads tensors with `gguf.GGUFReader` + `gguf.quants.dequantize` only — never the engine's own
+reader or kernels — so a bug shared by the engine and this file is unlikely.
+
+Public API (token ids are one sequence starting at position 0):
+    reference_logits(model_path, token_ids)     -> float64 (n, n_vocab)
+    reference_hidden(model_path, token_ids)     -> float64 (n, D)   post-final-norm hidden (MTP input)
+    reference_mtp_logits(model_path, token_ids) -> float64 (n, n_vocab)
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+
+@dataclass(frozen=True)
+class Hparams:
+    n_layer_all: int  # block_count: trunk layers + MTP layers
+    n_nextn: int  # MTP layers (0 or 1)
+    recurrent: tuple[bool, ...]  # per trunk layer: GDN (True) or full attention (False)
+    d_model: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rope_theta: float
+    eps: float
+    conv_kernel: int
+    gdn_k_heads: int  # H_k
+    gdn_v_heads: int  # H_v
+    gdn_head_dim: int  # d_k = d_v
+
+    @property
+    def n_trunk(self) -> int:
+        return self.n_layer_all - self.n_nextn
+
+
+@dataclass(frozen=True)
+class Model:
+    hp: Hparams
+    weights: dict[str, np.ndarray]  # numpy shapes (ggml ne reversed), float64
+
+    def w(self, name: str) -> np.ndarray:
+        return self.weights[name]
+
+    def w_or(self, name: str, fallback: str) -> np.ndarray:
+        return self.weights.get(name, self.weights[fallback])
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise ValueError(f"GGUF key {key!r} missing")
+        return default
+    return field.contents()
+
+
+def _hparams(reader: GGUFReader) -> Hparams:
+    arch = _field(reader, "general.architecture")
+    if arch != "qwen35":
+        raise ValueError(f"reference forward supports arch 'qwen35' only, got {arch!r}")
+    k = lambda name, default=None: _field(reader, f"{arch}.{name}", default)  # noqa: E731
+    n_all = int(k("block_count"))
+    n_nextn = int(k("nextn_predict_layers", 0))
+    n_trunk = n_all - n_nextn
+    flags = reader.fields.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        recurrent = tuple(bool(x) for x in flags.contents()[:n_trunk])
+    else:  # §1.2: layer i is full attention iff (i+1) % interval == 0
+        interval = int(k("full_attention_interval", 4))
+        recurrent = tuple((i + 1) % interval != 0 for i in range(n_trunk))
+    head_dim = int(k("attention.key_length"))
+    return Hparams(
+        n_layer_all=n_all,
+        n_nextn=n_nextn,
+        recurrent=recurrent,
+        d_model=int(k("embedding_length")),
+        n_head=int(k("attention.head_count")),
+        n_head_kv=int(k("attention.head_count_kv")),
+        head_dim=head_dim,
+        n_rot=int(k("rope.dimension_count", head_dim)),
+        rope_theta=float(k("rope.freq_base", 10000.0)),
+        eps=float(k("attention.layer_norm_rms_epsilon")),
+        conv_kernel=int(k("ssm.conv_kernel")),
+        gdn_k_heads=int(k("ssm.group_count")),
+        gdn_v_heads=int(k("ssm.time_step_rank")),
+        gdn_head_dim=int(k("ssm.state_size")),
+    )
+
+
+def _dequantized(tensor) -> np.ndarray:
+    numpy_shape = tuple(int(n) for n in reversed(tensor.shape))
+    values = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+    return np.asarray(values, dtype=np.float64).reshape(numpy_shape)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(model_path: str) -> Model:
+    reader = GGUFReader(model_path)
+    weights = {t.name: _dequantized(t) for t in reader.tensors}
+    for arr in weights.values():
+        arr.setflags(write=False)  # the cache is shared between callers
+    return Model(_hparams(reader), weights)
+
+
+def load_model(model_path) -> Model:
+    """Dequantised float64 weights of a qwen35 GGUF, cached per resolved path."""
+    return _load(str(pathlib.Path(model_path).resolve()))
+
+
+# ----------------------------------------------------------------------------------------------
+# elementwise helpers
+
+
+def _rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    # weights are used as stored: the +1 of Gemma-style norms is already folded in (§2.7)
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def _l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    # ggml_l2_norm: x / max(||x||, eps)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x * _sigmoid(x)
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+def _rope_neox(x: np.ndarray, positions: np.ndarray, n_rot: int, theta: float) -> np.ndarray:
+    """NEOX RoPE on the first n_rot dims of each head: pairs (i, i + n_rot/2). x: (T, heads, d_h).
+
+    qwen35's IMROPE with equal t/h/w positions (text) is exactly this (§3.3 step 4).
+    """
+    half = n_rot // 2
+    angle = positions[:, None] * theta ** (-2.0 * np.arange(half) / n_rot)  # (T, half)
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    out = x.copy()
+    lo, hi = x[..., :half], x[..., half:n_rot]
+    out[..., :half] = lo * cos - hi * sin
+    out[..., half:n_rot] = lo * sin + hi * cos
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# blocks
+
+
+def _gated_attention(m: Model, layer: int, a: np.ndarray) -> np.ndarray:
+    """§3.3: gated full attention over rows 0..T-1 of one sequence (row t at position t)."""
+    hp, pre = m.hp, f"blk.{layer}."
+    n_tok, d_h = a.shape[0], hp.head_dim
+    q_and_gate = (a @ m.w(pre + "attn_q.weight").T).reshape(n_tok, hp.n_head, 2 * d_h)
+    q, gate = q_and_gate[..., :d_h], q_and_gate[..., d_h:]  # packed [query | gate] per head
+    k = (a @ m.w(pre + "attn_k.weight").T).reshape(n_tok, hp.n_head_kv, d_h)
+    v = (a @ m.w(pre + "attn_v.weight").T).reshape(n_tok, hp.n_head_kv, d_h)
+    q = _rms_norm(q, m.w(pre + "attn_q_norm.weight"), hp.eps)
+    k = _rms_norm(k, m.w(pre + "attn_k_norm.weight"), hp.eps)
+    positions = np.arange(n_tok, dtype=np.float64)
+    q = _rope_neox(q, positions, hp.n_rot, hp.rope_theta)
+    k = _rope_neox(k, positions, hp.n_rot, hp.rope_theta)
+
+    heads_per_kv = hp.n_head // hp.n_head_kv
+    scale = 1.0 / np.sqrt(d_h)
+    out = np.empty((n_tok, hp.n_head, d_h))
+    for t in range(n_tok):
+        for h in range(hp.n_head):
+            g = h // heads_per_kv  # consecutive query heads share a KV head
+            scores = (k[: t + 1, g] @ q[t, h]) * scale  # causal: keys 0..t
+            p = np.exp(scores - scores.max())
+            out[t, h] = (p / p.sum()) @ v[: t + 1, g]
+    out = out * _sigmoid(gate)
+    return out.reshape(n_tok, hp.n_head * d_h) @ m.w(pre + "attn_output.weight").T
+
+
+def _gated_delta_net(m: Model, layer: int, a: np.ndarray) -> np.ndarray:
+    """§3.4: Gated DeltaNet from a zero state (conv and recurrent) over rows 0..T-1."""
+    hp, pre = m.hp, f"blk.{layer}."
+    n_tok = a.shape[0]
+    h_k, h_v, d, kernel = hp.gdn_k_heads, hp.gdn_v_heads, hp.gdn_head_dim, hp.conv_kernel
+    key_dim = h_k * d
+
+    mix = a @ m.w(pre + "attn_qkv.weight").T  # (T, C): [q | k | v]
+    z = (a @ m.w(pre + "attn_gate.weight").T).reshape(n_tok, h_v, d)
+    beta = _sigmoid(a @ m.w(pre + "ssm_beta.weight").T)  # (T, H_v)
+    alpha = a @ m.w(pre + "ssm_alpha.weight").T
+    log_decay = m.w(pre + "ssm_a") * _softplus(alpha + m.w(pre + "ssm_dt.bias"))  # g <= 0
+
+    # causal depthwise conv: tap j multiplies mix_{t-K+1+j}; tap K-1 is the current token
+    conv_w = m.w(pre + "ssm_conv1d.weight")  # (C, K), oldest tap first
+    padded = np.concatenate([np.zeros((kernel - 1, mix.shape[1])), mix])
+    conv = np.stack([np.sum(conv_w.T * padded[t : t + kernel], axis=0) for t in range(n_tok)])
+    u = _silu(conv)
+
+    q = _l2_norm(u[:, :key_dim].reshape(n_tok, h_k, d), hp.eps)
+    k = _l2_norm(u[:, key_dim : 2 * key_dim].reshape(n_tok, h_k, d), hp.eps)
+    v = u[:, 2 * key_dim :].reshape(n_tok, h_v, d)
+
+    state = np.zeros((h_v, d, d))  # S_j[key index, value index]
+    o = np.empty((n_tok, h_v, d))
+    for t in range(n_tok):
+        for j in range(h_v):
+            kh = j % h_k  # qwen35: tiled head pairing (the converter reordered V heads)
+            state[j] *= np.exp(log_decay[t, j])  # decay first ...
+            delta = beta[t, j] * (v[t, j] - state[j].T @ k[t, kh])  # ... delta on the decayed state
+            state[j] += np.outer(k[t, kh], delta)
+            o[t, j] = (state[j].T @ q[t, kh]) / np.sqrt(d)  # ... then read
+    y = _rms_norm(o, m.w(pre + "ssm_norm.weight"), hp.eps) * _silu(z)  # norm, then gate
+    return y.reshape(n_tok, h_v * d) @ m.w(pre + "ssm_out.weight").T
+
+
+def _ffn(m: Model, layer: int, x: np.ndarray) -> np.ndarray:
+    """§3.5 dense SwiGLU."""
+    pre = f"blk.{layer}."
+    gate = x @ m.w(pre + "ffn_gate.weight").T
+    up = x @ m.w(pre + "ffn_up.weight").T
+    return (_silu(gate) * up) @ m.w(pre + "ffn_down.weight").T
+
+
+def _decoder_block(m: Model, layer: int, h: np.ndarray, recurrent: bool) -> np.ndarray:
+    """§3.2 skeleton: pre-norm mixer + residual, pre-norm FFN + residual."""
+    pre, eps = f"blk.{layer}.", m.hp.eps
+    a = _rms_norm(h, m.w(pre + "attn_norm.weight"), eps)
+    mixer = _gated_delta_net if recurrent else _gated_attention
+    h = h + mixer(m, layer, a)
+    return h + _ffn(m, layer, _rms_norm(h, m.w(pre + "post_attention_norm.weight"), eps))
+
+
+def _lm_head(m: Model) -> np.ndarray:
+    return m.w_or("output.weight", "token_embd.weight")  # tied fallback
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+
+
+def _checked_ids(m: Model, token_ids) -> np.ndarray:
+    ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    n_vocab = m.w("token_embd.weight").shape[0]
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= n_vocab:
+        raise ValueError(f"token ids must be a non-empty sequence in [0, {n_vocab})")
+    return ids
+
+
+@functools.lru_cache(maxsize=16)
+def _trunk_hidden(model_path: str, ids: tuple[int, ...]) -> np.ndarray:
+    m = _load(model_path)
+    h = m.w("token_embd.weight")[np.asarray(ids)]
+    for layer in range(m.hp.n_trunk):
+        h = _decoder_block(m, layer, h, m.hp.recurrent[layer])
+    out = _rms_norm(h, m.w("output_norm.weight"), m.hp.eps)
+    out.setflags(write=False)
+    return out
+
+
+def reference_hidden(model_path, token_ids) -> np.ndarray:
+    """Post-final-norm trunk hidden RMSNorm(h_L; output_norm), float64 (n, D)."""
+    m = load_model(model_path)
+    ids = _checked_ids(m, token_ids)
+    return _trunk_hidden(str(pathlib.Path(model_path).resolve()), tuple(ids.tolist())).copy()
+
+
+def reference_logits(model_path, token_ids) -> np.ndarray:
+    """Main-head logits for every position, float64 (n, n_vocab)."""
+    m = load_model(model_path)
+    return reference_hidden(model_path, token_ids) @ _lm_head(m).T
+
+
+def reference_mtp_logits(model_path, token_ids) -> np.ndarray:
+    """MTP-head logits, float64 (n, n_vocab) (§4.1–4.2).
+
+    Row p = MTP head on (token x_p at position p, trunk post-norm hidden h_{p-1}; zeros for p = 0),
+    with the MTP block's own causal KV over rows 0..p. h_{p-1} already "knows" x_p's context and
+    the row adds x_p itself, so row p drafts x_{p+1}: the same target as the main head's row p.
+    """
+    m = load_model(model_path)
+    if m.hp.n_nextn < 1:
+        raise ValueError("model has no MTP (nextn) layer")
+    ids = _checked_ids(m, token_ids)
+    hidden = reference_hidden(model_path, ids)
+    h_prev = np.concatenate([np.zeros((1, hidden.shape[1])), hidden[:-1]])
+
+    layer, eps = m.hp.n_trunk, m.hp.eps
+    pre = f"blk.{layer}.nextn."
+    embed = m.w_or(pre + "embed_tokens.weight", "token_embd.weight")[ids]
+    joined = np.concatenate(
+        [_rms_norm(embed, m.w(pre + "enorm.weight"), eps), _rms_norm(h_prev, m.w(pre + "hnorm.weight"), eps)],
+        axis=1,
+    )  # embedding half first
+    u = joined @ m.w(pre + "eh_proj.weight").T
+    out = _decoder_block(m, layer, u, recurrent=False)
+    out = _rms_norm(out, m.w_or(pre + "shared_head_norm.weight", "output_norm.weight"), eps)
+    head = m.weights.get(pre + "shared_head_head.weight")
+    return out @ (_lm_head(m) if head is None else head).T
