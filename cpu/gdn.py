@@ -1,0 +1,146 @@
+"""Gated DeltaNet kernels: causal conv1d + SiLU, per-head L2 norm, the gated delta rule
+(../docs/MODEL_FORMAT.md §3.4). Each kernel steps all n tokens of a call in one launch.
+
+State layouts (float32, one per GDN layer and sequence):
+* recurrent state `ssm` (H_v, d_v, d_k): S_j[i][c] (key index i, value index c) lives at
+  ssm[j, c, i], i.e. float offset j·d_v·d_k + c·d_k + i. The key index is contiguous, which
+  is llama.cpp's layout too. Each value index c is then one contiguous row of d_k floats
+  that the delta rule reads and updates on its own: rows are independent, so the kernel
+  runs them in parallel and keeps each row in L1 across all n tokens.
+* conv state `conv` (K−1, C): the last K−1 pre-conv inputs, oldest row first, channels
+  contiguous (the transpose of llama.cpp's time-contiguous {K−1, C}); rolling it is a row shift.
+* snapshot rings, optional: `ring_ssm` (R, H_v, d_v, d_k) and `ring_conv` (R, K−1, C).
+  After token i of a call, slot i gets that token's state and conv window (requires
+  R ≥ n). Speculative decoding rolls back to "after token i" by copying slot i. Pass
+  arrays with R = 0 for no snapshots (same types, so no extra Numba specialisation).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+# Reassociation vectorises the d_k dot products; every token runs the same code, so an
+# n-token call stays bit-identical to n one-token calls.
+_FAST = {"reassoc", "contract", "nsz"}
+
+
+@njit(cache=True, nogil=True)
+def conv1d_silu(mix, w, conv, out, ring_conv):
+    """Causal depthwise conv over n tokens, then SiLU; advances the conv state.
+
+    mix (n, C) pre-conv inputs; w (K, C) taps oldest→current (tap K−1 multiplies the
+    current token; this is `ssm_conv1d` (C, K) transposed); conv (K−1, C) rolling state,
+    updated in place; out (n, C) = SiLU(conv output). ring_conv (R, K−1, C): if R > 0,
+    slot t receives the window after token t.
+    """
+    n, C = mix.shape
+    K = w.shape[0]
+    keep = K - 1
+    snap = ring_conv.shape[0] > 0
+    for t in range(n):
+        o = out[t]
+        o[:] = np.float32(0.0)
+        for j in range(K):
+            s = t - keep + j            # input index of tap j; < 0 reaches into the state
+            x = conv[keep + s] if s < 0 else mix[s]
+            wj = w[j]
+            for ch in range(C):
+                o[ch] += wj[ch] * x[ch]
+        for ch in range(C):
+            o[ch] = o[ch] / (np.float32(1.0) + np.exp(-o[ch]))
+        if snap:
+            for r in range(keep):
+                s = t - keep + 1 + r
+                ring_conv[t, r, :] = conv[keep + s] if s < 0 else mix[s]
+    # New state: the last K−1 inputs of concat(state, mix). Reading index r+n ≥ r, so the
+    # forward in-place shift never overwrites a row it still needs.
+    for r in range(keep):
+        s = n - keep + r
+        conv[r, :] = conv[keep + s] if s < 0 else mix[s]
+
+
+@njit(cache=True, nogil=True)
+def l2_norm_heads(x, n_heads, d, eps):
+    """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row.
+
+    For the GDN, x is the conv output (n, C) and n_heads = 2·H_k covers q then k.
+    """
+    n = x.shape[0]
+    for t in range(n):
+        for h in range(n_heads):
+            base = h * d
+            ss = 0.0
+            for i in range(d):
+                v = np.float64(x[t, base + i])
+                ss += v * v
+            inv = np.float32(1.0 / max(math.sqrt(ss), eps))
+            for i in range(d):
+                x[t, base + i] *= inv
+
+
+@njit(cache=True, nogil=True)
+def _gates(b, alpha, ssm_a, dt_bias):
+    """β = σ(b) and the decay exp(g), g = ssm_a·softplus(α + dt_bias), per (token, v-head)."""
+    n, n_v = b.shape
+    beta = np.empty((n, n_v), dtype=np.float32)
+    decay = np.empty((n, n_v), dtype=np.float32)
+    for t in range(n):
+        for j in range(n_v):
+            beta[t, j] = 1.0 / (1.0 + math.exp(-np.float64(b[t, j])))
+            a = np.float64(alpha[t, j]) + dt_bias[j]
+            softplus = a if a > 20.0 else math.log1p(math.exp(a))   # ggml's cut-off
+            decay[t, j] = math.exp(ssm_a[j] * softplus)
+    return beta, decay
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
+def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):
+    """The gated delta rule over n tokens, per v-head j, with S_j in `ssm` (H_v, d_v, d_k):
+
+        S ← exp(g)·S;  δ = β·(v − Sᵀk̂);  S ← S + k̂δᵀ;  o = Sᵀq̂ / sqrt(d_k)
+
+    u (n, C): conv output after L2 norm, channels [q̂: H_k·d_k | k̂: H_k·d_k | v: H_v·d_v].
+    grouped: head pairing; False = tiled, v-head j uses k-head j mod H_k (qwen35, qwen35moe);
+    True = grouped, j // (H_v/H_k) (qwen3next).
+    b, alpha (n, H_v) raw projections; ssm_a, dt_bias (H_v,). out (n, H_v·d_v).
+    ring_ssm (R, H_v, d_v, d_k): if R > 0, slot t receives the state after token t.
+    """
+    n = u.shape[0]
+    n_v, d_v, d_k = ssm.shape
+    ratio = n_v // n_k_heads
+    k_start = n_k_heads * d_k
+    v_start = 2 * k_start
+    scale = np.float32(1.0 / math.sqrt(d_k))
+    snap = ring_ssm.shape[0] > 0
+    beta, decay = _gates(b, alpha, ssm_a, dt_bias)
+    # One work item = one value row c of one head: it owns S_j[:, c] and nothing else.
+    # Rows and q̂/k̂ are taken as 1-D views: LLVM vectorises the d_k loops over views
+    # (about 5× faster than 2-D indexing, where it cannot prove the stride).
+    for row in prange(n_v * d_v):
+        j = row // d_v
+        c = row - j * d_v
+        kh = j // ratio if grouped else j % n_k_heads
+        q0 = kh * d_k
+        k0 = k_start + kh * d_k
+        s = ssm[j, c]
+        for t in range(n):
+            ut = u[t]
+            q = ut[q0:q0 + d_k]
+            k = ut[k0:k0 + d_k]
+            dec = decay[t, j]
+            kv = np.float32(0.0)
+            for i in range(d_k):
+                si = s[i] * dec
+                s[i] = si
+                kv += si * k[i]
+            delta = beta[t, j] * (ut[v_start + j * d_v + c] - kv)
+            o = np.float32(0.0)
+            for i in range(d_k):
+                si = s[i] + k[i] * delta
+                s[i] = si
+                o += si * q[i]
+            out[t, j * d_v + c] = o * scale
+            if snap:
+                ring_ssm[t, j, c, :] = s

@@ -1,0 +1,202 @@
+"""The layer loop, written once against an `ops` namespace (cpu.ops now, gpu.ops later).
+
+Per trunk layer (MODEL_FORMAT.md §3.2):
+    a = RMSNorm(x; attn_norm);  x += GDN(a) or GatedAttention(a, pos)
+    x += FFN(RMSNorm(x; post_attention_norm))
+then hidden = RMSNorm(x; output_norm) and logits = W_output · hidden.
+
+Any number of tokens per call (prompt chunks, one-token decode, k-token verify); every
+kernel steps all n rows in one launch. Scratch buffers are allocated once per call size
+and reused, so the layer loop itself allocates nothing. Not thread-safe: one Forward
+drives one call at a time (the scratch is shared).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import HybridError
+from .state import DEFAULT_N_CTX, SessionState
+from .weights import AttentionLayer, DenseFFN, GDNLayer, ModelWeights, bind_weights, embed_tokens, lm_head
+
+LOGITS_MODES = ("last", "all", "none")
+_SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k, prompt chunk, last chunk
+
+
+class Forward:
+    def __init__(self, model_file, ops=None):
+        if ops is None:
+            import cpu.ops as ops
+        self.model_file = model_file          # keeps the mapped tensors alive
+        self.config: ModelConfig = model_file.config
+        self.weights: ModelWeights = bind_weights(model_file)
+        self.ops = ops
+        c = self.config
+        self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
+        self.grouped_heads = c.gdn_head_pairing == "grouped"
+        self._scratch: OrderedDict[int, _Scratch] = OrderedDict()
+
+    def new_state(self, n_ctx: int | None = None, n_ring: int = 0) -> SessionState:
+        n_ctx = n_ctx or min(DEFAULT_N_CTX, self.config.context_length)
+        return SessionState(self.config, n_ctx, n_ring)
+
+    def forward(self, state: SessionState, token_ids, logits: str = "last", snapshot: bool = False):
+        """Run n tokens at positions state.n_past.. and advance the state.
+
+        Returns (logits, hidden): logits float32 (1, n_vocab) for "last", (n, n_vocab) for
+        "all", None for "none"; hidden float32 (n, D) after output_norm (the MTP input).
+        snapshot=True writes each token's GDN/conv state into the ring (state.rollback).
+        """
+        ids = self._check_tokens(token_ids)
+        if logits not in LOGITS_MODES:
+            raise HybridError(f"logits must be one of {', '.join(LOGITS_MODES)}; got {logits!r}")
+        n = len(ids)
+        state.check_fits(n)
+        if snapshot:
+            state.check_ring(n)
+        ops, c, w = self.ops, self.config, self.weights
+        s = self._scratch_for(n)
+        s.pos[:] = np.arange(state.n_past, state.n_past + n)
+        x = s.x
+        x[...] = embed_tokens(w, ids, ops)
+        for layer in w.layers:
+            ops.rms_norm(x, layer.attn_norm, c.rms_eps, s.a)
+            if isinstance(layer, GDNLayer):
+                self._gdn(layer, state, s, snapshot)
+            else:
+                self._attention(layer, state.kv[layer.index], state.n_past, s)
+            self._residual_ffn(layer, s)
+        hidden = np.empty((n, c.n_embd), np.float32)
+        ops.rms_norm(x, w.output_norm, c.rms_eps, hidden)
+        state.advance(n, snapshot)
+        if logits == "none":
+            return None, hidden
+        rows = hidden if logits == "all" else hidden[n - 1:]
+        out = np.empty((rows.shape[0], c.n_vocab), np.float32)
+        lm_head(w, rows, out, ops)
+        return out, hidden
+
+    def attention_block(self, layer: AttentionLayer, x: np.ndarray, kv, n_before: int) -> None:
+        """One full-attention block on rows x (n, D) in place, at positions n_before.., over the
+        cache pair kv = (k_cache, v_cache). For the MTP block (blk.L with state.mtp_kv[L]);
+        the caller keeps its own position counter."""
+        s = self._scratch_for(x.shape[0])
+        s.pos[:] = np.arange(n_before, n_before + x.shape[0])
+        s.x[...] = x
+        self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
+        self._attention(layer, kv, n_before, s)
+        self._residual_ffn(layer, s)
+        x[...] = s.x
+
+    # --- the two mixers and the FFN -----------------------------------------------------------
+    def _residual_ffn(self, layer, s: "_Scratch") -> None:
+        """x += mixer output; x += FFN(RMSNorm(x; post_attention_norm))."""
+        ops = self.ops
+        ops.add_inplace(s.x, s.m)
+        ops.rms_norm(s.x, layer.post_norm, self.config.rms_eps, s.a)
+        self._ffn(layer.ffn, s)
+        ops.add_inplace(s.x, s.m)
+
+    def _attention(self, layer: AttentionLayer, kv, n_before: int, s: "_Scratch") -> None:
+        ops, c = self.ops, self.config
+        mv = ops.matvec
+        mv(layer.q.wtype, layer.q.data, s.a, s.qg)
+        mv(layer.k.wtype, layer.k.data, s.a, s.k)
+        mv(layer.v.wtype, layer.v.data, s.a, s.v)
+        ops.head_rms_norm(s.qg3, layer.q_norm, c.rms_eps, s.q)      # takes the query half of [q | gate]
+        ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
+        ops.rope_neox(s.q, s.pos, self.inv_freq)
+        ops.rope_neox(s.k3, s.pos, self.inv_freq)
+        k_cache, v_cache = kv
+        ops.kv_append(s.k3, s.v3, k_cache, v_cache, n_before)
+        ops.gated_attention(s.q, s.qg3, k_cache, v_cache, n_before, s.attn)
+        mv(layer.o.wtype, layer.o.data, s.attn, s.m)
+
+    def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool) -> None:
+        ops, c = self.ops, self.config
+        mv = ops.matvec
+        mv(layer.qkv.wtype, layer.qkv.data, s.a, s.mix)
+        mv(layer.gate.wtype, layer.gate.data, s.a, s.z)
+        mv(layer.beta.wtype, layer.beta.data, s.a, s.b)
+        mv(layer.alpha.wtype, layer.alpha.data, s.a, s.alpha)
+        i = layer.index
+        ring_conv = state.ring_conv[i] if snapshot else state.no_ring_conv
+        ring_ssm = state.ring_ssm[i] if snapshot else state.no_ring_ssm
+        ops.conv1d_silu(s.mix, layer.conv_w, state.conv[i], s.u, ring_conv)
+        ops.l2_norm_heads(s.u, 2 * c.ssm_n_k_heads, c.ssm_d_state, c.rms_eps)   # q then k heads
+        ops.gated_delta_rule(s.u, c.ssm_n_k_heads, self.grouped_heads, s.b, s.alpha, layer.ssm_a,
+                             layer.dt_bias, state.ssm[i], s.o, ring_ssm)
+        ops.gated_rms_norm(s.o, s.z, layer.ssm_norm, c.rms_eps, s.y)
+        mv(layer.out.wtype, layer.out.data, s.y, s.m)
+
+    def _ffn(self, ffn, s: "_Scratch") -> None:
+        if isinstance(ffn, DenseFFN):
+            self.ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, s.a, s.h)
+            self.ops.matvec(ffn.down.wtype, ffn.down.data, s.h, s.m)
+        else:
+            raise HybridError(f"FFN kind {type(ffn).__name__} is not yet supported")
+
+    # --- helpers --------------------------------------------------------------------------------
+    def _check_tokens(self, token_ids) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise HybridError(f"token ids must be a non-empty 1-D integer array; got shape {ids.shape} "
+                              f"of {ids.dtype}")
+        bad = (ids < 0) | (ids >= self.config.n_vocab)
+        if bad.any():
+            raise HybridError(f"token id {int(ids[bad][0])} is outside the vocabulary (0..{self.config.n_vocab - 1})")
+        return np.ascontiguousarray(ids, dtype=np.int64)
+
+    def _scratch_for(self, n: int) -> "_Scratch":
+        s = self._scratch.get(n)
+        if s is None:
+            s = self._scratch[n] = _Scratch.allocate(self.config, n)
+            while len(self._scratch) > _SCRATCH_SIZES_KEPT:
+                self._scratch.popitem(last=False)
+        else:
+            self._scratch.move_to_end(n)
+        return s
+
+
+@dataclass
+class _Scratch:
+    """Activation buffers for one call size n (float32, n rows); 3-D names are views of 2-D ones."""
+    pos: np.ndarray            # (n,) int64 token positions
+    x: np.ndarray              # (n, D) the residual stream
+    a: np.ndarray              # (n, D) normed input of the mixer / FFN
+    m: np.ndarray              # (n, D) mixer / FFN output, added to x
+    h: np.ndarray              # (n, n_ff) SwiGLU hidden
+    qg: np.ndarray             # (n, 2·H·d_h) packed [query | gate] per head
+    qg3: np.ndarray            # (n, H, 2·d_h) view of qg
+    q: np.ndarray              # (n, H, d_h) normed, rotated queries
+    k: np.ndarray              # (n, H_kv·d_h)
+    k3: np.ndarray             # (n, H_kv, d_h) view of k
+    v: np.ndarray
+    v3: np.ndarray
+    attn: np.ndarray           # (n, H·d_h) gated attention output
+    mix: np.ndarray            # (n, C) GDN pre-conv channels
+    u: np.ndarray              # (n, C) after conv + SiLU (+ L2 norm of q, k)
+    z: np.ndarray              # (n, H_v·d_v) output gate
+    b: np.ndarray              # (n, H_v) β logits
+    alpha: np.ndarray          # (n, H_v)
+    o: np.ndarray              # (n, H_v·d_v) delta-rule output
+    y: np.ndarray              # (n, H_v·d_v) after the gated norm
+
+    @classmethod
+    def allocate(cls, c: ModelConfig, n: int) -> "_Scratch":
+        def buf(*shape):
+            return np.zeros((n, *shape), np.float32)
+        D, H, Hkv, dh = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
+        qg, k, v = buf(2 * H * dh), buf(Hkv * dh), buf(Hkv * dh)
+        return cls(
+            pos=np.zeros(n, np.int64),
+            x=buf(D), a=buf(D), m=buf(D), h=buf(max(c.n_ff, 1)),
+            qg=qg, qg3=qg.reshape(n, H, 2 * dh), q=buf(H, dh), k=k, k3=k.reshape(n, Hkv, dh),
+            v=v, v3=v.reshape(n, Hkv, dh), attn=buf(H * dh),
+            mix=buf(c.ssm_conv_channels), u=buf(c.ssm_conv_channels), z=buf(c.ssm_d_inner),
+            b=buf(c.ssm_n_v_heads), alpha=buf(c.ssm_n_v_heads),
+            o=buf(c.ssm_d_inner), y=buf(c.ssm_d_inner),
+        )

@@ -1,0 +1,166 @@
+"""Everything one sequence carries between forward calls.
+
+* KV cache per full-attention trunk layer: k, v float32 (n_head_kv, n_ctx, d_h), head-major
+  (cpu/attention.py). Preallocated to n_ctx; positions ≥ n_past are stale and ignored.
+* GDN recurrent state per GDN layer: float32 (H_v, d_v, d_k), S_j[key i][value c] at
+  [j, c, i] (cpu/gdn.py); conv state (K−1, C), last K−1 pre-conv inputs, oldest first.
+* MTP block(s) at layer index L..: their own KV caches and position counter `mtp_n_past`,
+  owned by the MTP decoder (the trunk forward never touches them).
+* Snapshot ring per GDN layer, n_ring slots: a forward with snapshot=True writes the state
+  after its token i into slot i; `rollback(n_keep)` restores "after token n_keep−1".
+"""
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+import numpy as np
+
+from .config import ModelConfig
+from .errors import HybridError
+
+DEFAULT_N_CTX = 4096
+STATE_FORMAT = 1                # bump when the saved layout changes
+
+
+class SessionState:
+    def __init__(self, config: ModelConfig, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0):
+        if n_ctx < 1:
+            raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
+        if n_ring < 0:
+            raise HybridError(f"snapshot ring size must be ≥ 0, got {n_ring}")
+        c = config
+        self.config, self.n_ctx, self.n_ring = c, int(n_ctx), int(n_ring)
+        self.n_past = 0
+        self.mtp_n_past = 0
+        kv_shape = (c.n_head_kv, self.n_ctx, c.head_dim)
+        attn_layers = [i for i in range(c.n_layer) if not c.is_recurrent(i)]
+        gdn_layers = [i for i in range(c.n_layer) if c.is_recurrent(i)]
+        self.kv = {i: (np.zeros(kv_shape, np.float32), np.zeros(kv_shape, np.float32)) for i in attn_layers}
+        self.mtp_kv = {i: (np.zeros(kv_shape, np.float32), np.zeros(kv_shape, np.float32))
+                       for i in range(c.n_layer, c.n_layer_all)}
+        ssm_shape = (c.ssm_n_v_heads, c.ssm_d_state, c.ssm_d_state)
+        conv_shape = (c.ssm_conv_kernel - 1, c.ssm_conv_channels)
+        self.ssm = {i: np.zeros(ssm_shape, np.float32) for i in gdn_layers}
+        self.conv = {i: np.zeros(conv_shape, np.float32) for i in gdn_layers}
+        self.ring_ssm = {i: np.zeros((self.n_ring, *ssm_shape), np.float32) for i in gdn_layers}
+        self.ring_conv = {i: np.zeros((self.n_ring, *conv_shape), np.float32) for i in gdn_layers}
+        # Zero-slot rings for calls without snapshots: same array types, so no extra kernel compile.
+        self.no_ring_ssm = np.zeros((0, *ssm_shape), np.float32)
+        self.no_ring_conv = np.zeros((0, *conv_shape), np.float32)
+        self.ring_base = 0      # n_past before the last snapshotting call
+        self.ring_len = 0       # valid slots (0: nothing to roll back to)
+
+    # --- bookkeeping the forward calls --------------------------------------------------------
+    def check_fits(self, n: int) -> None:
+        if self.n_past + n > self.n_ctx:
+            used = f" ({self.n_past} positions already used)" if self.n_past else ""
+            raise HybridError(f"prompt of {n} tokens does not fit the context of {self.n_ctx}{used}")
+
+    def check_ring(self, n: int) -> None:
+        if n > self.n_ring:
+            raise HybridError(f"a snapshotting forward of {n} tokens needs a ring of ≥ {n} slots; "
+                              f"this state has {self.n_ring}")
+
+    def advance(self, n: int, snapshot: bool) -> None:
+        """After a forward of n tokens: move n_past; the ring is valid only right after a snapshotting call."""
+        self.ring_base, self.ring_len = (self.n_past, n) if snapshot else (0, 0)
+        self.n_past += n
+
+    # --- speculative rollback -----------------------------------------------------------------
+    def rollback(self, n_keep: int) -> None:
+        """Keep the first n_keep tokens of the last snapshotting forward, drop the rest.
+
+        GDN and conv states come back from ring slot n_keep−1; attention KV is truncated by
+        moving n_past (stale cells get overwritten). Single use: the ring is spent afterwards.
+        """
+        if not 1 <= n_keep <= self.ring_len:
+            raise HybridError(f"cannot roll back to {n_keep} kept tokens: the last snapshotting "
+                              f"forward left {self.ring_len} slot(s)")
+        if n_keep < self.ring_len:
+            slot = n_keep - 1
+            for i in self.ssm:
+                self.ssm[i][...] = self.ring_ssm[i][slot]
+                self.conv[i][...] = self.ring_conv[i][slot]
+        self.n_past = self.ring_base + n_keep
+        self.ring_len = 0
+
+    # --- whole-state operations ---------------------------------------------------------------
+    def reset(self) -> None:
+        """An empty sequence. KV cells need no clearing (n_past bounds what is read)."""
+        self.n_past = self.mtp_n_past = 0
+        self.ring_base = self.ring_len = 0
+        for i in self.ssm:
+            self.ssm[i].fill(0.0)
+            self.conv[i].fill(0.0)
+
+    def copy(self) -> "SessionState":
+        """An independent state with the same contents (KV copied up to the used positions)."""
+        new = SessionState(self.config, self.n_ctx, self.n_ring)
+        new.n_past, new.mtp_n_past = self.n_past, self.mtp_n_past
+        new.ring_base, new.ring_len = self.ring_base, self.ring_len
+        for group in ("ssm", "conv", "ring_ssm", "ring_conv"):
+            for i, arr in getattr(self, group).items():
+                getattr(new, group)[i][...] = arr
+        for src_kv, dst_kv, used in ((self.kv, new.kv, self.n_past), (self.mtp_kv, new.mtp_kv, self.mtp_n_past)):
+            for i, (k, v) in src_kv.items():
+                dst_kv[i][0][:, :used] = k[:, :used]
+                dst_kv[i][1][:, :used] = v[:, :used]
+        return new
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write an .npz: recurrent states plus only the used KV positions (the ring is not kept)."""
+        meta = {"format": STATE_FORMAT, "config": _fingerprint(self.config), "n_ctx": self.n_ctx,
+                "n_past": self.n_past, "mtp_n_past": self.mtp_n_past}
+        arrays = {"meta": np.array(json.dumps(meta))}
+        for i in self.ssm:
+            arrays[f"ssm_{i}"], arrays[f"conv_{i}"] = self.ssm[i], self.conv[i]
+        for prefix, kv, used in (("kv", self.kv, self.n_past), ("mtp_kv", self.mtp_kv, self.mtp_n_past)):
+            for i, (k, v) in kv.items():
+                arrays[f"{prefix}_k_{i}"], arrays[f"{prefix}_v_{i}"] = k[:, :used], v[:, :used]
+        try:
+            with open(path, "wb") as f:
+                np.savez(f, **arrays)
+        except OSError as e:
+            raise HybridError(f"cannot write state file {path}: {e.strerror or e}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], config: ModelConfig,
+             n_ctx: int | None = None, n_ring: int = 0) -> "SessionState":
+        """Read a state saved by `save` for the same model; n_ctx defaults to the saved one."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                files = {name: z[name] for name in z.files}
+        except FileNotFoundError:
+            raise HybridError(f"state file {path} does not exist") from None
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise HybridError(f"{path} is not a hybrid state file ({e})") from None
+        try:
+            meta = json.loads(str(files.pop("meta")))
+        except (KeyError, ValueError):
+            raise HybridError(f"{path} is not a hybrid state file (no metadata)") from None
+        if meta.get("format") != STATE_FORMAT:
+            raise HybridError(f"{path} has state format {meta.get('format')}; this version reads {STATE_FORMAT}")
+        if meta.get("config") != _fingerprint(config):
+            raise HybridError(f"{path} was saved for a different model; it cannot be used with this one")
+        n_ctx = int(meta["n_ctx"] if n_ctx is None else n_ctx)
+        state = cls(config, n_ctx, n_ring)
+        state.n_past, state.mtp_n_past = int(meta["n_past"]), int(meta["mtp_n_past"])
+        if max(state.n_past, state.mtp_n_past) > n_ctx:
+            raise HybridError(f"{path} holds {state.n_past} positions; they do not fit the context of {n_ctx}")
+        try:
+            for i in state.ssm:
+                state.ssm[i][...] = files[f"ssm_{i}"]
+                state.conv[i][...] = files[f"conv_{i}"]
+            for prefix, kv, used in (("kv", state.kv, state.n_past), ("mtp_kv", state.mtp_kv, state.mtp_n_past)):
+                for i, (k, v) in kv.items():
+                    k[:, :used] = files[f"{prefix}_k_{i}"]
+                    v[:, :used] = files[f"{prefix}_v_{i}"]
+        except (KeyError, ValueError) as e:
+            raise HybridError(f"{path} is damaged: {e}") from None
+        return state
+
+
+def _fingerprint(config: ModelConfig) -> dict:
+    """The config as JSON values: a saved state only loads into the model it came from."""
+    return json.loads(json.dumps(config.to_dict()))
