@@ -1,0 +1,52 @@
+"""Which drafted tokens a verify pass keeps.
+
+The verifier's logits at row i (after [last, d1..di]) decide position i+1. A draft d_{i+1}
+is kept while it is what the target itself would emit there:
+* greedy: d_{i+1} == the sampler's greedy choice at row i (lossless by construction);
+* sampling: the standard speculative-sampling rule with a deterministic (argmax) draft, so
+  q = one-hot(d): keep d with probability p_i(d); on rejection draw from p_i with d removed
+  and renormalised. Every emitted token is then distributed as the target's sampler says.
+Either way the step ends with one token drawn from the target (the correction, or the
+bonus after a full accept), so each verify pass emits accepted + 1 tokens.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def accept_drafts(logits: np.ndarray, drafts: Sequence[int], sampler, history: list[int]) -> list[int]:
+    """Tokens to emit from one verify pass: the kept drafts, then one target token.
+
+    logits: (len(drafts) + 1, n_vocab) verifier rows; `history` (the tokens so far) is only
+    read — the caller appends what it emits. Uses `sampler.config.greedy` to pick the rule.
+    """
+    emitted: list[int] = []
+    seen = list(history)
+    greedy = sampler.config.greedy
+    for i, d in enumerate(drafts):
+        if greedy:
+            choice = sampler.sample(logits[i], seen)
+            if choice != d:
+                emitted.append(choice)
+                return emitted
+        else:
+            p = sampler.probs(logits[i], seen)
+            if sampler.rng.random() >= p[d]:
+                emitted.append(_draw_without(p, d, sampler.rng))
+                return emitted
+        emitted.append(int(d))
+        seen.append(int(d))
+    emitted.append(sampler.sample(logits[len(drafts)], seen))
+    return emitted
+
+
+def _draw_without(p: np.ndarray, d: int, rng: np.random.Generator) -> int:
+    """Draw from p with token d removed (the residual max(0, p − one_hot(d)), renormalised)."""
+    r = p.astype(np.float64)
+    r[d] = 0.0
+    total = r.sum()
+    if total <= 0.0:          # p was one-hot on d yet d was rejected: only possible through rounding
+        return int(d)
+    return int(rng.choice(len(r), p=r / total))

@@ -1,0 +1,184 @@
+"""The library API: `hybrid.load(path) -> Model`. These names are stable."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import HybridError
+from .events import Done, Prefill, Token
+from .model_file import default_model_path, open_model
+from .sampling import Sampler, SamplerConfig
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def default_threads() -> int:
+    """All cores this process may use: the CPU FFN is bandwidth-bound and wants every one."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def set_threads(threads: int | None) -> int:
+    import numba
+    n = threads or default_threads()
+    if n < 1:
+        raise HybridError(f"threads must be ≥ 1, got {n}")
+    n = min(n, numba.config.NUMBA_NUM_THREADS)
+    numba.set_num_threads(n)
+    return n
+
+
+def resolve_device(device: str) -> str:
+    if device not in DEVICES:
+        raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    if device == "cuda":
+        raise HybridError("the CUDA path is not built yet; use device='cpu' (or 'auto')")
+    return "cpu"
+
+
+class Model:
+    """A loaded GGUF model: tokenizer, chat template, and the forward on a backend."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
+                 threads: int | None = None, n_ctx: int | None = None):
+        from .chat_template import ChatTemplate
+        from .forward import Forward
+        from .tokenizer import Tokenizer
+
+        self.path = Path(path) if path is not None else default_model_path()
+        self.device = resolve_device(device)
+        self.threads = set_threads(threads)
+        self.file = open_model(self.path)
+        self.config = self.file.config
+        self.n_ctx = min(n_ctx or 4096, self.config.context_length)
+        if self.n_ctx < 1:
+            raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
+        self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
+        self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
+        self.forward = Forward(self.file)
+        self._mtp = None
+
+    # --- state ----------------------------------------------------------------------------
+    def new_state(self, n_ctx: int | None = None):
+        return self.forward.new_state(n_ctx or self.n_ctx)
+
+    def warmup(self) -> None:
+        """Compile (or load from the on-disk cache) every kernel a decode step uses."""
+        state = self.new_state(8)
+        self.forward.forward(state, np.zeros(2, dtype=np.int32), logits="last")
+        self.forward.forward(state, np.zeros(1, dtype=np.int32), logits="last")
+
+    # --- evaluation -----------------------------------------------------------------------
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced logits of every position, from a fresh session: float32 (len, n_vocab)."""
+        ids = np.asarray(token_ids, dtype=np.int32)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise HybridError("logits() needs a non-empty 1-D sequence of token ids")
+        self._check_ids(ids)
+        state = self.new_state(max(self.n_ctx, len(ids) + 1))
+        out, _ = self.forward.forward(state, ids, logits="all")
+        return out
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
+        if len(bad):
+            raise HybridError(f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})")
+
+    # --- generation -----------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | Sequence[int], *, chat: bool = False,
+                      system: str | None = None) -> list[int]:
+        if not isinstance(prompt, str):
+            ids = [int(t) for t in prompt]
+            self._check_ids(np.asarray(ids, dtype=np.int64))
+            return ids
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + \
+                       [{"role": "user", "content": prompt}]
+            text = self.chat_template.render(messages, add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special=False, parse_special=True)
+        return self.tokenizer.encode(prompt)
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 128,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
+                 stop: Sequence[str] = (), chat: bool = False, system: str | None = None,
+                 draft: int | str = 0, draft_p_min: float = 0.0, ignore_eos: bool = False,
+                 state=None) -> Iterator[Prefill | Token | Done]:
+        """Stream a continuation of `prompt` (text, or token ids). Yields `Prefill` progress,
+        one `Token` per generated token, and a final `Done` with the stats.
+
+        draft: MTP draft depth per step (0 = plain decoding, "auto" = chosen from measured
+        acceptance and step cost); draft_p_min stops a draft below that confidence.
+        """
+        from .generate import generate_tokens
+        from .speculative import AUTO, MAX_AUTO_DEPTH, generate_speculative
+
+        if max_tokens < 0:
+            raise HybridError(f"max_tokens must be ≥ 0, got {max_tokens}")
+        depth = parse_draft(draft)
+        ids = self.encode_prompt(prompt, chat=chat, system=system)
+        sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                        seed=seed))
+        if depth == 0:
+            return generate_tokens(self.forward, state if state is not None else self.new_state(),
+                                   self.tokenizer, ids, max_tokens=max_tokens, sampler=sampler, stop=stop,
+                                   n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+        ring = (MAX_AUTO_DEPTH if depth == AUTO else depth) + 1
+        if state is None:
+            state = self.forward.new_state(self.n_ctx, n_ring=ring)
+        return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
+                                    sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
+                                    n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.config.n_nextn > 0
+
+    @property
+    def mtp(self):
+        """The MTP draft head (HybridError if the model has none)."""
+        if self._mtp is None:
+            from .mtp import MTPHead
+            self._mtp = MTPHead(self.forward)
+        return self._mtp
+
+    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced MTP logits: row p = the head on (x_p at position p, trunk hidden h_{p−1},
+        zeros for p = 0), so row p's argmax is the draft for x_{p+1}. float32 (len, n_vocab)."""
+        ids = np.asarray(token_ids, dtype=np.int32)
+        if ids.ndim != 1 or len(ids) == 0:
+            raise HybridError("mtp_logits() needs a non-empty 1-D sequence of token ids")
+        self._check_ids(ids)
+        mtp = self.mtp
+        state = self.new_state(max(self.n_ctx, len(ids) + 1))
+        _, hidden = self.forward.forward(state, ids, logits="none")
+        h_prev = np.concatenate([np.zeros((1, self.config.n_embd), np.float32), hidden[:-1]])
+        out, _ = mtp.forward(state, ids, h_prev, logits="all")
+        return out
+
+
+def parse_draft(draft: int | str) -> int:
+    """Draft depth from an int or "auto" (→ speculative.AUTO)."""
+    from .speculative import AUTO
+    if isinstance(draft, str):
+        if draft.strip().lower() == "auto":
+            return AUTO
+        try:
+            draft = int(draft)
+        except ValueError:
+            raise HybridError(f"draft depth must be a number ≥ 0 or 'auto', got {draft!r}") from None
+    if draft < 0 or draft > 16:
+        raise HybridError(f"draft depth must be between 0 and 16 (or 'auto'), got {draft}")
+    return int(draft)
+
+
+def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
+         n_ctx: int | None = None) -> Model:
+    """Open a GGUF model (the bundled tiny model when `path` is None)."""
+    return Model(path, device=device, threads=threads, n_ctx=n_ctx)

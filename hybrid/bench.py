@@ -1,0 +1,62 @@
+"""llama-bench style measurements: prompt processing (pp) and token generation (tg) rates."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class BenchRow:
+    test: str           # "pp512", "tg128"
+    n_tokens: int
+    seconds: list[float]
+
+    @property
+    def rates(self) -> list[float]:
+        return [self.n_tokens / s for s in self.seconds]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.rates)
+
+    @property
+    def stdev(self) -> float:
+        return statistics.stdev(self.rates) if len(self.rates) > 1 else 0.0
+
+
+def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, n_vocab, size=n, dtype=np.int32)
+
+
+def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
+    """Prefill `n_prompt` random tokens into a fresh state, in the engine's prefill chunks."""
+    from .generate import PREFILL_CHUNK
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(reps):
+        ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
+        state = model.new_state(n_prompt + 1)
+        t0 = time.perf_counter()
+        for s in range(0, n_prompt, PREFILL_CHUNK):
+            chunk = ids[s:s + PREFILL_CHUNK]
+            model.forward.forward(state, chunk, logits="last" if s + len(chunk) == n_prompt else "none")
+        times.append(time.perf_counter() - t0)
+    return BenchRow(f"pp{n_prompt}", n_prompt, times)
+
+
+def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
+    """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench does."""
+    rng = np.random.default_rng(seed)
+    times = []
+    for _ in range(reps):
+        state = model.new_state(n_gen + 2)
+        logits, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            tok = np.array([int(np.argmax(logits[-1]))], dtype=np.int32)
+            logits, _ = model.forward.forward(state, tok, logits="last")
+        times.append(time.perf_counter() - t0)
+    return BenchRow(f"tg{n_gen}", n_gen, times)

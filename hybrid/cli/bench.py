@@ -1,0 +1,69 @@
+"""`hybrid bench`: llama-bench style table of prompt and generation speed."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import HybridError
+from . import app
+from .common import DeviceOpt, ModelArg, ModelOpt, ThreadsOpt, load_model, pick_model
+
+FORMATS = ("md", "csv", "json")
+
+
+@app.command("bench")
+def bench(
+    model: Optional[Path] = ModelArg,
+    model_opt: Optional[Path] = ModelOpt,
+    n_prompt: List[int] = typer.Option([512], "-p", "--n-prompt", help="Prompt lengths to time (repeatable; 0 skips)."),
+    n_gen: List[int] = typer.Option([128], "-n", "--n-gen", help="Generation lengths to time (repeatable; 0 skips)."),
+    reps: int = typer.Option(3, "-r", "--repetitions", help="Repetitions of each test."),
+    threads: Optional[int] = ThreadsOpt,
+    device: str = DeviceOpt,
+    output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
+) -> None:
+    """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
+    from ..bench import bench_generate, bench_prompt
+
+    if output not in FORMATS:
+        raise HybridError(f"unknown output format {output!r}; choose one of {', '.join(FORMATS)}")
+    if reps < 1:
+        raise HybridError(f"-r must be ≥ 1, got {reps}")
+    err = Console(stderr=True)
+    path = pick_model(model, model_opt)
+    n_ctx = max([*n_prompt, *n_gen, 1]) + 2
+    m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err)
+    rows = []
+    for n in n_prompt:
+        if n > 0:
+            with err.status(f"pp{n}…"):
+                rows.append(bench_prompt(m, n, reps))
+    for n in n_gen:
+        if n > 0:
+            with err.status(f"tg{n}…"):
+                rows.append(bench_generate(m, n, reps))
+    size_gib = m.file.path.stat().st_size / 2**30
+    records = [{"model": m.path.name, "arch": m.config.arch, "size_gib": round(size_gib, 3),
+                "backend": m.device, "threads": m.threads, "test": r.test,
+                "t_s": round(r.mean, 3), "t_s_stdev": round(r.stdev, 3)} for r in rows]
+    if output == "json":
+        sys.stdout.write(json.dumps(records) + "\n")
+    elif output == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["test"])
+        w.writeheader()
+        w.writerows(records)
+        sys.stdout.write(buf.getvalue())
+    else:
+        print("| model | arch | size | backend | threads | test | t/s |")
+        print("| --- | --- | ---: | --- | ---: | --- | ---: |")
+        for r in records:
+            print(f"| {r['model']} | {r['arch']} | {r['size_gib']:.2f} GiB | {r['backend']} | {r['threads']} | "
+                  f"{r['test']} | {r['t_s']:.2f} ± {r['t_s_stdev']:.2f} |")

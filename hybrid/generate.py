@@ -1,0 +1,85 @@
+"""The generation loop: chunked prefill, then sample-decode until a stop condition.
+
+Written against the Forward/SessionState interface, so it runs the same on every backend.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import HybridError
+from .events import Done, Prefill, Stats, Token
+from .sampling import Sampler, StopChecker
+
+PREFILL_CHUNK = 256   # prompt tokens per forward call: bounds scratch memory, gives progress ticks
+
+
+def check_fits(n_prompt: int, n_ctx: int) -> None:
+    if n_prompt == 0:
+        raise HybridError("the prompt is empty: give some text with -p/--prompt or -f/--file")
+    if n_prompt >= n_ctx:
+        raise HybridError(
+            f"the prompt has {n_prompt} tokens and does not fit the context of {n_ctx} "
+            f"(raise -c/--ctx-size or shorten the prompt)")
+
+
+def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Prefill | np.ndarray]:
+    """Feed the prompt in chunks; yields progress events, and last the logits of the final row."""
+    t0 = time.perf_counter()
+    ids = np.asarray(prompt, dtype=np.int32)
+    logits = None
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[start:start + PREFILL_CHUNK]
+        last = start + len(chunk) == len(ids)
+        logits, _ = forward.forward(state, chunk, logits="last" if last else "none")
+        stats.prefill_seconds = time.perf_counter() - t0
+        yield Prefill(start + len(chunk), len(ids), stats.prefill_seconds)
+    stats.prompt_tokens = len(ids)
+    yield logits[-1]
+
+
+def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
+                    sampler: Sampler, stop: Sequence[str] = (), n_ctx: int,
+                    ignore_eos: bool = False) -> Iterator[Prefill | Token | Done]:
+    """Plain decoding, one token per forward call."""
+    check_fits(len(prompt), n_ctx)
+    stats = Stats()
+    history = list(prompt)
+    decoder, stopper = tokenizer.stream_decoder(), StopChecker(list(stop))
+    logits = None
+    try:
+        for item in prefill(forward, state, prompt, stats):
+            if isinstance(item, Prefill):
+                yield item
+            else:
+                logits = item
+        t0 = time.perf_counter()
+        while True:
+            if stats.generated_tokens >= max_tokens:
+                stats.stop_reason = "length"
+                break
+            tok = sampler.sample(logits, history)
+            history.append(tok)
+            stats.generated_tokens += 1
+            if tokenizer.is_eog(tok) and not ignore_eos:
+                stats.decode_seconds = time.perf_counter() - t0
+                stats.stop_reason = "eog"
+                break
+            step = stopper.push(decoder.push(tok))
+            stats.decode_seconds = time.perf_counter() - t0
+            yield Token(tok, step.text, stats)
+            if step.stopped:
+                stats.stop_reason = "stop_string"
+                break
+            if state.n_past + 1 >= n_ctx:
+                stats.stop_reason = "context"
+                break
+            logits, _ = forward.forward(state, np.array([tok], dtype=np.int32), logits="last")
+            logits = logits[-1]
+            stats.decode_seconds = time.perf_counter() - t0
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+    tail = "" if stats.stop_reason == "stop_string" else stopper.push(decoder.flush()).text + stopper.flush()
+    yield Done(stats, tail)

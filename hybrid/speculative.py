@@ -1,0 +1,186 @@
+"""Speculative decoding with the model's own MTP head: draft, verify k tokens at once, commit.
+
+State between steps (n = trunk positions done):
+* `t`, the last emitted token, sits at position n and is not yet in the trunk;
+* the MTP KV cache holds true rows for positions < n − m: the rows of the m drafts the last
+  step accepted were computed from the MTP head's own hiddens, so they are recomputed, with
+  the trunk's verified hiddens, in the same MTP call that seeds the next draft (`pending`).
+One step:
+  draft   MTP rows [pending…, seed (t, h_{n−1})] → d1, then chain (d_i, ĥ_i) → d_{i+1}
+  verify  trunk over [t, d1..dD] in one pass (every weight read serves D+1 rows), GDN
+          states after each token written to the snapshot ring
+  commit  keep the longest agreeing prefix (acceptance.py), emit accepted + 1 tokens,
+          GDN/conv state ← ring slot of the last kept token, KV truncated by n_past.
+With greedy sampling the output equals plain decoding token for token, because every
+batched kernel gives each row the bits of a one-row call.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .acceptance import accept_drafts
+from .draft_depth import DepthController
+from .events import Done, Prefill, Stats, Token
+from .generate import PREFILL_CHUNK, check_fits
+from .sampling import Sampler, StopChecker
+
+AUTO = -1                 # draft depth chosen by DepthController
+MAX_AUTO_DEPTH = 4
+
+
+@dataclass
+class DraftStats:
+    depth: int | str = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    accepted_at: list[int] = field(default_factory=list)   # accepted_at[i]: steps that kept draft i+1
+    offered_at: list[int] = field(default_factory=list)    # offered_at[i]: steps that drafted ≥ i+1
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.emitted += accepted + 1
+        for lst, k in ((self.offered_at, drafted), (self.accepted_at, accepted)):
+            while len(lst) < k:
+                lst.append(0)
+            for i in range(k):
+                lst[i] += 1
+
+    def to_dict(self) -> dict:
+        return {
+            "depth": self.depth, "steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+            "tokens_per_step": self.emitted / self.steps if self.steps else 0.0,
+            "acceptance_by_position": [a / o if o else 0.0 for a, o in zip(self.accepted_at, self.offered_at)],
+            "draft_seconds": round(self.draft_seconds, 6), "verify_seconds": round(self.verify_seconds, 6),
+            "commit_seconds": round(self.commit_seconds, 6),
+        }
+
+
+def prefill_with_mtp(forward, mtp, state, prompt: Sequence[int], stats: Stats) -> Iterator[Prefill | tuple]:
+    """Prompt chunks through the trunk and, row for row, through the MTP head (its KV cache
+    must cover the prompt). Yields progress, then (last logits row, last hidden row)."""
+    t0 = time.perf_counter()
+    ids = np.asarray(prompt, dtype=np.int32)
+    h_last = np.zeros((1, forward.config.n_embd), np.float32)     # h_{−1} = 0
+    logits = None
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[start:start + PREFILL_CHUNK]
+        last = start + len(chunk) == len(ids)
+        logits, hidden = forward.forward(state, chunk, logits="last" if last else "none")
+        mtp.forward(state, chunk, np.concatenate([h_last, hidden[:-1]]), logits="none")
+        h_last = hidden[-1:]
+        stats.prefill_seconds = time.perf_counter() - t0
+        yield Prefill(start + len(chunk), len(ids), stats.prefill_seconds)
+    stats.prompt_tokens = len(ids)
+    yield logits[-1], h_last
+
+
+def draft_tokens(mtp, state, pending_ids, pending_h, depth: int, p_min: float) -> list[int]:
+    """Chain up to `depth` greedy MTP drafts; stop early below confidence p_min."""
+    if depth == 0:
+        mtp.forward(state, pending_ids, pending_h, logits="none")   # keep the MTP KV in step
+        return []
+    drafts: list[int] = []
+    ids, hs = pending_ids, pending_h
+    while len(drafts) < depth:
+        logits, hidden = mtp.forward(state, ids, hs, logits="last")
+        row = logits[-1]
+        d = int(np.argmax(row))
+        if p_min > 0.0 and _top_prob(row) < p_min:
+            break
+        drafts.append(d)
+        ids, hs = np.array([d], np.int32), hidden[-1:]
+    return drafts
+
+
+def _top_prob(row: np.ndarray) -> float:
+    m = float(row.max())
+    return 1.0 / float(np.exp(row.astype(np.float64) - m).sum())
+
+
+def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
+                         sampler: Sampler, depth: int, p_min: float = 0.0, stop: Sequence[str] = (),
+                         n_ctx: int, ignore_eos: bool = False) -> Iterator[Prefill | Token | Done]:
+    check_fits(len(prompt), n_ctx)
+    stats, ds = Stats(), DraftStats(depth="auto" if depth == AUTO else depth)
+    stats.draft = ds.to_dict()
+    auto = DepthController(MAX_AUTO_DEPTH) if depth == AUTO else None
+    history = list(prompt)
+    decoder, stopper = tokenizer.stream_decoder(), StopChecker(list(stop))
+    try:
+        for item in prefill_with_mtp(forward, mtp, state, prompt, stats):
+            if isinstance(item, Prefill):
+                yield item
+            else:
+                logits, h_last = item
+        t0 = time.perf_counter()
+        emit_queue = [sampler.sample(logits, history)] if max_tokens > 0 else []
+        if not emit_queue:
+            stats.stop_reason = "length"
+        pending_ids = np.array(emit_queue, np.int32)
+        pending_h = h_last
+        while True:
+            # emit what the last step produced, checking every stop condition per token
+            for tok in emit_queue:
+                history.append(tok)
+                stats.generated_tokens += 1
+                if tokenizer.is_eog(tok) and not ignore_eos:
+                    stats.stop_reason = "eog"
+                    break
+                step = stopper.push(decoder.push(tok))
+                stats.decode_seconds = time.perf_counter() - t0
+                stats.draft = ds.to_dict()
+                yield Token(tok, step.text, stats)
+                if step.stopped:
+                    stats.stop_reason = "stop_string"
+                    break
+                if stats.generated_tokens >= max_tokens:
+                    stats.stop_reason = "length"
+                    break
+            if stats.stop_reason:
+                break
+            if state.n_past + 1 >= n_ctx:
+                stats.stop_reason = "context"
+                break
+            t = emit_queue[-1]
+            want = auto.choose() if auto else depth
+            k = max(0, min(want, max_tokens - stats.generated_tokens - 1, n_ctx - state.n_past - 1,
+                           state.n_ring - 1))
+            t_step = time.perf_counter()
+            drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
+            t_verify = time.perf_counter()
+            n0 = state.n_past
+            vlogits, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
+                                               snapshot=True)
+            t_commit = time.perf_counter()
+            emit_queue = accept_drafts(vlogits, drafts, sampler, history)
+            m = len(emit_queue) - 1
+            state.rollback(m + 1)
+            state.mtp_n_past = n0 + 1                      # the seed row (t, h_{n0−1}) was a true row
+            pending_ids = np.array(emit_queue, np.int32)   # d1..dm (rows to redo) + the new token
+            pending_h = vhidden[:m + 1]
+            t_end = time.perf_counter()
+            ds.draft_seconds += t_verify - t_step
+            ds.verify_seconds += t_commit - t_verify
+            ds.commit_seconds += t_end - t_commit
+            ds.record(len(drafts), m)
+            if auto:
+                auto.record(len(drafts), m, t_end - t_step)
+                ds.depth = f"auto({auto.depth})"
+            stats.decode_seconds = t_end - t0
+    except KeyboardInterrupt:
+        stats.stop_reason = "interrupted"
+    stats.draft = ds.to_dict()
+    tail = "" if stats.stop_reason == "stop_string" else stopper.push(decoder.flush()).text + stopper.flush()
+    yield Done(stats, tail)

@@ -1,0 +1,70 @@
+"""`hybrid decode` and `hybrid bench` end to end on the bundled trained model."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hybrid
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-c", "from hybrid.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hybrid.load(threads=2)
+
+
+def test_decode_json_greedy_matches_teacher_forced_argmax(model):
+    r = run_cli("decode", "-p", "def add(a, b):", "-n", "12", "--temp", "0", "--json", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)          # exactly one JSON object, nothing else on stdout
+    for key in ("tokens", "text", "prompt_tokens", "prefill_tps", "decode_tps", "generated_tokens", "stop_reason"):
+        assert key in out
+    assert len(out["tokens"]) == 12 == out["generated_tokens"]
+    assert out["text"] == model.tokenizer.decode(out["tokens"])
+    prompt = model.tokenizer.encode("def add(a, b):")
+    assert out["prompt_tokens"] == len(prompt)
+    # each greedy token is the argmax of the teacher-forced logits at its position
+    logits = model.logits(prompt + out["tokens"][:-1])
+    assert list(np.argmax(logits[len(prompt) - 1:], axis=1)) == out["tokens"]
+
+
+def test_decode_default_runs_bundled_demo():
+    r = run_cli("decode", "-n", "4", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert "def fibonacci(n):" not in r.stderr  # the prompt is not echoed as an error
+    assert "t/s" in r.stderr                     # summary goes to stderr when stdout is not a terminal
+
+
+@pytest.mark.parametrize("args, message", [
+    (["decode", "-p", "", "-n", "2"], "prompt is empty"),
+    (["decode", "-p", "x " * 50, "-c", "16"], "does not fit the context"),
+    (["decode", "/nonexistent/model.gguf", "-p", "hi"], "not found"),
+    (["decode", "-p", "a", "-f", "somefile"], "not both"),
+    (["decode", "-p", "a", "-n", "-3"], "-n must be"),
+    (["bench", "-o", "xml"], "unknown output format"),
+])
+def test_bad_input_gives_clear_message(args, message):
+    r = run_cli(*args)
+    assert r.returncode == 1
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_flag_is_a_usage_error():
+    r = run_cli("decode", "--temp", "warm")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+
+
+def test_bench_json_rows():
+    r = run_cli("bench", "-p", "16", "-n", "4", "-r", "2", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["test"] for row in rows] == ["pp16", "tg4"]
+    assert all(row["t_s"] > 0 for row in rows)
