@@ -13,6 +13,7 @@ class BenchRow:
     test: str           # "pp512", "tg128"
     n_tokens: int
     seconds: list[float]
+    tokens_per_step: float | None = None     # speculative rows: mean tokens emitted per verify pass
 
     @property
     def rates(self) -> list[float]:
@@ -60,3 +61,21 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
             logits, _ = model.forward.forward(state, tok, logits="last")
         times.append(time.perf_counter() - t0)
     return BenchRow(f"tg{n_gen}", n_gen, times)
+
+
+BENCH_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
+
+
+def bench_draft(model, n_gen: int, depth, reps: int) -> BenchRow:
+    """Greedy generation of `n_gen` tokens with MTP drafting at `depth` (0, N or "auto") from a
+    code prompt: acceptance depends on real text, so random tokens would say nothing."""
+    times, per_step = [], []
+    for _ in range(reps):
+        stats = None
+        for ev in model.generate(BENCH_PROMPT, max_tokens=n_gen, temperature=0, draft=depth, ignore_eos=True):
+            stats = getattr(ev, "stats", stats)
+        times.append(stats.decode_seconds * n_gen / max(stats.generated_tokens, 1))
+        per_step.append((stats.draft or {}).get("tokens_per_step", 1.0))
+    row = BenchRow(f"tg{n_gen} draft={depth}", n_gen, times)
+    row.tokens_per_step = statistics.fmean(per_step)
+    return row

@@ -24,13 +24,16 @@ def bench(
     model_opt: Optional[Path] = ModelOpt,
     n_prompt: List[int] = typer.Option([512], "-p", "--n-prompt", help="Prompt lengths to time (repeatable; 0 skips)."),
     n_gen: List[int] = typer.Option([128], "-n", "--n-gen", help="Generation lengths to time (repeatable; 0 skips)."),
+    draft: List[str] = typer.Option([], "-d", "--draft", help="Also time greedy generation with MTP drafting "
+                                    "at this depth (repeatable: -d 1 -d 3 -d auto; 0 = plain, from a code prompt)."),
     reps: int = typer.Option(3, "-r", "--repetitions", help="Repetitions of each test."),
     threads: Optional[int] = ThreadsOpt,
     device: str = DeviceOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
-    from ..bench import bench_generate, bench_prompt
+    from ..api import parse_draft
+    from ..bench import bench_draft, bench_generate, bench_prompt
 
     if output not in FORMATS:
         raise HybridError(f"unknown output format {output!r}; choose one of {', '.join(FORMATS)}")
@@ -38,7 +41,9 @@ def bench(
         raise HybridError(f"-r must be ≥ 1, got {reps}")
     err = Console(stderr=True)
     path = pick_model(model, model_opt)
-    n_ctx = max([*n_prompt, *n_gen, 1]) + 2
+    for d in draft:
+        parse_draft(d)                      # reject bad depths before loading anything
+    n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err)
     rows = []
     for n in n_prompt:
@@ -49,10 +54,19 @@ def bench(
         if n > 0:
             with err.status(f"tg{n}…"):
                 rows.append(bench_generate(m, n, reps))
+    for d in draft:
+        if not m.has_mtp and d.strip() != "0":
+            raise HybridError("this model has no MTP head: drop -d/--draft")
+        for n in n_gen:
+            if n > 0:
+                with err.status(f"tg{n} draft={d}…"):
+                    rows.append(bench_draft(m, n, d, reps))
     size_gib = m.file.path.stat().st_size / 2**30
     records = [{"model": m.path.name, "arch": m.config.arch, "size_gib": round(size_gib, 3),
                 "backend": m.device, "threads": m.threads, "test": r.test,
-                "t_s": round(r.mean, 3), "t_s_stdev": round(r.stdev, 3)} for r in rows]
+                "t_s": round(r.mean, 3), "t_s_stdev": round(r.stdev, 3),
+                "tokens_per_step": None if r.tokens_per_step is None else round(r.tokens_per_step, 3)}
+               for r in rows]
     if output == "json":
         sys.stdout.write(json.dumps(records) + "\n")
     elif output == "csv":
@@ -62,8 +76,9 @@ def bench(
         w.writerows(records)
         sys.stdout.write(buf.getvalue())
     else:
-        print("| model | arch | size | backend | threads | test | t/s |")
-        print("| --- | --- | ---: | --- | ---: | --- | ---: |")
+        print("| model | arch | size | backend | threads | test | t/s | tok/step |")
+        print("| --- | --- | ---: | --- | ---: | --- | ---: | ---: |")
         for r in records:
+            tps = "" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.2f}"
             print(f"| {r['model']} | {r['arch']} | {r['size_gib']:.2f} GiB | {r['backend']} | {r['threads']} | "
-                  f"{r['test']} | {r['t_s']:.2f} ± {r['t_s_stdev']:.2f} |")
+                  f"{r['test']} | {r['t_s']:.2f} ± {r['t_s_stdev']:.2f} | {tps} |")

@@ -35,6 +35,14 @@ def read_prompt(prompt: Optional[str], file: Optional[Path], have_model: bool) -
     return prompt
 
 
+def pick_draft(draft: Optional[str], has_mtp: bool) -> str:
+    if draft is None:
+        return "auto" if has_mtp else "0"
+    if draft.strip() not in ("0", "") and not has_mtp:
+        raise HybridError("this model has no MTP head, so it cannot draft: drop --draft (or use --draft 0)")
+    return draft
+
+
 @app.command("decode")
 def decode(
     model: Optional[Path] = ModelArg,
@@ -55,6 +63,12 @@ def decode(
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     stop: List[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep going past end-of-generation tokens."),
+    draft: Optional[str] = typer.Option(
+        None, "--draft", "--spec-draft-n-max",
+        help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
+             "cost). Default: auto when the model has an MTP head, else 0."),
+    draft_p_min: float = typer.Option(0.0, "--spec-draft-p-min", help="Stop a draft when the MTP head's top "
+                                      "probability falls below this (0 = never)."),
     device: str = DeviceOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
 ) -> None:
@@ -71,7 +85,7 @@ def decode(
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,
-                        ignore_eos=ignore_eos)
+                        ignore_eos=ignore_eos, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
     if as_json:
         tokens, pieces, final = [], [], {}
 

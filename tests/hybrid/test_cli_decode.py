@@ -68,3 +68,28 @@ def test_bench_json_rows():
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["pp16", "tg4"]
     assert all(row["t_s"] > 0 for row in rows)
+
+
+def test_decode_json_draft_stats_and_lossless():
+    plain = run_cli("decode", "-p", "def add(a, b):", "-n", "24", "--temp", "0", "--json", "--ignore-eos",
+                    "--draft", "0")
+    drafted = run_cli("decode", "-p", "def add(a, b):", "-n", "24", "--temp", "0", "--json", "--ignore-eos",
+                      "--spec-draft-n-max", "3")
+    assert plain.returncode == 0 and drafted.returncode == 0, plain.stderr + drafted.stderr
+    p, d = json.loads(plain.stdout), json.loads(drafted.stdout)
+    assert "draft" not in p
+    assert d["tokens"] == p["tokens"]               # greedy drafting is lossless
+    stats = d["draft"]
+    for key in ("depth", "steps", "drafted", "accepted", "acceptance", "tokens_per_step"):
+        assert key in stats
+    assert stats["depth"] == 3
+    assert 0 < stats["accepted"] <= stats["drafted"] <= 3 * stats["steps"]
+    assert stats["acceptance"] == pytest.approx(stats["accepted"] / stats["drafted"])
+    # every verify pass emits its accepted drafts plus one token; the first token comes from prefill
+    assert 1 + stats["steps"] + stats["accepted"] == len(d["tokens"])
+    assert stats["tokens_per_step"] == pytest.approx((stats["steps"] + stats["accepted"]) / stats["steps"])
+
+
+def test_decode_rejects_bad_draft_depth():
+    r = run_cli("decode", "-p", "x", "--draft", "lots")
+    assert r.returncode == 1 and "draft depth" in r.stderr
