@@ -13,6 +13,7 @@ from cpu.attention import gated_attention, kv_append
 from cpu.ffn import swiglu
 from cpu.gdn import conv1d_silu, gated_delta_rule, l2_norm_heads
 from cpu.matvec import matvec
+from cpu.moe import moe_ffn
 from cpu.norm import gated_rms_norm, head_rms_norm, rms_norm
 from cpu.quants import dequantize_rows
 from cpu.rope import rope_inv_freq, rope_neox
@@ -27,6 +28,6 @@ def add_inplace(x: np.ndarray, y: np.ndarray) -> None:
 
 __all__ = [
     "NAME", "add_inplace", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
-    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "rms_norm",
+    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu",
 ]

@@ -6,9 +6,10 @@ Per trunk layer (MODEL_FORMAT.md §3.2):
 then hidden = RMSNorm(x; output_norm) and logits = W_output · hidden.
 
 Any number of tokens per call (prompt chunks, one-token decode, k-token verify); every
-kernel steps all n rows in one launch. Scratch buffers are allocated once per call size
-and reused, so the layer loop itself allocates nothing. Not thread-safe: one Forward
-drives one call at a time (the scratch is shared).
+kernel steps all n rows in one launch (the MoE FFN runs each selected expert once over all
+the rows routed to it; `last_moe_stats` counts the expert bytes that saves). Scratch buffers
+are allocated once per call size and reused, so the layer loop itself allocates nothing.
+Not thread-safe: one Forward drives one call at a time (the scratch is shared).
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import numpy as np
 from .config import ModelConfig
 from .errors import HybridError
 from .state import DEFAULT_N_CTX, SessionState
-from .weights import AttentionLayer, DenseFFN, GDNLayer, ModelWeights, bind_weights, embed_tokens, lm_head
+from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, bind_weights, embed_tokens,
+                      lm_head)
 
 LOGITS_MODES = ("last", "all", "none")
 _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k, prompt chunk, last chunk
@@ -38,6 +40,7 @@ class Forward:
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
         self._scratch: OrderedDict[int, _Scratch] = OrderedDict()
+        self.last_moe_stats = MoEStats()      # of the latest forward() / attention_block() call
 
     def new_state(self, n_ctx: int | None = None, n_ring: int = 0) -> SessionState:
         n_ctx = n_ctx or min(DEFAULT_N_CTX, self.config.context_length)
@@ -60,6 +63,7 @@ class Forward:
         ops, c, w = self.ops, self.config, self.weights
         s = self._scratch_for(n)
         s.pos[:] = np.arange(state.n_past, state.n_past + n)
+        self.last_moe_stats = MoEStats()
         x = s.x
         x[...] = embed_tokens(w, ids, ops)
         for layer in w.layers:
@@ -85,6 +89,7 @@ class Forward:
         the caller keeps its own position counter."""
         s = self._scratch_for(x.shape[0])
         s.pos[:] = np.arange(n_before, n_before + x.shape[0])
+        self.last_moe_stats = MoEStats()
         s.x[...] = x
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
         self._attention(layer, kv, n_before, s)
@@ -137,7 +142,8 @@ class Forward:
             self.ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, s.a, s.h)
             self.ops.matvec(ffn.down.wtype, ffn.down.data, s.h, s.m)
         else:
-            raise HybridError(f"FFN kind {type(ffn).__name__} is not yet supported")
+            experts = self.ops.moe_ffn(ffn, s.a, s.m)
+            self.last_moe_stats.count(ffn, experts)
 
     # --- helpers --------------------------------------------------------------------------------
     def _check_tokens(self, token_ids) -> np.ndarray:
@@ -159,6 +165,27 @@ class Forward:
         else:
             self._scratch.move_to_end(n)
         return s
+
+
+@dataclass
+class MoEStats:
+    """Routed-expert weight traffic of one call's MoE FFNs, all layers together.
+
+    Grouping rows by expert reads each selected expert once per layer; running the rows one by
+    one would read each row's k experts: n × the per-token expert bytes."""
+    rows: int = 0                   # token rows through MoE FFNs (n × MoE layers)
+    expert_bytes_read: int = 0      # distinct selected experts' bytes, summed over layers
+    expert_bytes_per_row: int = 0   # n × k × one expert's bytes, summed over layers
+
+    def count(self, ffn: MoEFFN, experts: np.ndarray) -> None:
+        self.rows += experts.shape[0]
+        self.expert_bytes_read += len(np.unique(experts)) * ffn.expert_bytes
+        self.expert_bytes_per_row += experts.size * ffn.expert_bytes
+
+    @property
+    def saving(self) -> float:
+        """How many times fewer expert bytes grouping read (1.0 for one row, or no MoE)."""
+        return self.expert_bytes_per_row / self.expert_bytes_read if self.expert_bytes_read else 1.0
 
 
 @dataclass

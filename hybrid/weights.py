@@ -1,9 +1,13 @@
 """Bind a model file's tensors into per-layer weight records, once, before the first forward.
 
 Matrices stay in their stored ggml type as zero-copy views of the mapped file (the matvec
-kernels read them directly). Small F32 vectors (norms, ssm_a, dt bias, conv taps) are
-copied into owned, writable float32 arrays: they are tiny, and Numba types a read-only
-memmap view differently from a plain array, which would double every kernel's compile.
+kernels read them directly). Two qwen3next tensors are regrouped once, by whole rows (a row of
+any ggml type is self-contained): the fused `ssm_ba` into ssm_beta/ssm_alpha and the legacy
+`ssm_in` into attn_qkv/attn_gate, so the layer loop sees one GDN layout for all three archs
+(owned copies: ssm_ba is tiny; ssm_in is a few % of a legacy file). Small F32 vectors (norms,
+ssm_a, dt bias, conv taps) are copied into owned, writable float32 arrays: they are tiny, and
+Numba types a read-only memmap view differently from a plain array, which would double every
+kernel's compile.
 """
 from __future__ import annotations
 
@@ -33,7 +37,34 @@ class DenseFFN:
     down: Matrix
 
 
-FFN = DenseFFN     # MoE (router + experts + shared expert) joins this union later
+@dataclass(frozen=True)
+class Experts:
+    """E stacked matrices of one kind: `data` is uint8 (E, rows, row_bytes) and data[e], expert
+    e's (rows, cols) matrix, is C-contiguous (also for the halves of a fused gate_up tensor)."""
+    name: str
+    wtype: int
+    data: np.ndarray
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class MoEFFN:
+    router: Matrix             # ffn_gate_inp (E, D), F32
+    gate: Experts              # (E, n_ff_exp, D): ffn_gate_exps, or rows [0, n_ff_exp) of ffn_gate_up_exps
+    up: Experts                # ffn_up_exps, or rows [n_ff_exp, 2·n_ff_exp) of ffn_gate_up_exps
+    down: Experts              # (E, D, n_ff_exp)
+    n_used: int                # k experts per token
+    shared: DenseFFN | None    # the shared expert, when the model has one
+    shared_gate: Matrix | None  # ffn_gate_inp_shexp {D} as a 1-row matrix: σ(w·x) scales the shared expert
+
+    @property
+    def expert_bytes(self) -> int:
+        """Weight bytes of one routed expert (gate + up + down)."""
+        return self.gate.data[0].nbytes + self.up.data[0].nbytes + self.down.data[0].nbytes
+
+
+FFN = Union[DenseFFN, MoEFFN]
 
 
 @dataclass(frozen=True)
@@ -93,12 +124,9 @@ class ModelWeights:
 
 
 def bind_weights(model_file) -> ModelWeights:
-    """Per-layer records for a qwen35 dense model. MoE archs raise ModelError for now."""
+    """Per-layer records for a qwen35, qwen35moe or qwen3next model."""
     cfg: ModelConfig = model_file.config
-    if cfg.is_moe:
-        raise ModelError(f"architecture '{cfg.arch}' (MoE) is not yet supported by the forward pass; "
-                         "qwen35 dense models run")
-    t = _Tensors(model_file.tensors)
+    t = _Tensors(model_file.tensors, cfg)
     embd = t.matrix("token_embd.weight")
     output = embd if cfg.tied_output else t.matrix("output.weight")
     output_norm = t.vector("output_norm.weight")
@@ -122,8 +150,9 @@ def lm_head(weights: ModelWeights, hidden: np.ndarray, out: np.ndarray, ops) -> 
 # --- binding helpers --------------------------------------------------------------------------
 
 class _Tensors:
-    def __init__(self, tensors):
+    def __init__(self, tensors, config: ModelConfig):
         self.tensors = tensors
+        self.config = config
 
     def get(self, name: str):
         try:
@@ -137,6 +166,17 @@ class _Tensors:
             raise ModelError(f"{name} has shape {info.ne}; expected a 2-D matrix")
         return Matrix(name, info.type.id, info.data, rows=info.ne[1], cols=info.ne[0])
 
+    def row_vector(self, name: str) -> Matrix:
+        """A 1-D weight {D} as a 1-row matrix, so a matvec gives its dot with each input row."""
+        info = self.get(name)
+        return Matrix(name, info.type.id, info.data.reshape(1, -1), rows=1, cols=info.ne[0])
+
+    def experts(self, name: str) -> Experts:
+        info = self.get(name)
+        if len(info.ne) != 3:
+            raise ModelError(f"{name} has shape {info.ne}; expected 3-D stacked expert matrices")
+        return Experts(name, info.type.id, info.data, rows=info.ne[1], cols=info.ne[0])
+
     def vector(self, name: str) -> np.ndarray:
         return np.array(self.get(name).array(), dtype=np.float32, order="C", copy=True)
 
@@ -144,9 +184,64 @@ class _Tensors:
         return self.tensors.get(name)
 
 
-def _dense_ffn(t: _Tensors, p: str) -> DenseFFN:
-    return DenseFFN(t.matrix(p + "ffn_gate.weight"), t.matrix(p + "ffn_up.weight"),
-                    t.matrix(p + "ffn_down.weight"))
+def _ffn(t: _Tensors, p: str) -> FFN:
+    if not t.config.is_moe:
+        return DenseFFN(t.matrix(p + "ffn_gate.weight"), t.matrix(p + "ffn_up.weight"),
+                        t.matrix(p + "ffn_down.weight"))
+    if t.optional(p + "ffn_gate_up_exps.weight") is not None:
+        gate, up = _split_gate_up(t.experts(p + "ffn_gate_up_exps.weight"))
+    else:
+        gate, up = t.experts(p + "ffn_gate_exps.weight"), t.experts(p + "ffn_up_exps.weight")
+    has_shared = t.optional(p + "ffn_gate_shexp.weight") is not None
+    return MoEFFN(
+        router=t.matrix(p + "ffn_gate_inp.weight"), gate=gate, up=up,
+        down=t.experts(p + "ffn_down_exps.weight"), n_used=t.config.n_expert_used,
+        shared=DenseFFN(t.matrix(p + "ffn_gate_shexp.weight"), t.matrix(p + "ffn_up_shexp.weight"),
+                        t.matrix(p + "ffn_down_shexp.weight")) if has_shared else None,
+        shared_gate=t.row_vector(p + "ffn_gate_inp_shexp.weight") if has_shared else None,
+    )
+
+
+def _split_gate_up(fused: Experts) -> tuple[Experts, Experts]:
+    """ffn_gate_up_exps {D, 2·n_ff_exp, E}: per expert, rows [0, n_ff_exp) are the gate and the
+    rest the up projection (build_moe_ffn views the product the same way). Slicing rows of each
+    expert keeps data[e] contiguous, so no bytes are copied."""
+    f = fused.rows // 2
+    return (Experts(fused.name + "[gate]", fused.wtype, fused.data[:, :f], f, fused.cols),
+            Experts(fused.name + "[up]", fused.wtype, fused.data[:, f:], f, fused.cols))
+
+
+def _rows_of(m: Matrix, rows: np.ndarray, name: str) -> Matrix:
+    """The given output rows of m, in that order, as an owned contiguous matrix."""
+    return Matrix(name, m.wtype, np.ascontiguousarray(m.data[rows]), len(rows), m.cols)
+
+
+def _qwen3next_beta_alpha(t: _Tensors, p: str) -> tuple[Matrix, Matrix]:
+    """ssm_ba {D, 2·H_v} holds per k-head group g: [b_{g,0..r−1}, a_{g,0..r−1}] (r = H_v/H_k).
+    Split into beta and alpha with rows in v-head order j = g·r + i (qwen3next's grouped order)."""
+    c = t.config
+    r = c.ssm_n_v_heads // c.ssm_n_k_heads
+    ba = t.matrix(p + "ssm_ba.weight")
+    b_rows = (np.arange(c.ssm_n_k_heads)[:, None] * 2 * r + np.arange(r)[None, :]).ravel()
+    return _rows_of(ba, b_rows, p + "ssm_ba[beta]"), _rows_of(ba, b_rows + r, p + "ssm_ba[alpha]")
+
+
+def _legacy_qkv_gate(t: _Tensors, p: str) -> tuple[Matrix, Matrix]:
+    """Legacy qwen3next ssm_in (HF in_proj_qkvz) holds per k-head group g: [q_g (d), k_g (d),
+    v_g (r·d), z_g (r·d)]. Regroup into attn_qkv's [all q | all k | all v] (the conv channel
+    order, v heads grouped) and attn_gate's all z — what the converter writes for new files."""
+    c = t.config
+    d, r = c.ssm_d_state, c.ssm_n_v_heads // c.ssm_n_k_heads
+    group = 2 * d + 2 * r * d
+    base = np.arange(c.ssm_n_k_heads)[:, None] * group
+
+    def part(start: int, size: int) -> np.ndarray:
+        return (base + start + np.arange(size)[None, :]).ravel()
+
+    ssm_in = t.matrix(p + "ssm_in.weight")
+    qkv_rows = np.concatenate([part(0, d), part(d, d), part(2 * d, r * d)])
+    return (_rows_of(ssm_in, qkv_rows, p + "ssm_in[qkv]"),
+            _rows_of(ssm_in, part(2 * d + r * d, r * d), p + "ssm_in[z]"))
 
 
 def _attention_layer(t: _Tensors, i: int) -> AttentionLayer:
@@ -158,24 +253,31 @@ def _attention_layer(t: _Tensors, i: int) -> AttentionLayer:
         v=t.matrix(p + "attn_v.weight"), o=t.matrix(p + "attn_output.weight"),
         q_norm=t.vector(p + "attn_q_norm.weight"), k_norm=t.vector(p + "attn_k_norm.weight"),
         post_norm=t.vector(p + "post_attention_norm.weight"),
-        ffn=_dense_ffn(t, p),
+        ffn=_ffn(t, p),
     )
 
 
 def _gdn_layer(t: _Tensors, i: int) -> GDNLayer:
     p = f"blk.{i}."
     conv = t.vector(p + "ssm_conv1d.weight")                 # numpy (C, K)
+    if t.optional(p + "ssm_in.weight") is not None:
+        qkv, gate = _legacy_qkv_gate(t, p)
+    else:
+        qkv, gate = t.matrix(p + "attn_qkv.weight"), t.matrix(p + "attn_gate.weight")
+    if t.config.arch == "qwen3next":
+        beta, alpha = _qwen3next_beta_alpha(t, p)
+    else:
+        beta, alpha = t.matrix(p + "ssm_beta.weight"), t.matrix(p + "ssm_alpha.weight")
     return GDNLayer(
         index=i,
         attn_norm=t.vector(p + "attn_norm.weight"),
-        qkv=t.matrix(p + "attn_qkv.weight"), gate=t.matrix(p + "attn_gate.weight"),
-        beta=t.matrix(p + "ssm_beta.weight"), alpha=t.matrix(p + "ssm_alpha.weight"),
+        qkv=qkv, gate=gate, beta=beta, alpha=alpha,
         conv_w=np.ascontiguousarray(conv.T),
         dt_bias=t.vector(p + "ssm_dt.bias"), ssm_a=t.vector(p + "ssm_a"),
         ssm_norm=t.vector(p + "ssm_norm.weight"),
         out=t.matrix(p + "ssm_out.weight"),
         post_norm=t.vector(p + "post_attention_norm.weight"),
-        ffn=_dense_ffn(t, p),
+        ffn=_ffn(t, p),
     )
 
 

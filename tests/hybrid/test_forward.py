@@ -191,10 +191,3 @@ def test_bad_calls_give_clear_errors(q4km):
         q4km.forward(state, [1], logits="first")
     with pytest.raises(HybridError, match="ring"):
         q4km.forward(state, [1, 2], snapshot=True)
-
-
-def test_moe_archs_are_refused_for_now(q4km):
-    moe = dataclasses.replace(q4km.config, arch="qwen35moe", n_expert=8, n_expert_used=2)
-    fake = types.SimpleNamespace(config=moe, tensors=q4km.model_file.tensors)
-    with pytest.raises(ModelError, match="not yet supported"):
-        Forward(fake)

@@ -1,0 +1,133 @@
+"""The MoE FFN of qwen35moe / qwen3next (../shared/docs/MODEL_FORMAT.md §3.5), expert-grouped.
+
+Per row x (llama.cpp's build_moe_ffn: softmax gating, renormalised top-k weights):
+    ℓ = W_router x;  p = softmax(ℓ);  E = top-k(p);  w_e = p_e / Σ_{e'∈E} p_e'
+    f = Σ_{e∈E} w_e · W_down,e(SiLU(W_gate,e x) ⊙ W_up,e x)  +  σ(w_sh · x) · SharedFFN(x)
+
+Expert grouping: for n rows (a k-token verify, a prompt chunk), each selected expert's weights
+are read ONCE: the rows routed to it are gathered into one contiguous block and run through the
+N-input kernels (`cpu.ffn.swiglu`, `cpu.matvec.matvec`). Those kernels give every input slot the
+bits of a one-row call, and each row's expert outputs are summed in its top-k rank order (not in
+group order), so row i of an n-row call is bit-identical to the 1-row call on x[i].
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .ffn import swiglu
+from .matvec import check_f32_matrix, matvec
+
+
+# ---- routing -----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _route(logits, k, experts, weights):
+    n, n_expert = logits.shape
+    taken = np.zeros(n_expert, np.bool_)
+    for i in range(n):
+        taken[:] = False
+        # top-k by logit (softmax is monotonic, so the same set as top-k by p); scanning upwards
+        # with a strict '>' keeps the lower index on ties. `best` always lands on an untaken
+        # expert, even for NaN logits, so the indices stay valid (the NaN shows in the weights).
+        for rank in range(k):
+            best = -1
+            for e in range(n_expert):
+                if not taken[e] and (best < 0 or logits[i, e] > logits[i, best]):
+                    best = e
+            taken[best] = True
+            experts[i, rank] = best
+        # p_e / Σ_top-k p: the full softmax's denominator cancels, leaving a softmax over the
+        # chosen logits. Rank 0 holds the largest logit: subtracting it keeps exp() ≤ 1.
+        top = np.float64(logits[i, experts[i, 0]])
+        total = 0.0
+        for rank in range(k):
+            total += np.exp(np.float64(logits[i, experts[i, rank]]) - top)
+        for rank in range(k):
+            weights[i, rank] = np.exp(np.float64(logits[i, experts[i, rank]]) - top) / total
+
+
+def route(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k experts per row and their renormalised softmax weights.
+
+    logits: (n, E) float32 router outputs. Returns experts (n, k) int64, most probable first
+    (ties → lower index), and weights (n, k) float32 summing to 1 per row."""
+    check_f32_matrix(logits, "logits")
+    if not 1 <= k <= logits.shape[1]:
+        raise ValueError(f"k = {k} experts per token; must be in 1..{logits.shape[1]}")
+    experts = np.empty((logits.shape[0], k), np.int64)
+    weights = np.empty((logits.shape[0], k), np.float32)
+    _route(logits, k, experts, weights)
+    return experts, weights
+
+
+def expert_groups(experts: np.ndarray):
+    """Yield (expert, rows, ranks) for each distinct expert in `experts` (n, k), by expert index:
+    rows (ascending) that chose it, and the rank it has in each of those rows' top-k."""
+    k = experts.shape[1]
+    flat = experts.ravel()
+    order = np.argsort(flat, kind="stable")          # stable: rows stay ascending within a group
+    starts = np.flatnonzero(np.diff(flat[order])) + 1
+    for slots in np.split(order, starts):
+        yield int(flat[slots[0]]), slots // k, slots % k
+
+
+# ---- combining -----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, parallel=True)
+def _weighted_sum(y, weights, out):
+    """out[i] = Σ_rank weights[i, rank] · y[i, rank], ranks in order (a fixed order per row)."""
+    n, k, D = y.shape
+    for i in prange(n):
+        for c in range(D):
+            out[i, c] = weights[i, 0] * y[i, 0, c]
+        for rank in range(1, k):
+            w = weights[i, rank]
+            for c in range(D):
+                out[i, c] += w * y[i, rank, c]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _add_gated(out, shared, gate_logit):
+    """out[i] += σ(gate_logit[i]) · shared[i]: the shared expert's scalar sigmoid gate."""
+    n, D = out.shape
+    for i in prange(n):
+        g = np.float32(1.0) / (np.float32(1.0) + np.exp(-gate_logit[i, 0]))
+        for c in range(D):
+            out[i, c] += g * shared[i, c]
+
+
+# ---- the FFN -------------------------------------------------------------------------------------
+
+def moe_ffn(ffn, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out (n, D) = the MoE FFN of rows x (n, D) float32; returns the selected experts (n, k).
+
+    `ffn` is a `hybrid.weights.MoEFFN`: router (F32 matrix), gate/up/down expert stacks
+    (`data[e]` = expert e's matrix), n_used = k, optional shared expert and its gate."""
+    check_f32_matrix(x, "x")
+    n, D = x.shape
+    check_f32_matrix(out, "out", (n, D), writeable=True)
+    logits = np.empty((n, ffn.router.rows), np.float32)
+    matvec(ffn.router.wtype, ffn.router.data, x, logits)
+    experts, weights = route(logits, ffn.n_used)
+
+    y = np.empty((n, ffn.n_used, D), np.float32)     # y[i, rank] = row i's rank-th expert output
+    for e, rows, ranks in expert_groups(experts):
+        xe = np.ascontiguousarray(x[rows])           # the rows this expert serves, one block
+        h = np.empty((len(rows), ffn.gate.rows), np.float32)
+        swiglu(ffn.gate.wtype, ffn.gate.data[e], ffn.up.wtype, ffn.up.data[e], xe, h)
+        ye = np.empty((len(rows), D), np.float32)
+        matvec(ffn.down.wtype, ffn.down.data[e], h, ye)
+        y[rows, ranks] = ye
+    _weighted_sum(y, weights, out)
+
+    if ffn.shared is not None:
+        sh = ffn.shared
+        h = np.empty((n, sh.gate.rows), np.float32)
+        swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
+        shared = np.empty((n, D), np.float32)
+        matvec(sh.down.wtype, sh.down.data, h, shared)
+        gate_logit = np.empty((n, 1), np.float32)
+        matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
+        _add_gated(out, shared, gate_logit)
+    return experts
