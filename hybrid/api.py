@@ -132,6 +132,9 @@ class Model:
         ring = (MAX_AUTO_DEPTH if depth == AUTO else depth) + 1
         if state is None:
             state = self.forward.new_state(self.n_ctx, n_ring=ring)
+        elif state.n_ring < ring:
+            raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
+                              f"≥ {ring} slots (Forward.new_state(n_ctx, n_ring={ring})); this one has {state.n_ring}")
         return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
                                     sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
                                     n_ctx=self.n_ctx, ignore_eos=ignore_eos)

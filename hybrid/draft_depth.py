@@ -4,7 +4,9 @@ Expected tokens of a depth-D step = 1 + Σ_{j=1..D} Π_{i≤j} a_i, with a_i the
 chance that draft i is kept given drafts 1..i−1 were. Step cost per depth is measured (an
 exponential average of wall time); depths not yet tried are priced by a linear fit of the
 ones that were. The acceptance at position i is only observed when a step drafts at least
-i tokens, so the controller now and then tries one deeper than its current choice.
+i tokens, so the controller now and then tries one deeper than its current choice; and one
+measured depth cannot price the others (the 15%-per-row prior may be far off), so every other
+such probe goes one shallower instead.
 """
 from __future__ import annotations
 
@@ -49,20 +51,22 @@ class DepthController:
     def choose(self) -> int:
         best = max(range(0, self.max_depth + 1), key=lambda d: self.expected_tokens(d) / self.step_cost(d))
         self.steps += 1
-        if self.steps % _PROBE_EVERY == 0 and best < self.max_depth:
-            best += 1
+        if self.steps % _PROBE_EVERY == 0 and self.max_depth > 0:
+            deeper = (self.steps // _PROBE_EVERY) % 2 == 1
+            if best == 0 or (deeper and best < self.max_depth):
+                best += 1
+            else:
+                best -= 1
         self.depth = best
         return best
 
     def record(self, drafted: int, accepted: int, seconds: float) -> None:
         """One step: `drafted` offered, the first `accepted` of them kept, `seconds` wall time."""
-        self.tried *= _DECAY
-        self.kept *= _DECAY
-        for i in range(1, drafted + 1):
-            if i > accepted + 1:
-                break
-            self.tried[i] += 1
-            if i <= accepted:
-                self.kept[i] += 1
+        # Decay per observation, not per step: a position that was not drafted keeps what was
+        # learnt of it. (Decaying every step let an unused position fall back to the optimistic
+        # prior within ~7 shallow steps, and the controller then jumped to full depth.)
+        for i in range(1, min(drafted, accepted + 1) + 1):
+            self.tried[i] = _DECAY * self.tried[i] + 1.0
+            self.kept[i] = _DECAY * self.kept[i] + (1.0 if i <= accepted else 0.0)
         old = self.cost.get(drafted)
         self.cost[drafted] = seconds if old is None else _DECAY * old + (1 - _DECAY) * seconds

@@ -155,7 +155,9 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                 break
             t = emit_queue[-1]
             want = auto.choose() if auto else depth
-            k = max(0, min(want, max_tokens - stats.generated_tokens - 1, n_ctx - state.n_past - 1,
+            # The last token a step emits sits at n_past + k + 1 unprocessed; plain decoding's last
+            # token sits at most at n_ctx − 1, so drafting never runs past that (−2, not −1).
+            k = max(0, min(want, max_tokens - stats.generated_tokens - 1, n_ctx - state.n_past - 2,
                            state.n_ring - 1))
             t_step = time.perf_counter()
             drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)

@@ -1,0 +1,111 @@
+"""Which drafts a verify pass keeps (hybrid/acceptance.py).
+
+Sampling: speculative sampling with a deterministic draft must emit every token with exactly
+the target sampler's distribution (`Sampler.probs`), whatever the draft. Checked by counting
+over many seeded trials on a 6-token vocabulary (chi-square against the expected counts).
+Greedy: drafts are kept while they are the argmax, so output equals plain greedy decoding.
+"""
+import numpy as np
+import pytest
+
+from hybrid.acceptance import _draw_without, accept_drafts
+from hybrid.sampling import Sampler, SamplerConfig
+
+ROWS = np.array([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0],      # verifier row 0: decides position 1
+                 [0.8, 1.5, -0.5, 1.0, 0.2, -2.0],      # row 1: position 2 (after draft 1)
+                 [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]],       # row 2: the bonus after two kept drafts
+                np.float32)
+CONFIGS = {
+    "softmax": SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    # filters leave token 5 (and 4 in row 0) outside the support: a draft there is never kept
+    "filtered": SamplerConfig(temperature=0.7, top_k=4, top_p=0.95, min_p=0.05),
+}
+TRIALS = 4_000
+# Chi-square with ≤ 5 degrees of freedom exceeds 30 with probability < 2e-5; a wrong rule (e.g.
+# redrawing from p instead of the residual on rejection) gives hundreds at these trial counts.
+CHI2_LIMIT = 30.0
+
+
+def chi_square(tokens, probs) -> float:
+    counts = np.bincount(np.asarray(tokens), minlength=len(probs)).astype(np.float64)
+    n = counts.sum()
+    support = probs > 0
+    assert counts[~support].sum() == 0, f"drew tokens outside the support: {counts}"
+    expected = n * probs[support].astype(np.float64)
+    return float(((counts[support] - expected) ** 2 / expected).sum())
+
+
+def sampler(name, seed=1, **over):
+    cfg = CONFIGS[name]
+    return Sampler(SamplerConfig(**{**cfg.__dict__, "seed": seed, **over}))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("draft", [0, 3, 5], ids=["likely", "unlikely", "tail"])
+def test_first_token_is_distributed_as_the_target(name, draft):
+    s = sampler(name)
+    p = s.probs(ROWS[0], [])
+    first = [accept_drafts(ROWS[:2], [draft], s, [])[0] for _ in range(TRIALS)]
+    stat = chi_square(first, p)
+    kept = np.mean(np.asarray(first) == draft)
+    print(f"\n{name}, draft {draft} (p = {p[draft]:.3f}): kept {kept:.3f}, chi2 {stat:.1f}")
+    assert stat < CHI2_LIMIT
+    assert abs(kept - p[draft]) < 5 * np.sqrt(0.25 / TRIALS)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("second", [1, 5], ids=["likely", "tail"])
+def test_second_token_given_the_first_was_kept(name, second):
+    """After draft 1 is kept, position 2 follows row 1's distribution — with the repetition
+    penalty seeing draft 1 in the history, as plain decoding would have."""
+    history = [2, 3]
+    s = sampler(name, repeat_penalty=1.5)
+    p0 = s.probs(ROWS[0], history)
+    p1 = s.probs(ROWS[1], history + [0])
+    assert not np.allclose(p1, s.probs(ROWS[1], history))        # the penalty matters here
+    out = [accept_drafts(ROWS, [0, second], s, history) for _ in range(TRIALS)]
+    assert chi_square([o[0] for o in out], p0) < CHI2_LIMIT
+    given_first = [o[1] for o in out if o[0] == 0]
+    assert len(given_first) > TRIALS * p0[0] * 0.9
+    assert chi_square(given_first, p1) < CHI2_LIMIT
+    assert history == [2, 3]                                      # only read
+
+
+def test_bonus_token_after_all_drafts_kept_follows_the_last_row():
+    s = sampler("softmax", seed=3)
+    p2 = s.probs(ROWS[2], [0, 1])
+    bonus = []
+    for _ in range(TRIALS):
+        out = accept_drafts(ROWS, [0, 1], s, [])
+        if len(out) == 3:
+            bonus.append(out[2])
+    assert len(bonus) > 500
+    assert chi_square(bonus, p2) < CHI2_LIMIT
+
+
+def test_greedy_keeps_drafts_while_they_are_the_argmax():
+    s = Sampler(SamplerConfig(temperature=0.0))
+    assert accept_drafts(ROWS, [0, 1], s, []) == [0, 1, 0]         # both kept, bonus = argmax row 2
+    assert accept_drafts(ROWS, [0, 3], s, []) == [0, 1]            # second rejected → row 1's argmax
+    assert accept_drafts(ROWS, [4, 1], s, []) == [0]               # first rejected: nothing more
+    assert accept_drafts(ROWS[:1], [], s, []) == [0]
+
+
+def test_greedy_sees_kept_drafts_in_the_penalty_history():
+    """The penalty sees the kept drafts: after keeping 0 and 1, row 2's three-way tie at 1.0
+    loses 0 and 1 to the penalty, so the bonus token is 2."""
+    s = Sampler(SamplerConfig(temperature=0.0, repeat_penalty=2.0))
+    assert accept_drafts(ROWS, [0, 1], s, []) == [0, 1, 2]
+    s_plain = Sampler(SamplerConfig(temperature=0.0))
+    assert accept_drafts(ROWS, [0, 1], s_plain, []) == [0, 1, 0]
+    # history penalises token 1 in row 1 (1.5 → 0.75 < 1.0): the argmax there becomes 3
+    assert accept_drafts(ROWS, [0, 1], s, [1]) == [0, 3]
+
+
+def test_residual_draw_never_returns_the_rejected_draft():
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.3, 0.2, 0.0], np.float32)
+    draws = [_draw_without(p, 0, rng) for _ in range(2000)]
+    assert 0 not in draws and 3 not in draws
+    assert abs(np.mean(np.asarray(draws) == 1) - 0.6) < 0.05
+    assert _draw_without(np.array([0.0, 1.0, 0.0], np.float32), 1, rng) == 1   # nothing else left

@@ -1,0 +1,128 @@
+"""DepthController (hybrid/draft_depth.py): picks the depth with the most expected tokens per
+second from scripted acceptance and step costs; probes one deeper now and then."""
+import numpy as np
+import pytest
+
+from hybrid.draft_depth import _PROBE_EVERY, DepthController
+
+MAX = 4
+
+
+def drive(c: DepthController, steps: int, accepted, cost) -> list[int]:
+    """Run `steps` scripted steps: accepted(depth) drafts kept, cost(depth) seconds each."""
+    chosen = []
+    for _ in range(steps):
+        d = c.choose()
+        c.record(d, min(d, accepted(d)), cost(d))
+        chosen.append(d)
+    return chosen
+
+
+def linear(per_draft):
+    return lambda d: 1.0 + per_draft * d
+
+
+def bernoulli(rate, seed=0):
+    """Each draft kept with probability `rate` until the first miss."""
+    rng = np.random.default_rng(seed)
+
+    def accepted(d):
+        m = 0
+        while m < d and rng.random() < rate:
+            m += 1
+        return m
+    return accepted
+
+
+def test_expected_tokens_and_prior():
+    c = DepthController(MAX)
+    np.testing.assert_allclose(c.acceptance(), [0.8] * MAX)      # optimistic prior, nothing seen
+    assert c.expected_tokens(0) == 1.0
+    assert c.expected_tokens(2) == pytest.approx(1 + 0.8 + 0.64)
+    for _ in range(30):                                        # draft 1 always kept, draft 2 never
+        c.record(3, 1, 1.0)
+    a = c.acceptance()
+    assert a[0] == pytest.approx(1.0) and a[1] == pytest.approx(0.0)
+    assert a[2] == pytest.approx(0.8)                          # draft 3 never offered after a keep of 2
+    assert c.expected_tokens(3) == pytest.approx(2.0)
+
+
+def test_step_cost_prior_and_linear_fit():
+    c = DepthController(MAX)
+    assert c.step_cost(2) == pytest.approx(1.3)
+    c.record(1, 0, 2.0)
+    assert c.step_cost(1) == 2.0
+    assert c.step_cost(3) == pytest.approx(2.0 * 1.3)          # 15% per extra row from the one known
+    c.record(3, 0, 4.0)
+    assert c.step_cost(2) == pytest.approx(3.0)                 # a line through (1, 2) and (3, 4)
+    assert c.step_cost(0) == pytest.approx(1.0)
+    c.record(3, 0, 5.0)
+    assert c.step_cost(3) == pytest.approx(0.9 * 4.0 + 0.1 * 5.0)   # EMA of what was measured
+
+
+def settled(chosen, tail, steps_before=0):
+    """The last `tail` choices without the probes (every _PROBE_EVERY-th choice of the
+    controller, which had made `steps_before` choices before these)."""
+    steps = np.arange(1, len(chosen) + 1) + steps_before
+    keep = steps % _PROBE_EVERY != 0
+    return np.asarray(chosen)[keep][-tail:]
+
+
+def test_high_acceptance_and_flat_cost_go_deep():
+    chosen = drive(DepthController(MAX, start=1), 200, accepted=lambda d: d, cost=lambda d: 1.0)
+    assert (settled(chosen, 100) == MAX).all()
+    assert min(chosen[-100:]) == MAX - 1                       # only the shallower probes
+
+
+def test_high_acceptance_and_mild_cost_go_deep():
+    chosen = drive(DepthController(MAX), 300, accepted=bernoulli(0.95), cost=linear(0.1))
+    assert np.mean(settled(chosen, 200) == MAX) > 0.9
+
+
+def test_steep_cost_goes_shallow():
+    """Each drafted row costing twice a plain step never pays, however good the drafts."""
+    chosen = drive(DepthController(MAX), 200, accepted=lambda d: d, cost=linear(2.0))
+    assert (settled(chosen, 150) == 0).all() and max(chosen[-150:]) <= 1
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.1])
+def test_low_acceptance_goes_shallow_and_stays_there(rate):
+    """A depth-4 step is expensive when drafts die; once the first draft is known to fail, only
+    a probe of depth 1 may interrupt depth 0 (not a jump back to full depth)."""
+    chosen = drive(DepthController(MAX), 300, accepted=bernoulli(rate, seed=1), cost=linear(0.15))
+    tail = np.asarray(chosen[-250:])
+    assert np.mean(tail == 0) > 0.85
+    assert tail.max() <= 1
+
+
+def test_probes_alternate_one_deeper_and_one_shallower():
+    """Settled on depth 2 (draft 3 always fails): every _PROBE_EVERY-th choice tries depth 3 or
+    depth 1, in turn; all others stay at 2."""
+    c = DepthController(MAX, start=2)
+    chosen = np.asarray(drive(c, 8 * _PROBE_EVERY, accepted=lambda d: min(d, 2), cost=linear(0.15)))
+    steps = np.arange(1, len(chosen) + 1)
+    late = steps > 2 * _PROBE_EVERY
+    probe = steps % _PROBE_EVERY == 0
+    assert (chosen[late & ~probe] == 2).all()
+    assert sorted(set(chosen[late & probe])) == [1, 3]
+    assert list(chosen[late & probe]) == [3, 1, 3, 1, 3, 1]
+
+
+def test_steep_cost_is_found_from_one_measured_depth():
+    """The first step runs deep (the prior calls rows cheap); a shallower probe measures a second
+    cost, the linear fit then prices depth 0, and the controller leaves the deep setting."""
+    c = DepthController(MAX)
+    first = drive(c, _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
+    assert first[0] >= 3
+    later = drive(c, 3 * _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
+    assert (settled(later, 2 * _PROBE_EVERY, steps_before=_PROBE_EVERY) == 0).all()
+
+
+def test_probing_finds_drafts_that_got_better():
+    """Draft 2 fails for a while, then starts being kept (e.g. the text became repetitive): the
+    probes see it, and the controller goes deep."""
+    c = DepthController(MAX)
+    drive(c, 100, accepted=lambda d: min(d, 1), cost=linear(0.15))
+    assert c.depth <= 2
+    chosen = drive(c, 150, accepted=lambda d: d, cost=linear(0.15))
+    assert (settled(chosen, 50, steps_before=100) == MAX).all()
