@@ -1,6 +1,10 @@
 import os
 import pathlib
 
+# Before numpy loads: multi-threaded BLAS is ~30x slower than one thread on the small
+# products of the reference forwards, and it fights Numba's threads for the cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
