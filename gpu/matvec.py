@@ -1,0 +1,262 @@
+"""Quantised matrix x k-vectors on the GPU: out[s, row] = dot(W[row, :], x[s, :]) for k slots.
+
+Same op and argument order as `cpu.matvec.matvec`. Weight-stationary: every weight byte is read
+from global memory once per call and applied to all k slots.
+
+Work split (one kernel template, per-type decoding in `quants.py`):
+* a block of WARPS warps; each warp owns `rows_per_warp` (R) consecutive rows;
+* the row is walked in tiles of 32 * elems columns; in each tile each lane decodes its own
+  `elems` weights (its unit) of each of its R rows, and multiplies them with x;
+* x is staged per tile in shared memory in the lanes' order (bank-conflict-free reads), and one
+  x value read serves all R rows;
+* software pipeline: the next tile's weights are loaded (raw words only) while this tile is
+  decoded and multiplied, so DRAM latency overlaps the arithmetic;
+* at the end each (row, slot) sum is reduced across the warp by a fixed butterfly.
+
+Per-slot bit identity: slot s of row r is summed by the same lanes, over the same units, in the
+same order, then reduced by the same butterfly, whatever k, R or WARPS are. So a k-slot call gives
+each slot exactly the bits a 1-slot call gives. Calls with k > MAX_SLOTS run in chunks of
+MAX_SLOTS slots (weights re-read per chunk; bits unchanged).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
+import types as pytypes
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from hybrid import ggml_types as gt
+from hybrid.errors import HybridError
+
+from .device import simulated
+from .intrinsics import device_function, fma, warp_reduce
+from .quants import UNITS, LaneUnit
+
+# The simulator runs each thread as a Python thread: keep its blocks to one warp.
+WARPS = 1 if simulated() else 4
+BLOCK_THREADS = 32 * WARPS
+MAX_SLOTS = 8
+# Registers: R*N accumulators plus R units must stay in registers. Beyond this product NVVM stops
+# unrolling the inner loops and spills the per-row arrays to local memory.
+MAX_ROWS_X_SLOTS = 16
+
+
+def _source_stamp() -> int:
+    """Hash of the kernel sources: part of every kernel's cache key (see _specialise)."""
+    here = pathlib.Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("matvec.py", "quants.py", "intrinsics.py"):
+        digest.update((here / name).read_bytes())
+    return int.from_bytes(digest.digest()[:4], "little")
+
+
+SOURCE_STAMP = _source_stamp()
+
+# Bound per ggml type in each specialised kernel's globals (see _specialise).
+load = prepare = weight = owner = multiply_eight = None
+
+
+def _multiply_eight_template(N, R):
+    def multiply_eight(first, xs, lane, raw, fac, xv, acc):
+        """acc[r, s] += weight i of row r * x[s] of weight i, for i = first .. first+7."""
+        for i_hi in range(2):
+            for i_lo in range(4):
+                i = first + 4 * i_hi + i_lo
+                for s in range(N):
+                    xv[s] = xs[s, i * 32 + (lane ^ i)]
+                for r in range(R):
+                    wi = weight(raw, fac, r, i, lane)
+                    for s in range(N):
+                        acc[r, s] = fma(wi, xv[s], acc[r, s])
+    return multiply_eight
+
+
+def _kernel_template(N, R, E, TILE, RAW, FAC, STAGED_PER_THREAD, TYPE_ID, STAMP):
+    def matvec_kernel(w, w8, x, out, rows, cols):
+        if TYPE_ID < 0 or STAMP < 0:  # never true: puts both in the cache key (_specialise)
+            return
+        xs = cuda.shared.array((N, TILE), float32)
+        acc = cuda.local.array((R, N), float32)
+        raw = cuda.local.array((R, RAW), uint32)       # the tile being multiplied
+        raw_next = cuda.local.array((R, RAW), uint32)  # the next tile, in flight meanwhile
+        fac = cuda.local.array((R, FAC), float32)
+        xv = cuda.local.array(N, float32)
+        staged_at = cuda.local.array(STAGED_PER_THREAD, int32)
+        x_part = cuda.local.array((STAGED_PER_THREAD, N), float32)
+
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        row0 = (cuda.blockIdx.x * WARPS + (tid >> 5)) * R
+        for k in range(STAGED_PER_THREAD):
+            # where x column (tid + k*BLOCK_THREADS) of a tile goes: element i of `ln`'s unit,
+            # at lane ln ^ i of row i so that both staging writes and lane reads spread on banks
+            ln, i = owner(tid + k * BLOCK_THREADS)
+            staged_at[k] = i * 32 + (ln ^ i)
+        for r in range(R):
+            for s in range(N):
+                acc[r, s] = float32(0.0)
+            load(w, w8, min(row0 + r, rows - 1), 0, cols, lane, raw_next, r)
+
+        for col0 in range(0, cols, TILE):
+            # Software pipeline: take the prefetched tile, start loading the next one (the
+            # last tile reloads itself, harmlessly), and only then stage x, decode and multiply,
+            # so DRAM latency overlaps the work on this tile.
+            for r in range(R):
+                for j in range(RAW):
+                    raw[r, j] = raw_next[r, j]
+            col_next = col0 + TILE if col0 + TILE < cols else col0
+            for r in range(R):
+                load(w, w8, min(row0 + r, rows - 1), col_next, cols, lane, raw_next, r)
+            # this thread's share of the x tile: loaded now, stored after the barrier
+            for k in range(STAGED_PER_THREAD):
+                col = col0 + tid + k * BLOCK_THREADS
+                for s in range(N):
+                    value = x[s, min(col, cols - 1)]  # unconditional load, then select
+                    x_part[k, s] = value if col < cols else float32(0.0)
+            cuda.syncthreads()  # everyone is done reading the previous tile of xs
+            for k in range(STAGED_PER_THREAD):
+                for s in range(N):
+                    xs[s, staged_at[k]] = x_part[k, s]
+            cuda.syncthreads()
+            for r in range(R):
+                prepare(raw, fac, r, col0, cols, lane)
+            # Straight-line calls rather than one loop of E: NVVM fully unrolls each call's
+            # small loops, keeping raw/fac/acc in registers; a rolled loop would spill them.
+            multiply_eight(0, xs, lane, raw, fac, xv, acc)
+            multiply_eight(8, xs, lane, raw, fac, xv, acc)
+            if E == 32:
+                multiply_eight(16, xs, lane, raw, fac, xv, acc)
+                multiply_eight(24, xs, lane, raw, fac, xv, acc)
+
+        warp_reduce(acc)
+        if lane == 0:
+            for r in range(R):
+                if row0 + r < rows:
+                    for s in range(N):
+                        out[s, row0 + r] = acc[r, s]
+    return matvec_kernel
+
+
+def _specialise(template_fn, constants: dict, functions: dict):
+    """template_fn(**constants) with `functions` bound as its globals.
+
+    Numba's disk cache keys a kernel by its bytecode and its closure values, and only watches
+    this file. So every compile-time number (type id and source stamp included) is a closure
+    value, and the per-type device functions are globals: pickling those into the key would not
+    be reproducible across processes, and the stamp already covers their source.
+    """
+    fn = template_fn(**constants)
+    namespace = dict(fn.__globals__, **functions)
+    return pytypes.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _build_kernel(unit: LaneUnit, n_slots: int, rows_per_warp: int):
+    """The matvec kernel (Python function) for one type, slot count and rows per warp."""
+    assert unit.elems in (16, 32)
+    functions = dict(load=unit.load, prepare=unit.prepare, weight=unit.weight, owner=unit.owner)
+    functions["multiply_eight"] = device_function(
+        _specialise(_multiply_eight_template, dict(N=n_slots, R=rows_per_warp), functions))
+    constants = dict(N=n_slots, R=rows_per_warp, E=unit.elems, TILE=unit.tile_cols,
+                     RAW=unit.raw_words, FAC=unit.factors,
+                     STAGED_PER_THREAD=unit.tile_cols // BLOCK_THREADS,
+                     TYPE_ID=unit.type.id, STAMP=SOURCE_STAMP)
+    kernel_fn = _specialise(_kernel_template, constants, functions)
+    kernel_fn.__name__ = kernel_fn.__qualname__ = f"matvec_{unit.type.name}_n{n_slots}_r{rows_per_warp}"
+    return kernel_fn
+
+
+@functools.cache
+def kernel(type_id: int, n_slots: int, rows_per_warp: int):
+    """The compiled-on-first-launch kernel (cached on disk by Numba)."""
+    pyfunc = _build_kernel(UNITS[type_id], n_slots, rows_per_warp)
+    return cuda.jit(cache=True)(pyfunc)
+
+
+def kernel_argtypes(unit: LaneUnit) -> tuple:
+    """Numba argument types of a matvec kernel (w, w8, x, out, rows, cols)."""
+    from numba import types
+    from numba.np import numpy_support
+
+    def matrix(dtype):
+        return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 2, "C")
+
+    return (matrix(unit.word), matrix(np.uint8), matrix(np.float32), matrix(np.float32),
+            types.int64, types.int64)
+
+
+PTX_CHECK_SHAPES = ((1, 1), (2, 2), (3, 4), (8, 2))  # (slots, rows per warp)
+
+
+def ptx_targets(every_shape: bool = False):
+    """(name, python function, argument types) of the matvec kernels, for the PTX check: per
+    type the largest unrolled body, or every shape in PTX_CHECK_SHAPES."""
+    for unit in UNITS.values():
+        for n, r in (PTX_CHECK_SHAPES if every_shape else PTX_CHECK_SHAPES[2:3]):
+            yield (f"matvec {unit.type.name} n={n} rows_per_warp={r}",
+                   _build_kernel(unit, n, r), kernel_argtypes(unit))
+
+
+@functools.cache
+def _sm_count() -> int:
+    if simulated():
+        return 0  # the simulator gains nothing from more, smaller blocks
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def default_rows_per_warp(n_slots: int, rows: int) -> int:
+    """Most rows per warp that the registers allow (more x reuse), fewer when the matrix has
+    too few rows to give every SM several blocks. Any choice gives the same bits."""
+    r = max(1, min(4, MAX_ROWS_X_SLOTS // n_slots))
+    while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
+        r //= 2
+    return r
+
+
+def _check(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:
+    unit = UNITS.get(int(wtype))
+    if unit is None:
+        raise HybridError(f"GPU matvec: unsupported tensor type {gt.type_name(int(wtype))}; "
+                          f"supported: {', '.join(u.type.name for u in UNITS.values())}")
+    if w_dev.dtype != np.uint8 or w_dev.ndim != 2:
+        raise HybridError(f"GPU matvec: weights must be a 2-D uint8 device array (rows, row_bytes), "
+                          f"got {w_dev.dtype} {w_dev.shape}")
+    if x_dev.dtype != np.float32 or x_dev.ndim != 2 or out_dev.dtype != np.float32 or out_dev.ndim != 2:
+        raise HybridError("GPU matvec: x and out must be 2-D float32 device arrays (n, cols), (n, rows)")
+    rows, row_bytes = w_dev.shape
+    n, cols = x_dev.shape
+    t = unit.type
+    if cols % t.block_elems or t.row_bytes(cols) != row_bytes:
+        raise HybridError(f"GPU matvec: {t.name} rows of {row_bytes} bytes do not hold "
+                          f"{cols} columns (x has shape {x_dev.shape})")
+    if out_dev.shape != (n, rows):
+        raise HybridError(f"GPU matvec: out has shape {out_dev.shape}, expected {(n, rows)}")
+    if n < 1 or rows < 1:
+        raise HybridError("GPU matvec: empty input")
+    for name, a in (("weights", w_dev), ("x", x_dev), ("out", out_dev)):
+        if not a.is_c_contiguous():
+            raise HybridError(f"GPU matvec: {name} must be C-contiguous")
+    if unit.aligned16 and not simulated() and w_dev.device_ctypes_pointer.value % 16:
+        raise HybridError(f"GPU matvec: {t.name} weights must start on a 16-byte boundary")
+    return unit, rows, cols, n
+
+
+def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | None = None) -> None:
+    """out_dev[s, :] = W @ x_dev[s, :] for every slot s; W is `wtype` rows of raw GGUF blocks.
+
+    w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
+    (n, rows). Asynchronous on `stream` (default stream when None). `rows_per_warp` is a
+    tuning knob for benchmarks; it never changes the result.
+    """
+    unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
+    w = w_dev.view(unit.word)
+    launch_stream = 0 if stream is None else stream
+    for s0 in range(0, n, MAX_SLOTS):
+        k = min(MAX_SLOTS, n - s0)
+        r = min(rows_per_warp, max(1, MAX_ROWS_X_SLOTS // k)) if rows_per_warp else default_rows_per_warp(k, rows)
+        xk = x_dev if k == n else x_dev[s0:s0 + k]
+        ok = out_dev if k == n else out_dev[s0:s0 + k]
+        blocks = -(-rows // (WARPS * r))
+        kernel(unit.type.id, k, r)[blocks, BLOCK_THREADS, launch_stream](w, w_dev, xk, ok, rows, cols)

@@ -1,0 +1,64 @@
+"""GPU benchmark: device memory bandwidth, then each type's matvec GB/s and % of the read rate.
+
+    python tools/gpu_bench.py            # decode shapes of a dense 27B, every type, n = 1, 2, 4, 8
+    python tools/gpu_bench.py --quick    # smaller shapes
+    python tools/gpu_bench.py --sweep    # also try every rows-per-warp on the decode shapes
+
+GB/s counts weight bytes only (x and out are tiny). A '*' marks a time that may include idle
+gaps (Python enqueued slower than the device ran); rN is the rows per warp used; regs are the
+registers per thread of each n's kernel.
+"""
+from __future__ import annotations
+
+import sys
+
+from numba import cuda
+
+from gpu import bench, require_cuda
+from hybrid import ggml_types as gt
+
+SLOTS = (1, 2, 4, 8)
+# (type, rows, cols): FFN gate/up and down of a dense 27B (D=5120, n_ff=17408), its lm_head
+DECODE_SHAPES = [(gt.Q4_K, 17408, 5120), (gt.Q4_K, 5120, 17408), (gt.Q6_K, 248320, 5120)]
+OTHER_TYPES = [gt.F32, gt.F16, gt.BF16, gt.Q8_0, gt.Q4_0, gt.Q5_K, gt.Q6_K]
+
+
+def main(argv: list[str]) -> int:
+    require_cuda()
+    quick, sweep = "--quick" in argv, "--sweep" in argv
+    dev = cuda.get_current_device()
+    print(f"GPU: {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
+          f"{dev.MULTIPROCESSOR_COUNT} SMs")
+    bw = bench.memory_bandwidth(1 << 30 if quick else 2 << 30)
+    print(f"device memory: read {bw['read']:.0f} GB/s, copy (read+write) {bw['copy']:.0f} GB/s")
+    read = bw["read"]
+
+    cases = [(t, r // 4, c) for t, r, c in DECODE_SHAPES] if quick else list(DECODE_SHAPES)
+    cases += [(t, 4096 if quick else 17408, 5120) for t in OTHER_TYPES]
+    header = f"{'type':5s} {'rows x cols':>14s} {'MB':>7s} " + " ".join(
+        f"{'n=' + str(n) + ' GB/s (%)':>17s}" for n in SLOTS)
+    print(header)
+    print("-" * len(header))
+    for i, (t, rows, cols) in enumerate(cases):
+        choices = (None, 1, 2, 4) if sweep and i < len(DECODE_SHAPES) else (None,)
+        results = bench.bench_matvec(t, rows, cols, SLOTS, choices)
+        mb = rows * t.row_bytes(cols) / 1e6
+        by_choice: dict = {}
+        for res in results:
+            by_choice.setdefault(res.requested, {})[res.n] = res
+        for choice, row in by_choice.items():
+            label = "" if choice is None else f" r={choice}"
+            cells = []
+            for n in SLOTS:
+                res = row.get(n)
+                cells.append(f"{'-':>17s}" if res is None else
+                             f"{res.gbps:7.0f} ({100 * res.gbps / read:3.0f}%)r{res.rows_per_warp}"
+                             f"{'*' if res.flagged else ' '}")
+            regs = "/".join(str(row[n].registers) for n in SLOTS if n in row)
+            print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)
+                  + f"  regs {regs}" + label)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
