@@ -5,6 +5,7 @@ from typing import Any
 
 from .config import ATTN, GDN, ModelConfig
 from .model_file import ModelFile
+from .placement import CPU, GPU, Plan
 
 
 def describe_layers(c: ModelConfig) -> str:
@@ -44,3 +45,14 @@ def summarize(m: ModelFile) -> dict[str, Any]:
         "file_bytes": m.file_bytes,
         "config": c.to_dict(),
     }
+
+
+def describe_plan(plan: Plan, cpu_bandwidth: float) -> dict[str, Any]:
+    """The `plan` object of `hybrid info --plan --json`: Plan.to_dict plus the CPU roofline.
+
+    cpu_seconds_per_token is the CPU side's per-token bytes at `cpu_bandwidth` (bytes/s): with
+    the GPU part overlapped, plain decode can not beat it (DESIGN.md §4).
+    """
+    d = plan.to_dict(cpu_bandwidth)
+    d["gpu_weight_share"] = plan.weight_bytes(GPU) / max(plan.weight_bytes(GPU) + plan.weight_bytes(CPU), 1)
+    return d

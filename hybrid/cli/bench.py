@@ -13,7 +13,8 @@ from rich.console import Console
 
 from ..errors import HybridError
 from . import app
-from .common import DeviceOpt, ModelArg, ModelOpt, ThreadsOpt, load_model, pick_model
+from .common import (CpuOnlyOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt, VramOpt,
+                     load_model, pick_model)
 
 FORMATS = ("md", "csv", "json")
 
@@ -29,6 +30,9 @@ def bench(
     reps: int = typer.Option(3, "-r", "--repetitions", help="Repetitions of each test."),
     threads: Optional[int] = ThreadsOpt,
     device: str = DeviceOpt,
+    vram: Optional[str] = VramOpt,
+    cpu_only: bool = CpuOnlyOpt,
+    overrides: List[str] = OverrideTensorOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
@@ -44,7 +48,8 @@ def bench(
     for d in draft:
         parse_draft(d)                      # reject bad depths before loading anything
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
-    m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err)
+    m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
+                   vram=vram, cpu_only=cpu_only, overrides=overrides)
     rows = []
     for n in n_prompt:
         if n > 0:

@@ -12,7 +12,8 @@ from rich.console import Console
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import CtxOpt, DeviceOpt, ModelArg, ModelOpt, ThreadsOpt, load_model, pick_model
+from .common import (CpuOnlyOpt, CtxOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt,
+                     VramOpt, load_model, pick_model)
 from .display import LiveStream, drive
 
 DEMO_PROMPT = "def fibonacci(n):"
@@ -70,6 +71,9 @@ def decode(
     draft_p_min: float = typer.Option(0.0, "--spec-draft-p-min", help="Stop a draft when the MTP head's top "
                                       "probability falls below this (0 = never)."),
     device: str = DeviceOpt,
+    vram: Optional[str] = VramOpt,
+    cpu_only: bool = CpuOnlyOpt,
+    overrides: List[str] = OverrideTensorOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
 ) -> None:
     """Generate text from a prompt, streaming it with live prefill and decode speed.
@@ -81,7 +85,8 @@ def decode(
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
     err = Console(stderr=True)
-    m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json)
+    m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
+                   vram=vram, cpu_only=cpu_only, overrides=overrides)
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,

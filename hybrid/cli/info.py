@@ -1,17 +1,21 @@
-"""`hybrid info MODEL [--json]`: open and validate a GGUF, then describe it."""
+"""`hybrid info MODEL [--json] [--plan …]`: open and validate a GGUF, describe it, and with
+--plan show where each part would live (GPU or CPU) and what a token reads on each side."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from . import app
+from .common import CpuOnlyOpt, OverrideTensorOpt, VramOpt
 from ..model_file import default_model_path, open_model
-from ..summary import summarize
+from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides, ring_for_draft
+from ..summary import describe_plan, summarize
+from ..units import format_bandwidth, parse_bandwidth, parse_size
 
 
 @app.command("info")
@@ -21,15 +25,49 @@ def info(
         show_default=False)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object instead of tables (stable keys, for scripts).")] = False,
+    plan: Annotated[bool, typer.Option(
+        "--plan", help="Show the GPU/CPU placement plan: what lives where, the VRAM budget, the bytes "
+                       "a token reads on each side. Implied by --vram, -ot and --cpu-only.")] = False,
+    vram: Optional[str] = VramOpt,
+    ctx_size: Annotated[int, typer.Option(
+        "-c", "--ctx-size", help="Context size the KV cache is planned for (capped at the model's).")] = 4096,
+    draft: Annotated[Optional[str], typer.Option(
+        "--draft", help="Draft depth the GDN snapshot ring is planned for: 0, N or auto "
+                        "(default: auto when the model has an MTP head, else 0).", show_default=False)] = None,
+    overrides: List[str] = OverrideTensorOpt,
+    cpu_only: bool = CpuOnlyOpt,
+    expert_cache: Annotated[bool, typer.Option(
+        "--expert-cache", help="MoE: spend leftover VRAM on caching routed experts on the GPU.")] = False,
+    cpu_bandwidth: Annotated[str, typer.Option(
+        "--cpu-bandwidth", help="CPU read bandwidth for the per-token roofline in the plan.")] = "100GB/s",
 ) -> None:
     """Check a model file and show its architecture, dimensions, tensor types and bytes per role."""
+    plan = plan or vram is not None or bool(overrides) or cpu_only
+    bandwidth = parse_bandwidth(cpu_bandwidth, "--cpu-bandwidth")
+    rules = parse_overrides(overrides)        # bad -ot rules fail before the model is opened
     with open_model(model or default_model_path()) as m:
         summary = summarize(m)
+        if plan:
+            summary["plan"] = describe_plan(
+                _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache), bandwidth)
     if as_json:
         # plain print: rich would wrap long lines and break the JSON
         print(json.dumps(summary))
     else:
-        render(summary, Console(highlight=False))
+        out = Console(highlight=False)
+        render(summary, out)
+        if plan:
+            render_plan(summary["plan"], out)
+
+
+def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache):
+    """An explicit --vram plans for that budget on any machine (no GPU needed: 'what would fit
+    on a 12 GiB card?'); without it, the plan a run here would use (free VRAM, or the CPU)."""
+    n_ring = ring_for_draft(draft, m.config.n_nextn > 0)
+    if vram is not None and not cpu_only:
+        return plan_placement(m, parse_size(vram, "VRAM budget (--vram)"), n_ctx=ctx_size, n_ring=n_ring,
+                              overrides=rules, expert_cache=expert_cache)
+    return plan_for(m, "auto", None, cpu_only, rules, ctx_size, n_ring, expert_cache=expert_cache)
 
 
 def render(s: dict[str, Any], out: Console) -> None:
@@ -82,6 +120,86 @@ def _bytes_table(title: str, sizes: dict[str, int], total: int, counts: dict[str
         cells = [name] + ([str(counts[name])] if counts is not None else [])
         t.add_row(*cells, f"{n:,}", _size(n), f"{100 * n / max(total, 1):.1f}%")
     return t
+
+
+def render_plan(p: dict[str, Any], out: Console) -> None:
+    budget = f"a VRAM budget of {_size(p['budget'])}" if p["budget"] is not None else "the CPU only"
+    out.print(f"[bold]placement plan[/] for {budget}, context {p['n_ctx']}, "
+              f"snapshot ring {p['n_ring']}", soft_wrap=True)
+    out.print(_placement_table(p))
+    if p["budget"] is not None:
+        out.print(_vram_table(p))
+    out.print(_per_token_table(p))
+    seconds = p["cpu_seconds_per_token"]
+    bound = f", at most {1 / seconds:,.1f} tokens/s plain decode" if seconds else ""
+    out.print(f"CPU roofline at {format_bandwidth(p['cpu_bandwidth'])}: {_duration(seconds)} per token{bound}; "
+              "a k-token verify step reads the same bytes once for all k tokens", soft_wrap=True)
+    for note in p["notes"]:
+        out.print(f"note: {note}", soft_wrap=True)
+
+
+def _placement_table(p: dict[str, Any]) -> Table:
+    t = Table(title="what lives where", title_justify="left")
+    for col, justify in (("part", "left"), ("side", "left"), ("tensors", "right"), ("size", "right"),
+                         ("read per token", "right"), ("per draft", "right")):
+        t.add_column(col, justify=justify)
+    layers = {GPU: p["ffn_layers_on_gpu"], CPU: p["ffn_layers_on_cpu"]}
+    for group in GROUPS:
+        cells = p["groups"].get(group, {})
+        for side in (s for s in (GPU, CPU) if s in cells):
+            cell, label = cells[side], group
+            if group in ("ffn", "router+shared") and layers[side]:
+                label += f" ({_layer_ranges(layers[side])})"
+            t.add_row(label, side.upper(), str(cell["tensors"]), _size(cell["bytes"]),
+                      _size(cell["token_bytes"]), _size(cell["draft_bytes"]))
+    if p["expert_cache"]:
+        k = next(iter(p["expert_cache"].values()))
+        t.add_row(f"expert cache ({k} per layer)", "GPU", "", _size(p["vram"].get("expert_cache", 0)),
+                  f"{_size(p['expert_cache_token_bytes'])} of the experts'", "")
+    return t
+
+
+def _vram_table(p: dict[str, Any]) -> Table:
+    t = Table(title="VRAM budget", title_justify="left")
+    t.add_column("")
+    t.add_column("size", justify="right")
+    names = {"weights": "weights on the GPU", "kv_cache": f"KV cache (n_ctx {p['n_ctx']})",
+             "gdn_state": f"GDN + conv state (live + {p['n_ring']} ring slots)", "scratch": "activation scratch",
+             "margin": "safety margin", "expert_cache": "expert cache"}
+    for key, n in p["vram"].items():
+        t.add_row(names.get(key, key), _size(n))
+    t.add_row("[bold]total[/]", f"[bold]{_size(p['vram_used'])}[/]")
+    t.add_row("budget", _size(p["budget"]))
+    t.add_row("left", _size(p["vram_left"]))
+    return t
+
+
+def _per_token_table(p: dict[str, Any]) -> Table:
+    t = Table(title="bytes read per decoded token", title_justify="left")
+    for col in ("side", "weights", "per token", "of which FFN", "per MTP draft"):
+        t.add_column(col, justify="left" if col == "side" else "right")
+    for side in (GPU, CPU):
+        t.add_row(side.upper(), _size(p["weights"][side]), _size(p["per_token"][side]),
+                  _size(p["ffn_per_token"][side]), _size(p["per_draft"][side]))
+    return t
+
+
+def _duration(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] → 'blk 0–2, 5, 7–8'."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return "blk " + ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
 
 
 def _size(n: int) -> str:

@@ -1,0 +1,494 @@
+"""Which tensors live on the GPU, and what that costs: the placement planner.
+
+The GPU fills up in this order (DESIGN.md §3–4):
+1. the trunk (attention / GDN projections and norms, output_norm): read every token, and the
+   layer loop runs there;
+2. the state: KV cache of every attention layer, GDN recurrent + conv state times (1 + snapshot
+   ring slots), activation scratch and a safety margin;
+3. the lm_head (output.weight, or token_embd when tied): a whole matrix read every token.
+   1–3 must fit; if they do not, the plan fails with the numbers and what to change;
+4. when drafting: the MTP block's attention / eh_proj part (read once per draft token);
+5. the FFN: every MoE layer's router + shared expert first (small, read every token), then the
+   MTP block's FFN when drafting (read k−1 times per verify step), then whole dense FFN layers,
+   smallest first, as many as fit (each is read once per token, so the count is what matters);
+   routed experts stay on the CPU: a token reads only top-k of them, which CPU RAM serves well.
+   `expert_cache` spends what is left on caching the same number of experts in every MoE layer
+   (the runtime picks the most used ones).
+Embeddings stay on the CPU: a token reads one row, so sending D floats up is free and the VRAM
+goes to whole matrices. When tied, token_embd *is* the lm_head and goes with it. Everything not
+on the GPU stays memory-mapped from the GGUF and is streamed by the CPU kernels. Without drafting
+nothing reads the MTP block, so it stays (unread) on the CPU.
+
+`-ot REGEX=CPU|GPU` (llama.cpp's --override-tensor) pins tensors whose name matches, first rule
+wins; a pinned-GPU tensor counts as a must-have.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .config import ModelConfig
+from .errors import HybridError
+from .units import MiB, format_size, parse_size
+
+GPU, CPU = "gpu", "cpu"
+SIDES = (GPU, CPU)
+# Report order of the tensor groups.
+GROUPS = ("trunk", "lm_head", "embeddings", "mtp", "mtp ffn", "router+shared", "ffn", "experts", "other")
+
+F32_BYTES = 4
+MARGIN_FRACTION = 0.05          # CUDA allocator rounding and fragmentation, kernel modules
+MARGIN_MIN = 256 * MiB
+PREFILL_ROWS = 256              # rows per prompt chunk (hybrid.generate.PREFILL_CHUNK)
+DEFAULT_N_CTX = 4096
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+# --- -ot / --override-tensor -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Override:
+    text: str
+    pattern: re.Pattern
+    side: str
+
+
+def parse_overrides(items: Iterable[str]) -> tuple[Override, ...]:
+    """'REGEX=CPU' / 'REGEX=GPU' (CUDA, CUDA0… also mean the GPU), as llama.cpp's -ot takes them."""
+    out = []
+    for text in items:
+        regex, sep, target = str(text).rpartition("=")
+        if not sep or not regex:
+            raise HybridError(f"-ot {text!r}: write it as REGEX=CPU or REGEX=GPU, e.g. -ot 'ffn_.*_exps=CPU'")
+        t = target.strip().upper()
+        if t == "CPU":
+            side = CPU
+        elif t == "GPU" or re.fullmatch(r"CUDA\d*", t):
+            side = GPU
+        else:
+            raise HybridError(f"-ot {text!r}: unknown target {target!r}; use CPU or GPU")
+        try:
+            pattern = re.compile(regex)
+        except re.error as e:
+            raise HybridError(f"-ot {text!r}: bad regular expression ({e})") from None
+        out.append(Override(str(text), pattern, side))
+    return tuple(out)
+
+
+def _forced_side(name: str, overrides: Sequence[Override]) -> str | None:
+    for o in overrides:
+        if o.pattern.search(name):
+            return o.side
+    return None
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorPlace:
+    name: str
+    group: str           # one of GROUPS
+    side: str            # GPU or CPU
+    nbytes: int
+    token_bytes: int     # bytes read per plainly decoded token (routed experts: top-k share)
+    draft_bytes: int     # bytes read per MTP draft token
+    forced: bool = False  # pinned by -ot
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str                              # "cuda" when a GPU is used, else "cpu"
+    tensors: dict[str, TensorPlace]
+    budget: int | None                       # VRAM budget in bytes; None for a CPU plan
+    vram: dict[str, int]                     # what the budget pays for, bytes (empty for a CPU plan)
+    n_ctx: int
+    n_ring: int                              # snapshot ring slots (0: no drafting)
+    expert_cache: dict[int, int] = field(default_factory=dict)   # layer → experts cached on the GPU
+    expert_cache_token_bytes: int = 0        # per-token expert bytes the cache serves (uniform routing)
+    notes: tuple[str, ...] = ()
+
+    def side(self, name: str) -> str:
+        return self.tensors[name].side
+
+    def on_gpu(self, name: str) -> bool:
+        return self.tensors[name].side == GPU
+
+    @property
+    def vram_used(self) -> int:
+        return sum(self.vram.values())
+
+    @property
+    def vram_left(self) -> int | None:
+        return None if self.budget is None else self.budget - self.vram_used
+
+    def weight_bytes(self, side: str) -> int:
+        return sum(t.nbytes for t in self.tensors.values() if t.side == side)
+
+    def per_token(self, side: str) -> int:
+        """Weight bytes one plainly decoded token reads on `side` (a k-token verify step reads the
+        same bytes once for all k tokens, plus the drafts' MTP bytes)."""
+        n = sum(t.token_bytes for t in self.tensors.values() if t.side == side)
+        return n + (self.expert_cache_token_bytes if side == GPU else -self.expert_cache_token_bytes)
+
+    def per_draft(self, side: str) -> int:
+        return sum(t.draft_bytes for t in self.tensors.values() if t.side == side)
+
+    def ffn_per_token(self, side: str) -> int:
+        """FFN share of per_token (dense layers, routers, shared and routed experts; MTP excluded)."""
+        n = sum(t.token_bytes for t in self.tensors.values()
+                if t.side == side and t.group in ("ffn", "router+shared", "experts"))
+        return n + (self.expert_cache_token_bytes if side == GPU else -self.expert_cache_token_bytes)
+
+    def cpu_seconds_per_token(self, bandwidth: float) -> float:
+        """The CPU side's roofline: its per-token bytes at `bandwidth` bytes/s."""
+        return self.per_token(CPU) / bandwidth
+
+    def ffn_layers(self, side: str) -> list[int]:
+        """Trunk layers whose dense FFN (or router + shared expert) lies wholly on `side`."""
+        by_layer: dict[int, set[str]] = {}
+        for t in self.tensors.values():
+            if t.group in ("ffn", "router+shared"):
+                by_layer.setdefault(layer_of(t.name), set()).add(t.side)
+        return sorted(i for i, sides in by_layer.items() if sides == {side})
+
+    def groups(self) -> dict[str, dict[str, dict[str, int]]]:
+        """group → side → {tensors, bytes, token_bytes, draft_bytes}, in GROUPS order, non-empty only."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for g in GROUPS:
+            for t in self.tensors.values():
+                if t.group != g:
+                    continue
+                cell = out.setdefault(g, {}).setdefault(
+                    t.side, {"tensors": 0, "bytes": 0, "token_bytes": 0, "draft_bytes": 0})
+                cell["tensors"] += 1
+                cell["bytes"] += t.nbytes
+                cell["token_bytes"] += t.token_bytes
+                cell["draft_bytes"] += t.draft_bytes
+        return out
+
+    def to_dict(self, cpu_bandwidth: float | None = None) -> dict[str, Any]:
+        """JSON-ready; keys are stable (`hybrid info --plan --json`)."""
+        d: dict[str, Any] = {
+            "device": self.device, "budget": self.budget, "n_ctx": self.n_ctx, "n_ring": self.n_ring,
+            "vram": dict(self.vram), "vram_used": self.vram_used, "vram_left": self.vram_left,
+            "weights": {s: self.weight_bytes(s) for s in SIDES},
+            "per_token": {s: self.per_token(s) for s in SIDES},
+            "per_draft": {s: self.per_draft(s) for s in SIDES},
+            "ffn_per_token": {s: self.ffn_per_token(s) for s in SIDES},
+            "ffn_layers_on_gpu": self.ffn_layers(GPU),
+            "ffn_layers_on_cpu": self.ffn_layers(CPU),
+            "expert_cache": {str(k): v for k, v in self.expert_cache.items()},
+            "expert_cache_token_bytes": self.expert_cache_token_bytes,
+            "groups": self.groups(),
+            "tensors": {n: t.side for n, t in self.tensors.items()},
+            "forced": sorted(n for n, t in self.tensors.items() if t.forced),
+            "notes": list(self.notes),
+        }
+        if cpu_bandwidth:
+            d["cpu_bandwidth"] = cpu_bandwidth
+            d["cpu_seconds_per_token"] = self.cpu_seconds_per_token(cpu_bandwidth)
+        return d
+
+
+# --- per-tensor facts ---------------------------------------------------------------------------
+
+def layer_of(name: str) -> int:
+    """blk.N.* → N; -1 for global tensors."""
+    m = _LAYER.match(name)
+    return int(m.group(1)) if m else -1
+
+
+def is_routed_expert(name: str) -> bool:
+    return "_exps." in name
+
+
+def _is_ffn(name: str) -> bool:
+    return ".ffn_" in name
+
+
+def group_of(t, c: ModelConfig) -> str:
+    """The placement group of a tensor (an object with .name and .role, as TensorInfo)."""
+    name, role = t.name, t.role
+    if role == "embeddings":
+        return "lm_head" if c.tied_output else "embeddings"
+    if role in ("lm_head", "trunk"):
+        return role
+    if name.endswith(".nextn.embed_tokens.weight"):
+        return "embeddings"
+    if role == "ffn" or (role == "mtp" and _is_ffn(name)):
+        if is_routed_expert(name):
+            return "experts"
+        if role == "mtp":
+            return "mtp ffn"
+        return "router+shared" if c.is_moe else "ffn"
+    if role == "mtp":
+        return "mtp"
+    return "other"
+
+
+def _read_bytes(t, group: str, c: ModelConfig, mtp_embed: bool, mtp_head: bool) -> tuple[int, int]:
+    """(bytes per plain token, bytes per draft token) that tensor t is read for. mtp_embed /
+    mtp_head: the MTP block has its own embedding / head (else it reuses the trunk's)."""
+    name, n = t.name, t.nbytes
+    is_mtp = t.role == "mtp"
+    if group == "embeddings":
+        row = n // max(t.ne[-1], 1)           # one row of (D, n_vocab) per token looked up
+        if is_mtp:
+            return 0, row
+        return row, 0 if mtp_embed else row
+    if group == "lm_head":
+        return n, 0 if mtp_head else n
+    if is_routed_expert(name):
+        n = n * c.n_expert_used // max(c.n_expert, 1)
+    if group == "other":
+        return 0, 0
+    return (0, n) if is_mtp else (n, 0)
+
+
+# --- state, scratch, margin ---------------------------------------------------------------------
+
+def kv_bytes(c: ModelConfig, n_ctx: int, n_layers: int) -> int:
+    """K and V, float32 (n_head_kv, n_ctx, d_h), for n attention layers."""
+    return n_layers * 2 * c.n_head_kv * c.head_dim * n_ctx * F32_BYTES
+
+
+def gdn_state_bytes(c: ModelConfig, n_ring: int) -> int:
+    """Recurrent (H_v, d_v, d_k) + conv (K−1, C) float32 per GDN layer, live copy + ring slots."""
+    n_gdn = sum(c.is_recurrent(i) for i in range(c.n_layer))
+    per_layer = c.ssm_n_v_heads * c.ssm_d_state * c.ssm_d_state + (c.ssm_conv_kernel - 1) * c.ssm_conv_channels
+    return n_gdn * per_layer * F32_BYTES * (1 + n_ring)
+
+
+def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
+    """Activation buffers, an estimate from hybrid.forward's _Scratch: the forward keeps buffers
+    for a prompt chunk, a last chunk, the verify width and one token; plus the verify rows'
+    logits and one chunk's attention scores (if a kernel materialises them)."""
+    D, H, dh = c.n_embd, c.n_head, c.head_dim
+    ff = max(c.n_ff, c.n_ff_shexp, c.n_ff_exp * max(c.n_expert_used, 1))
+    per_row = (4 * D + 2 * ff + 4 * H * dh + 2 * c.n_head_kv * dh
+               + 2 * c.ssm_conv_channels + 3 * c.ssm_d_inner + 2 * c.ssm_n_v_heads)
+    verify = max(n_ring, 1)
+    rows = 2 * PREFILL_ROWS + verify + 1
+    logits = verify * c.n_vocab
+    scores = H * PREFILL_ROWS * min(n_ctx, c.context_length)
+    return (rows * per_row + logits + scores) * F32_BYTES
+
+
+def safety_margin(budget: int) -> int:
+    return max(int(budget * MARGIN_FRACTION), MARGIN_MIN)
+
+
+# --- planning ----------------------------------------------------------------------------------
+
+@dataclass
+class _Unit:
+    """Tensors placed together (a trunk layer's FFN, the lm_head…), plus VRAM they bring along."""
+    label: str
+    names: list[str]
+    nbytes: int
+    extra: int = 0       # non-weight VRAM that moves with the unit (the MTP block's KV cache)
+
+    @property
+    def cost(self) -> int:
+        return self.nbytes + self.extra
+
+
+def cpu_plan(model, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0, overrides: Sequence[Override] = (),
+             reason: str = "--cpu-only", hint: str = "") -> Plan:
+    """Everything on the CPU (no GPU needed). A -ot rule that pins a tensor to the GPU is an error."""
+    pinned = [n for n in model.tensors if _forced_side(n, overrides) == GPU]
+    if pinned:
+        raise HybridError(f"-ot pins {pinned[0]} to the GPU, but this run is CPU-only ({reason}); "
+                          "drop that -ot rule or the CPU-only setting")
+    c = model.config
+    n_ctx = _cap_ctx(c, n_ctx)
+    places = _places(model, {n: CPU for n in model.tensors}, set())
+    return Plan("cpu", places, None, {}, n_ctx, n_ring, notes=(f"CPU only: {reason}{hint}",))
+
+
+def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,
+                   overrides: Sequence[Override] = (), expert_cache: bool = False,
+                   margin: int | None = None, notes: Sequence[str] = ()) -> Plan:
+    """Place `model` (anything with .config and .tensors: name → .name/.role/.nbytes/.ne) given
+    `budget` bytes of VRAM. HybridError when the must-have part does not fit."""
+    c: ModelConfig = model.config
+    n_ctx = _cap_ctx(c, n_ctx)
+    if n_ring < 0:
+        raise HybridError(f"snapshot ring size must be ≥ 0, got {n_ring}")
+    drafting = n_ring > 0 and c.n_nextn > 0
+    groups = {n: group_of(t, c) for n, t in model.tensors.items()}
+    forced = {n: s for n in model.tensors if (s := _forced_side(n, overrides)) is not None}
+    free = {n for n in model.tensors if n not in forced}
+    size = {n: t.nbytes for n, t in model.tensors.items()}
+
+    def unit(label: str, names: Iterable[str], extra: int = 0) -> _Unit:
+        names = [n for n in names if n in free]
+        return _Unit(label, names, sum(size[n] for n in names), extra)
+
+    margin = safety_margin(budget) if margin is None else margin
+    n_attn = c.n_layer - sum(c.is_recurrent(i) for i in range(c.n_layer))
+    vram = {"weights": 0, "kv_cache": kv_bytes(c, n_ctx, n_attn), "gdn_state": gdn_state_bytes(c, n_ring),
+            "scratch": scratch_bytes(c, n_ctx, n_ring), "margin": margin}
+    must = [unit("trunk", (n for n, g in groups.items() if g == "trunk")),
+            unit("lm_head", (n for n, g in groups.items() if g == "lm_head")),
+            _Unit("pinned by -ot", [n for n, s in forced.items() if s == GPU],
+                  sum(size[n] for n, s in forced.items() if s == GPU))]
+    need = sum(u.cost for u in must) + sum(vram.values())
+    if need > budget:
+        raise HybridError(_too_small(budget, must, vram, n_ctx, n_ring))
+
+    side = {n: CPU for n in model.tensors}
+    side.update(forced)
+    for u in must:
+        for n in u.names:
+            side[n] = GPU
+    vram["weights"] = sum(u.nbytes for u in must)
+    left = budget - need
+    for u in _optional_units(model, groups, unit, c, n_ctx, drafting):
+        if u.names and u.cost <= left:
+            for n in u.names:
+                side[n] = GPU
+            vram["weights"] += u.nbytes
+            vram["kv_cache"] += u.extra
+            left -= u.cost
+
+    cache: dict[int, int] = {}
+    cache_token_bytes = 0
+    if expert_cache and c.is_moe:
+        cache, cache_bytes, cache_token_bytes = _expert_cache(model, groups, side, c, left, drafting)
+        vram["expert_cache"] = cache_bytes
+    return Plan("cuda", _places(model, side, set(forced)), budget, vram, n_ctx, n_ring,
+                cache, cache_token_bytes, tuple(notes))
+
+
+def _optional_units(model, groups: Mapping[str, str], unit, c: ModelConfig, n_ctx: int, drafting: bool):
+    """What may go to the GPU after the must-haves, in priority order (first fit)."""
+    by_layer: dict[int, dict[str, list[str]]] = {}
+    for n, g in groups.items():
+        by_layer.setdefault(layer_of(n), {}).setdefault(g, []).append(n)
+    mtp_layers = range(c.n_layer, c.n_layer_all)
+    if drafting:
+        for i in mtp_layers:
+            yield unit(f"blk.{i} mtp", by_layer.get(i, {}).get("mtp", []), extra=kv_bytes(c, n_ctx, 1))
+    for i in range(c.n_layer):
+        yield unit(f"blk.{i} router+shared", by_layer.get(i, {}).get("router+shared", []))
+    if drafting:
+        for i in mtp_layers:
+            yield unit(f"blk.{i} mtp ffn", by_layer.get(i, {}).get("mtp ffn", []))
+    dense = [unit(f"blk.{i} ffn", by_layer.get(i, {}).get("ffn", [])) for i in range(c.n_layer)]
+    # smallest first: as many whole layers as fit (sorted() is stable: ties keep layer order)
+    yield from sorted(dense, key=lambda u: u.nbytes)
+
+
+def _expert_cache(model, groups, side, c: ModelConfig, left: int, drafting: bool) -> tuple[dict[int, int], int, int]:
+    """Spend `left` bytes on caching the same number of experts in every MoE layer whose routed
+    experts are on the CPU. Returns (layer → experts, bytes, per-token bytes served at uniform
+    routing: the runtime caches the most-used experts, so real hits are higher)."""
+    per_expert: dict[int, int] = {}
+    token: dict[int, int] = {}
+    for n, g in groups.items():
+        i = layer_of(n)
+        if g != "experts" or side[n] != CPU or (i >= c.n_layer and not drafting):
+            continue
+        t = model.tensors[n]
+        per_expert[i] = per_expert.get(i, 0) + t.nbytes // c.n_expert
+        if i < c.n_layer:
+            token[i] = token.get(i, 0) + t.nbytes * c.n_expert_used // c.n_expert
+    one_each = sum(per_expert.values())
+    k = min(c.n_expert, left // one_each) if one_each else 0
+    if k <= 0:
+        return {}, 0, 0
+    return ({i: k for i in sorted(per_expert)}, k * one_each,
+            sum(b * k // c.n_expert for b in token.values()))
+
+
+def _places(model, side: Mapping[str, str], forced: set[str]) -> dict[str, TensorPlace]:
+    c = model.config
+    mtp_embed = any(n.endswith(".nextn.embed_tokens.weight") for n in model.tensors)
+    mtp_head = any(n.endswith(".nextn.shared_head_head.weight") for n in model.tensors)
+    out = {}
+    for n, t in model.tensors.items():
+        g = group_of(t, c)
+        tok, draft = _read_bytes(t, g, c, mtp_embed, mtp_head)
+        out[n] = TensorPlace(n, g, side[n], t.nbytes, tok, draft, n in forced)
+    return out
+
+
+def _cap_ctx(c: ModelConfig, n_ctx: int) -> int:
+    if n_ctx < 1:
+        raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
+    return min(n_ctx, c.context_length)
+
+
+def _too_small(budget: int, must: list[_Unit], vram: dict[str, int], n_ctx: int, n_ring: int) -> str:
+    parts = [f"{u.label} {format_size(u.nbytes)}" for u in must if u.nbytes]
+    parts += [f"KV cache {format_size(vram['kv_cache'])} (n_ctx {n_ctx})",
+              f"GDN state {format_size(vram['gdn_state'])} (ring of {n_ring})",
+              f"scratch {format_size(vram['scratch'])}", f"safety margin {format_size(vram['margin'])}"]
+    need = sum(u.nbytes for u in must) + sum(vram.values())
+    return (f"not enough GPU memory: the part that must live on the GPU needs {format_size(need)} "
+            f"({' + '.join(parts)}) but the budget is {format_size(budget)}. "
+            f"Try a smaller --ctx-size, fewer draft tokens (--draft), a larger --vram, or --cpu-only")
+
+
+# --- from a device ------------------------------------------------------------------------------
+
+def gpu_free_memory() -> int | None:
+    """Free VRAM in bytes on the current CUDA device; None without a real GPU. numba.cuda is
+    imported only when a driver reports a device (importing it has side effects; DEVICE.md)."""
+    from gpu.device import available
+    if not available():
+        return None
+    from numba import cuda
+    free, _total = cuda.current_context().get_memory_info()
+    return int(free)
+
+
+def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cpu_only: bool = False,
+             overrides: Sequence[str] | Sequence[Override] = (), n_ctx: int = DEFAULT_N_CTX,
+             n_ring: int = 0, *, expert_cache: bool = False) -> Plan:
+    """The plan a run uses. device: cpu, cuda or auto. vram: budget ('12GiB', bytes) or None for
+    the GPU's free memory. Without a GPU: a CPU plan for auto, a clear error for cuda."""
+    if device not in ("cpu", "cuda", "auto"):
+        raise HybridError(f"unknown device {device!r}; choose one of cpu, cuda, auto")
+    rules = tuple(o if isinstance(o, Override) else parse_overrides([o])[0] for o in overrides)
+    budget = None if vram is None else parse_size(vram, "VRAM budget")
+    if cpu_only or device == "cpu":
+        if device == "cuda":
+            raise HybridError("--cpu-only and --device cuda contradict each other; pick one")
+        return cpu_plan(model_file, n_ctx, n_ring, rules, "--cpu-only" if cpu_only else "device cpu")
+    free = gpu_free_memory()
+    if free is None:
+        if device == "cuda":
+            raise HybridError("no CUDA GPU found (device cuda): run with --cpu-only or on a machine with "
+                              "an NVIDIA GPU and driver")
+        return cpu_plan(model_file, n_ctx, n_ring, rules, "no CUDA GPU found",
+                        " (`hybrid info MODEL --plan --vram 12GiB` plans for a GPU of that size)")
+    notes = []
+    if budget is None:
+        budget = free
+        notes.append(f"budget: the GPU's free memory, {format_size(free)}")
+    elif budget > free:
+        notes.append(f"--vram {format_size(budget)} is more than the GPU's free {format_size(free)}; "
+                     f"using {format_size(free)}")
+        budget = free
+    return plan_placement(model_file, budget, n_ctx=n_ctx, n_ring=n_ring, overrides=rules,
+                          expert_cache=expert_cache, notes=notes)
+
+
+
+def ring_for_draft(draft: int | str | None, has_mtp: bool) -> int:
+    """Snapshot ring slots a draft depth needs (as Model.generate sizes them): depth + 1, the
+    auto depth's maximum + 1, or 0 without drafting. None means auto when the model can draft."""
+    from .api import parse_draft
+    from .speculative import AUTO, MAX_AUTO_DEPTH
+    if not has_mtp:
+        if draft not in (None, 0, "0"):
+            raise HybridError("this model has no MTP head, so it cannot draft: drop --draft (or use --draft 0)")
+        return 0
+    depth = parse_draft("auto" if draft is None else draft)
+    if depth == AUTO:
+        depth = MAX_AUTO_DEPTH
+    return depth + 1 if depth > 0 else 0
