@@ -1,0 +1,69 @@
+"""Fused SwiGLU gate·up for N input slots: h[n, r] = SiLU(W_gate[r] · x[n]) · (W_up[r] · x[n]).
+
+One parallel pass over row tiles reads the gate row and the up row of the same output row back
+to back, so the activations are quantised once and each output needs no second sweep. The down
+projection is a plain `cpu.matvec.matvec`. Per-slot bit identity carries over from the row dots:
+SiLU and the product are the same float32 operations for every slot.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import matvec as _matvec
+from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_tiles_for, quantize_activations,
+                     row_dot_quant, run_matvec)
+
+
+@njit(inline="always")
+def _silu_times(g, u):
+    return g / (np.float32(1.0) + np.exp(-g)) * u
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, pf):
+    rows, n_slots = w_gate.shape[0], xq.shape[0]
+    per_tile = -(-rows // n_tiles)
+    wtypes, weights = (wtype_gate, wtype_up), (w_gate, w_up)
+    for t in prange(n_tiles):
+        gu = np.empty((2, n_slots), np.float32)   # gate and up of one row, all slots
+        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+            for k in range(2):   # a loop, not two calls: one copy of the (large) row-dot code
+                row_dot_quant(wtypes[k], weights[k], r, xq, dx, bs, gu[k], pf)
+            for n in range(n_slots):
+                h[n, r] = _silu_times(gu[0, n], gu[1, n])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _silu_times_inplace(g, u):
+    for n in range(g.shape[0]):
+        for r in prange(g.shape[1]):
+            g[n, r] = _silu_times(g[n, r], u[n, r])
+
+
+def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
+           x: np.ndarray, h_out: np.ndarray) -> None:
+    """h_out[n, r] = SiLU(Σ_c Wg[r, c]·x[n, c]) · Σ_c Wu[r, c]·x[n, c] for every slot n.
+
+    Weights as for `matvec` (raw GGUF rows, (n_ff, row_bytes) uint8); x: (n, D) float32;
+    h_out: (n, n_ff) float32, overwritten."""
+    check_f32_matrix(x, "x")
+    n, cols = x.shape
+    check_weights(wtype_gate, w_gate, cols, "w_gate")
+    check_weights(wtype_up, w_up, cols, "w_up")
+    if w_gate.shape[0] != w_up.shape[0]:
+        raise ValueError(f"w_gate has {w_gate.shape[0]} rows but w_up has {w_up.shape[0]}")
+    rows = w_gate.shape[0]
+    check_f32_matrix(h_out, "h_out", (n, rows), writeable=True)
+    if rows == 0:
+        return
+    if wtype_gate in QUANT_TYPES and wtype_up in QUANT_TYPES:
+        xq, dx, bs = quantize_activations(x)
+        _swiglu_quant(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out, n_tiles_for(rows),
+                      _matvec.PREFETCH_BYTES)
+        return
+    # float weights (not what a quantised FFN holds): two passes, same arithmetic per slot
+    up = np.empty_like(h_out)
+    run_matvec(wtype_gate, w_gate, x, h_out)
+    run_matvec(wtype_up, w_up, x, up)
+    _silu_times_inplace(h_out, up)

@@ -1,0 +1,325 @@
+"""N-input matrix-vector product over GGUF weight rows: out[n, r] = Σ_c W[r, c] · x[n, c].
+
+The core bet of the CPU side: one pass over the weights serves all N input slots (the k tokens
+of a speculative verify step), and N = 4 must cost little more than N = 1. Decoding a quantised
+weight is the expensive part, so it is done once per block and shared by all slots (see
+`cpu.simd`); the per-slot work is a handful of integer multiply-adds per 32 weights.
+
+Quantised weights (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): the activations are first quantised to int8 per
+256-element block (one float scale per block, like llama.cpp's Q8_K / Q8_0 activations), with
+sums per 16 elements for the types whose blocks carry an offset or mins. Integer block sums are
+exact, so slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error
+against the float64 product comes only from rounding x to 127 levels per block
+(|x_q·d − x| ≤ d/2 with d = max|x_block| / 127) and from float32 accumulation.
+
+Float weights (F32, F16, BF16): float32 products with float32 sums in a fixed vector order, one
+code path for every slot (bit identity again holds).
+"""
+from __future__ import annotations
+
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+
+from .simd import dot_q4_0, dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, f16_at, f16_bits_to_f32, f32_from_bits
+
+ACT_BLOCK = 256   # activation elements per int8 scale (a K-quant super-block)
+ACT_SUM = 16      # activation elements per stored integer sum (the Q6_K scale granule)
+ACT_QMAX = 127    # |x_q| ≤ 127: keeps every u8·i8 pair sum of `vpmaddubsw` below 2**15
+# Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
+# the hardware prefetcher alone leaves the multiply-adds waiting on memory: on the 16-core test
+# Xeon, 4096 took Q8_0 N=1 from 102 to 155 GB/s and Q4_K N=1 from 80 to 115 GB/s (sweep of
+# 0..8192). Passed to the kernels at run time, so a benchmark can sweep it without recompiling.
+PREFETCH_BYTES = 4096
+
+QUANT_TYPES = frozenset((Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id))   # the int8-activation path
+
+_Q4_K, _Q5_K, _Q6_K, _Q8_0, _Q4_0 = Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id
+
+
+# ---- activations -----------------------------------------------------------------------------
+
+@njit(inline="always")
+def _quantize_block(x, xq, dx, bs, i, k):
+    """Activation block k (256 columns) of slot i: int8 codes, their scale, their sums per 16."""
+    cols = x.shape[1]
+    c0 = k * ACT_BLOCK
+    c1 = min(cols, c0 + ACT_BLOCK)
+    amax = np.float32(0.0)
+    finite = True
+    for c in range(c0, c1):
+        a = abs(x[i, c])
+        finite &= a <= np.float32(np.inf)   # False for NaN too
+        amax = max(amax, a)
+    inv = np.float32(ACT_QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
+    # a non-finite input poisons its block's scale, so it shows up in the output as NaN/inf
+    dx[k, i] = amax / np.float32(ACT_QMAX) if finite else np.float32(np.nan)
+    for c in range(c0, c0 + ACT_BLOCK):
+        q = 0
+        if c < c1:
+            q = min(ACT_QMAX, max(-ACT_QMAX, int(np.rint(x[i, c] * inv))))
+        xq[i, c] = q
+    for s in range(c0 // ACT_SUM, (c0 + ACT_BLOCK) // ACT_SUM):
+        t = 0
+        for c in range(s * ACT_SUM, (s + 1) * ACT_SUM):
+            t += xq[i, c]
+        bs[i, s] = t
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _quantize_activations(x, xq, dx, bs):
+    n_blocks = dx.shape[0]
+    for task in prange(x.shape[0] * n_blocks):
+        _quantize_block(x, xq, dx, bs, task // n_blocks, task % n_blocks)
+
+
+@njit(cache=True, nogil=True)
+def _quantize_activations_serial(x, xq, dx, bs):
+    for i in range(x.shape[0]):
+        for k in range(dx.shape[0]):
+            _quantize_block(x, xq, dx, bs, i, k)
+
+
+_PARALLEL_QUANTIZE_MIN = 1 << 15   # below this many elements, waking the thread pool costs more
+
+
+def quantize_activations(x: np.ndarray):
+    """int8 activations for the quantised kernels: (xq (n, cols↑256) int8, dx (blocks, n) f32,
+    bs (n, cols↑256 / 16) int16). Columns past `cols` are zero. dx is block-major so that the
+    scales of consecutive slots are adjacent (the kernels combine slots as one short vector)."""
+    n, cols = x.shape
+    n_blocks = -(-cols // ACT_BLOCK)
+    xq = np.empty((n, n_blocks * ACT_BLOCK), np.int8)
+    dx = np.empty((n_blocks, n), np.float32)
+    bs = np.empty((n, n_blocks * ACT_BLOCK // ACT_SUM), np.int16)
+    if x.size >= _PARALLEL_QUANTIZE_MIN:
+        _quantize_activations(x, xq, dx, bs)
+    else:
+        _quantize_activations_serial(x, xq, dx, bs)
+    return xq, dx, bs
+
+
+# ---- one weight row against all slots (shared by matvec and the fused FFN) --------------------
+
+@njit(inline="always")
+def _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, G):
+    if wtype == _Q4_K:
+        dot_q4_k(w, off, xq, dx, bs, b, acc, n, pf, G)
+    elif wtype == _Q5_K:
+        dot_q5_k(w, off, xq, dx, bs, b, acc, n, pf, G)
+    else:
+        dot_q6_k(w, off, xq, dx, bs, b, acc, n, pf, G)
+
+
+@njit(inline="always")
+def _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf):
+    """acc[n] += row r of a K-quant matrix · x[n], all slots, super-block by super-block. Slots
+    go in groups of 4, then 2, then 1: a group shares one decode of the weights (4 is what the
+    registers hold); grouping cannot change any slot's bits (integer sums, per-lane combine)."""
+    n_slots = acc.shape[0]
+    block_bytes = 210 if wtype == _Q6_K else (176 if wtype == _Q5_K else 144)
+    row_off = r * w.shape[1]
+    for b in range(w.shape[1] // block_bytes):
+        off = row_off + b * block_bytes
+        n = 0
+        while n + 4 <= n_slots:
+            _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 4)
+            n += 4
+        if n + 2 <= n_slots:
+            _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 2)
+            n += 2
+        if n < n_slots:
+            _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 1)
+
+
+@njit(inline="always")
+def _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, G, NB):
+    if wtype == _Q8_0:
+        dot_q8_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
+    else:
+        dot_q4_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
+
+
+@njit(inline="always")
+def _small_span(wtype, w, off, xq, dx, k, e0, acc, pf, NB):
+    n_slots = acc.shape[0]
+    n = 0
+    while n + 4 <= n_slots:
+        _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 4, NB)
+        n += 4
+    if n + 2 <= n_slots:
+        _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 2, NB)
+        n += 2
+    if n < n_slots:
+        _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 1, NB)
+
+
+@njit(inline="always")
+def _row_small_blocks(wtype, w, r, xq, dx, acc, pf):
+    """acc[n] += row r of a Q8_0/Q4_0 matrix · x[n]: the 8 blocks under one activation scale are
+    summed together, a shorter tail block by block."""
+    block_bytes = 34 if wtype == _Q8_0 else 18
+    n_blk = w.shape[1] // block_bytes
+    row_off = r * w.shape[1]
+    for k in range(dx.shape[0]):
+        first = k * 8
+        off = row_off + first * block_bytes
+        if first + 8 <= n_blk:
+            _small_span(wtype, w, off, xq, dx, k, 0, acc, pf, 8)
+        else:
+            for i in range(n_blk - first):
+                _small_span(wtype, w, off + i * block_bytes, xq, dx, k, 32 * i, acc, pf, 1)
+
+
+@njit(inline="always")
+def row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf):
+    """acc[n] = Σ_c W[r, c] · x[n, c] for every slot n (acc is overwritten), quantised types;
+    weights `pf` bytes ahead are prefetched."""
+    for n in range(acc.shape[0]):
+        acc[n] = 0.0
+    if wtype == _Q4_K or wtype == _Q5_K or wtype == _Q6_K:
+        _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf)
+    else:
+        _row_small_blocks(wtype, w, r, xq, dx, acc, pf)
+
+
+# ---- kernels ---------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matvec_quant(wtype, w, xq, dx, bs, out, n_tiles, pf):
+    rows, n_slots = w.shape[0], xq.shape[0]
+    per_tile = -(-rows // n_tiles)
+    for t in prange(n_tiles):
+        acc = np.empty(n_slots, np.float32)
+        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+            row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf)
+            for n in range(n_slots):
+                out[n, r] = acc[n]
+
+
+@njit(inline="always")
+def _widen_half(is_bf16, bits):
+    if is_bf16:
+        return f32_from_bits(np.uint32(bits) << np.uint32(16))
+    return f16_bits_to_f32(bits)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dot_f32(a, b, n):
+    """Σ a[j]·b[j], j < n, vectorised in one fixed order (the same machine code for every slot)."""
+    s = np.float32(0.0)
+    for j in range(n):
+        s += a[j] * b[j]
+    return s
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matvec_f32(w, x, out, n_tiles):
+    rows, cols = w.shape
+    n_slots = x.shape[0]
+    per_tile = -(-rows // n_tiles)
+    for t in prange(n_tiles):
+        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+            for n in range(n_slots):
+                out[n, r] = _dot_f32(w[r], x[n], cols)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _matvec_half(is_bf16, w, x, out, n_tiles):
+    """F16/BF16 rows (w: uint16 bits): widen a row to float32 once, then one dot per slot."""
+    rows, cols = w.shape
+    n_slots = x.shape[0]
+    per_tile = -(-rows // n_tiles)
+    for t in prange(n_tiles):
+        wf = np.empty(cols, np.float32)
+        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+            for j in range(cols):
+                wf[j] = _widen_half(is_bf16, w[r, j])
+            for n in range(n_slots):
+                out[n, r] = _dot_f32(wf, x[n], cols)
+
+
+# ---- public entry point ----------------------------------------------------------------------
+
+def n_tiles_for(rows: int) -> int:
+    """Row tiles for prange: a few per thread, so static scheduling stays balanced."""
+    return max(1, min(rows, 4 * numba.get_num_threads()))
+
+
+def check_weights(wtype: int, w: np.ndarray, cols: int, what: str = "w") -> None:
+    """Raise ValueError unless w holds `cols`-column rows of type wtype, ready for the kernels."""
+    t = SUPPORTED.get(wtype)
+    if t is None:
+        raise ValueError(f"{what}: unsupported tensor type {type_name(wtype)}; supported: "
+                         f"{', '.join(s.name for s in SUPPORTED.values())}")
+    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D uint8 array of raw {t.name} rows, got "
+                         f"{_describe(w)}")
+    if not w.flags.c_contiguous:
+        raise ValueError(f"{what}: rows must be C-contiguous (got strides {w.strides})")
+    if cols <= 0 or cols % t.block_elems:
+        raise ValueError(f"{what}: {t.name} rows need a multiple of {t.block_elems} columns, got {cols}")
+    if w.shape[1] != t.row_bytes(cols):
+        raise ValueError(f"{what}: a {t.name} row of {cols} columns is {t.row_bytes(cols)} bytes, "
+                         f"but rows here are {w.shape[1]} bytes")
+
+
+def check_f32_matrix(a: np.ndarray, what: str, shape: tuple[int, int] | None = None, writeable: bool = False) -> None:
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D float32 array, got {_describe(a)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{what}: must be C-contiguous (got strides {a.strides})")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{what}: expected shape {shape}, got {a.shape}")
+    if writeable and not a.flags.writeable:
+        raise ValueError(f"{what}: must be writeable")
+    if a.shape[0] < 1:
+        raise ValueError(f"{what}: needs at least one row (input slot)")
+
+
+def frozen(w: np.ndarray) -> np.ndarray:
+    """A read-only view of w. Weights usually come read-only from the mapped model file, and
+    Numba compiles read-only and writable arrays separately: passing every weight read-only
+    keeps one compiled kernel (and lets the FFN kernel hold gate and up in one tuple)."""
+    if not w.flags.writeable:
+        return w
+    v = np.asarray(w).view()
+    v.flags.writeable = False
+    return v
+
+
+def _describe(a) -> str:
+    if isinstance(a, np.ndarray):
+        return f"{a.ndim}-D {a.dtype} array of shape {a.shape}"
+    return type(a).__name__
+
+
+def matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[n, r] = Σ_c W[r, c] · x[n, c] for all n in one pass over W (rows in parallel).
+
+    wtype: ggml type id; w: (rows, row_bytes) uint8, C-contiguous; x: (n, cols) float32;
+    out: (n, rows) float32, overwritten. Releases the GIL while it runs."""
+    check_f32_matrix(x, "x")
+    n, cols = x.shape
+    check_weights(wtype, w, cols)
+    check_f32_matrix(out, "out", (n, w.shape[0]), writeable=True)
+    run_matvec(wtype, w, x, out)
+
+
+def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=None) -> None:
+    """matvec without the checks (callers have checked); `act` reuses quantize_activations(x)."""
+    rows = w.shape[0]
+    if rows == 0:
+        return
+    tiles = n_tiles_for(rows)
+    w = frozen(w)
+    if wtype in QUANT_TYPES:
+        xq, dx, bs = act if act is not None else quantize_activations(x)
+        _matvec_quant(wtype, w, xq, dx, bs, out, tiles, PREFETCH_BYTES)
+    elif wtype == F32.id:
+        _matvec_f32(w.view(np.float32), x, out, tiles)
+    else:
+        _matvec_half(wtype == BF16.id, w.view(np.uint16), x, out, tiles)

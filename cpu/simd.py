@@ -1,0 +1,480 @@
+"""SIMD building blocks for the quantised dot products: Numba intrinsics that emit LLVM vector IR.
+
+Why intrinsics: Numba has no vector types, and LLVM's loop vectoriser, left alone, picks 128-bit
+multiply-adds, re-does the weight unpacking for every input slot and cannot keep block scales out
+of the inner loop. Here each intrinsic computes one weight (super-)block against G input slots:
+the weights are unpacked once into registers and reused by every slot, and the products are
+integer (activations are int8, see `cpu.matvec`), so every slot's sum is exact and independent of
+how slots are grouped — which is what makes per-slot bit identity hold by construction.
+
+On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
+(i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
+for Q8_0/Q4_0 where VNNI exists. Elsewhere the same arithmetic is written as plain vector IR
+(exact as well: no pair sum here can saturate, see `cpu.matvec.ACT_QMAX`). Offsets are in
+elements of the array they index; no bounds are checked here (the Python entry points validate
+shapes first).
+
+Numba's on-disk cache does not notice edits to this file in the kernels that inline these
+intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py): after changing it, delete
+cpu/__pycache__/*.nbi and *.nbc.
+
+Block layouts: ../shared/docs/MODEL_FORMAT.md §6.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, config
+from numba.core.extending import intrinsic
+
+_I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_F32 = ir.FloatType()
+_U8X32 = ir.VectorType(_I8, 32)
+_I16X16 = ir.VectorType(_I16, 16)
+_I32X8 = ir.VectorType(_I32, 8)
+_F32X8 = ir.VectorType(_F32, 8)
+
+
+def _target_features() -> set[str]:
+    """The x86 features Numba compiles for (same source as Numba's codegen); empty elsewhere."""
+    import llvmlite.binding as llvm
+    if (config.CPU_NAME or "").lower() == "generic" or not llvm.get_process_triple().startswith("x86_64"):
+        return set()
+    features = config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return {f[1:] for f in features.split(",") if f.startswith("+")}
+
+
+def _target_has_avx2() -> bool:
+    return "avx2" in _target_features()
+
+
+def _half_to_float(builder: ir.IRBuilder, h):
+    """IEEE half bit patterns (i16, or a vector of them) → float32, exactly. With F16C this is
+    one `vcvtph2ps`; without it LLVM would call a runtime helper the JIT does not provide, so the
+    bits are rebuilt by hand (normal numbers rebias the exponent; subnormals are m·2⁻²⁴)."""
+    vec = isinstance(h.type, ir.VectorType)
+    i32 = ir.VectorType(_I32, h.type.count) if vec else _I32
+    f32 = ir.VectorType(_F32, h.type.count) if vec else _F32
+    if "f16c" in _target_features():
+        return builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), h.type.count) if vec else ir.HalfType()), f32)
+
+    def c(value, ty=i32):
+        return ir.Constant(ty, [ty.element(value)] * ty.count) if vec else ir.Constant(ty, value)
+
+    b = builder
+    u = b.zext(h, i32)
+    sign = b.shl(b.and_(u, c(0x8000)), c(16))
+    em = b.and_(u, c(0x7FFF))
+    normal = b.add(b.shl(em, c(13)), c((127 - 15) << 23))
+    special = b.or_(c(0x7F800000), b.shl(b.and_(em, c(0x3FF)), c(13)))
+    bits = b.select(b.icmp_unsigned(">=", em, c(0x7C00)), special, normal)
+    tiny = b.bitcast(b.fmul(b.sitofp(em, f32), c(2.0 ** -24, f32)), i32)
+    bits = b.select(b.icmp_unsigned("<", em, c(0x0400)), tiny, bits)
+    return b.bitcast(b.or_(bits, sign), f32)
+
+
+def _target_has_vnni() -> bool:
+    """256-bit VNNI (`vpdpbusd` on ymm): AVX-VNNI, or AVX512-VNNI with AVX512-VL."""
+    f = _target_features()
+    return "avx2" in f and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
+
+
+class _Vec:
+    """Emits the vector operations the dot products need, into one IR builder."""
+
+    def __init__(self, builder: ir.IRBuilder):
+        self.b = builder
+        self.avx2 = _target_has_avx2()
+        self.vnni = self.avx2 and _target_has_vnni()
+
+    # ---- memory --------------------------------------------------------------------------------
+    def byte_ptr(self, context, aryty, ary, elem_off):
+        data = context.make_array(aryty)(context, self.b, value=ary).data
+        p = self.b.bitcast(data, _I8.as_pointer())
+        return self.b.gep(p, [self.b.mul(elem_off, _I64(aryty.dtype.bitwidth // 8))])
+
+    def prefetch_span(self, ptr, distance, n_bytes: int):
+        """Prefetch (into L1) the n_bytes that start `distance` bytes past ptr: one hint per 64 B,
+        so consecutive blocks touch every cache line of the stream. Prefetches never fault."""
+        fn = cgutils.get_or_insert_function(
+            self.b.module, ir.FunctionType(ir.VoidType(), [_I8.as_pointer(), _I32, _I32, _I32]), "llvm.prefetch.p0")
+        ahead = self.b.gep(ptr, [distance])
+        for line in range(-(-n_bytes // 64)):
+            self.b.call(fn, [self.b.gep(ahead, [_I64(64 * line)]), _I32(0), _I32(3), _I32(1)])
+
+    def load(self, ptr, byte_off: int, ty):
+        p = self.b.gep(ptr, [_I64(byte_off)]) if byte_off else ptr
+        return self.b.load(self.b.bitcast(p, ty.as_pointer()), align=1)
+
+    # ---- byte lanes ----------------------------------------------------------------------------
+    @staticmethod
+    def splat_const(ty, value):
+        return ir.Constant(ty, [ty.element(value)] * ty.count)
+
+    def and8(self, v, mask: int):
+        return self.b.and_(v, self.splat_const(_U8X32, mask))
+
+    def shr8(self, v, n: int):
+        return self.b.lshr(v, self.splat_const(_U8X32, n)) if n else v
+
+    def shl8(self, v, n: int):
+        return self.b.shl(v, self.splat_const(_U8X32, n)) if n else v
+
+    def bits8(self, v, shift: int, mask: int, to: int):
+        """((v >> shift) & mask) << to, per byte."""
+        return self.shl8(self.and8(self.shr8(v, shift), mask), to)
+
+    # ---- multiply-adds -------------------------------------------------------------------------
+    def _x86(self, name, ret, args):
+        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return self.b.call(fn, args)
+
+    def _pair_sum(self, v, n_out):
+        even = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n_out), list(range(0, 2 * n_out, 2))))
+        odd = self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n_out), list(range(1, 2 * n_out, 2))))
+        return self.b.add(even, odd)
+
+    def maddubs(self, u, s):
+        """u8 × i8 → i16, adjacent pairs summed (callers keep every pair sum below 2**15)."""
+        if self.avx2:
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", _I16X16, [u, s])
+        wide = ir.VectorType(_I16, 32)
+        return self._pair_sum(self.b.mul(self.b.zext(u, wide), self.b.sext(s, wide)), 16)
+
+    def madd(self, a, c):
+        """i16 × i16 → i32, adjacent pairs summed."""
+        if self.avx2:
+            return self._x86("llvm.x86.avx2.pmadd.wd", _I32X8, [a, c])
+        wide = ir.VectorType(_I32, 16)
+        return self._pair_sum(self.b.mul(self.b.sext(a, wide), self.b.sext(c, wide)), 8)
+
+    def dot_u8_i8(self, u, s):
+        """Σ of each 4 adjacent u8·i8 products, as 8 i32 lanes (`vpdpbusd` with VNNI)."""
+        if self.vnni:
+            return self._x86("llvm.x86.avx512.vpdpbusd.256", _I32X8,
+                             [ir.Constant(_I32X8, None), self.b.bitcast(u, _I32X8), self.b.bitcast(s, _I32X8)])
+        return self.madd(self.maddubs(u, s), self.splat_const(_I16X16, 1))
+
+    def abs8(self, v):
+        fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_U8X32, [_U8X32, _I1]), "llvm.abs.v32i8")
+        return self.b.call(fn, [v, _I1(0)])
+
+    def sign8(self, x, q):
+        """x with the sign of q applied (0 where q == 0), per signed byte."""
+        if self.avx2:
+            return self._x86("llvm.x86.avx2.psign.b", _U8X32, [x, q])
+        zero = ir.Constant(_U8X32, None)
+        neg = self.b.select(self.b.icmp_signed("<", q, zero), self.b.sub(zero, x), x)
+        return self.b.select(self.b.icmp_signed("==", q, zero), zero, neg)
+
+    def signed_dot32(self, q, x):
+        """Σ q·x over 32 signed bytes as 8 i32 lanes (|q| ≤ 128, |x| ≤ 127: no saturation)."""
+        return self.dot_u8_i8(self.abs8(q), self.sign8(x, q))
+
+    # ---- lanes ---------------------------------------------------------------------------------
+    def pick16(self, v, lanes):
+        """A 16 x i16 vector made of lanes of v (a 16 x i16 vector)."""
+        return self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 16), list(lanes)))
+
+    def tree(self, values, add):
+        """Sum a list pairwise ((a+b)+(c+d))…: short dependency chains, and a fixed order."""
+        while len(values) > 1:
+            values = [add(values[i], values[i + 1]) if i + 1 < len(values) else values[i]
+                      for i in range(0, len(values), 2)]
+        return values[0]
+
+    def sums(self, vectors, add):
+        """Lane i = the sum of vectors[i] (1, 2, 4 or 8 vectors of 8 lanes), reduced together:
+        pairs of vectors are folded into one (each keeps half its lanes) until one is left, then
+        that one is folded on itself. Every vector's lanes meet in the same pairwise tree
+        (lane j + lane j+4, then j + j+2, then j + j+1) however many are reduced at once, so a
+        float sum has the same bits for every slot-group size."""
+        b = self.b
+        items = [(vec, 1, vec.type.count) for vec in vectors]   # (vector, groups, lanes per group)
+
+        def halves(groups, size):
+            lo = [g * size + j for g in range(groups) for j in range(size // 2)]
+            return lo, [i + size // 2 for i in lo]
+
+        def mask(idx):
+            return ir.Constant(ir.VectorType(_I32, len(idx)), idx)
+
+        while len(items) > 1:
+            folded = []
+            for (va, groups, size), (vb, _, _) in zip(items[0::2], items[1::2]):
+                lo, hi = halves(groups, size)
+                n = groups * size
+                folded.append((add(b.shuffle_vector(va, vb, mask(lo + [n + i for i in lo])),
+                                   b.shuffle_vector(va, vb, mask(hi + [n + i for i in hi]))), 2 * groups, size // 2))
+            items = folded
+        vec, groups, size = items[0]
+        while size > 1:
+            lo, hi = halves(groups, size)
+            vec = add(b.shuffle_vector(vec, vec, mask(lo)), b.shuffle_vector(vec, vec, mask(hi)))
+            size //= 2
+        return vec
+
+    def lanes(self, vec, idx):
+        return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, len(idx)), list(idx)))
+
+    def f16s(self, ptr, byte_offs):
+        """The IEEE halves at the given byte offsets, widened to float32, as a vector with one lane
+        each (unused lanes 0). Built in a zeroed register on purpose: a lone half load becomes a
+        `vpinsrw` into whatever the register held last, a false dependency that chains every
+        block to the one before it."""
+        h = ir.Constant(ir.VectorType(_I16, 8), None)
+        for lane, off in enumerate(byte_offs):
+            h = self.b.insert_element(h, self.load(ptr, off, _I16), _I32(lane))
+        return _half_to_float(self.b, h)
+
+    def f16(self, ptr, byte_off: int):
+        return self.b.extract_element(self.f16s(ptr, [byte_off]), _I32(0))
+
+    def lane_splat(self, v, lane: int):
+        return self.b.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, v.type.count), [lane] * v.type.count))
+
+
+# ---- scalar decoders -------------------------------------------------------------------------
+
+@intrinsic
+def f16_at(typingctx, arr, byte_off):
+    """The IEEE half at byte offset byte_off of a uint8 array, as float32 (exact)."""
+    def codegen(context, builder, sig, args):
+        v = _Vec(builder)
+        return v.f16(v.byte_ptr(context, sig.args[0], args[0], args[1]), 0)
+    return types.float32(arr, types.intp), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, bits):
+    """The float32 whose bit pattern is the uint32 `bits`."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _F32)
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def f16_bits_to_f32(typingctx, bits):
+    """The IEEE half with bit pattern `bits` (uint16), as float32 (exact)."""
+    def codegen(context, builder, sig, args):
+        return _half_to_float(builder, args[0])
+    return types.float32(types.uint16), codegen
+
+
+# ---- K-quant super-blocks (256 weights) ------------------------------------------------------
+
+def _k4_scales(v: _Vec, blk, at: int):
+    """The 8 six-bit scales and 8 mins of Q4_K/Q5_K (12 bytes at blk+at) as one 16 x i16 vector:
+    lanes 0..7 scales, 8..15 mins. Whole-word form of `get_scale_min_k4` (masks keep bytes apart)."""
+    b = v.b
+    s0, s1, s2 = (v.load(blk, at + 4 * i, _I32) for i in range(3))
+
+    def mask(x, m):
+        return b.and_(x, _I32(m))
+
+    sc_lo = mask(s0, 0x3F3F3F3F)
+    sc_hi = b.or_(mask(s2, 0x0F0F0F0F), b.shl(mask(b.lshr(s0, _I32(6)), 0x03030303), _I32(4)))
+    m_lo = mask(s1, 0x3F3F3F3F)
+    m_hi = b.or_(mask(b.lshr(s2, _I32(4)), 0x0F0F0F0F), b.shl(mask(b.lshr(s1, _I32(6)), 0x03030303), _I32(4)))
+    words = ir.Constant(ir.VectorType(_I32, 4), None)
+    for i, w in enumerate((sc_lo, sc_hi, m_lo, m_hi)):
+        words = b.insert_element(words, w, _I32(i))
+    return b.zext(b.bitcast(words, ir.VectorType(_I8, 16)), _I16X16)
+
+
+def _k4_dot(v: _Vec, chunks, scm, x, bs):
+    """Σ sc·q·x and Σ m·(x sums) of one Q4_K/Q5_K super-block for one slot, each as 8 i32 lanes.
+    chunks: 4 pairs (low-half, high-half) of 32 unsigned weights; scm from _k4_scales."""
+    prods = []
+    for c, (lo, hi) in enumerate(chunks):
+        for half, q in enumerate((lo, hi)):
+            sub = 2 * c + half
+            prods.append(v.madd(v.maddubs(q, v.load(x, 32 * sub, _U8X32)), v.pick16(scm, [sub] * 16)))
+    # x sums are per 16 elements; each min covers 32 of them: pair every min with two sums
+    mins = v.pick16(scm, [8 + t // 2 for t in range(16)])
+    return v.tree(prods, v.b.add), v.madd(mins, v.load(bs, 0, _I16X16))
+
+
+def _rows_of(context, builder, sig, args, i):
+    """(type, value, row length in elements) of argument i, a C-contiguous 2-D array."""
+    arr = context.make_array(sig.args[i])(context, builder, value=args[i])
+    return sig.args[i], args[i], cgutils.unpack_tuple(builder, arr.shape)[1]
+
+
+def _f32_at(context, builder, aryty, ary, elem_off):
+    data = context.make_array(aryty)(context, builder, value=ary).data
+    return builder.gep(data, [elem_off])
+
+
+def _slot_floats(context, builder, sig, args, i, offset, count: int):
+    """Pointer to `count` consecutive float32 of argument i (an array) from element `offset`."""
+    return builder.bitcast(_f32_at(context, builder, sig.args[i], args[i], offset),
+                           ir.VectorType(_F32, count).as_pointer())
+
+
+def _k_quant_intrinsic(unpack, block_bytes: int, d_at: int, dmin_at, offset_scale=None):
+    """Intrinsic factory: one K-quant super-block (byte offset w_off, super-block index b) against
+    slots n0 .. n0+G−1. With mins (Q4_K, Q5_K):
+        acc[n] += (d·dx[b,n])·Σ sc·q·x − (dmin·dx[b,n])·Σ m·(x sums)
+    with an offset instead (Q6_K, q − 32): acc[n] += (d·dx[b,n])·(Σ sc·q·x − 32·Σ sc·(x sums)).
+    The sums are exact integers, reduced for all G slots together; the float combine runs on a
+    G-lane vector and is the same operations, in the same order, in every lane (dx is stored
+    block-major so the G scales are contiguous). The weights `pf` bytes ahead are prefetched."""
+
+    def typer(typingctx, w, w_off, xq, dx, bs, b, acc, n0, pf, G):
+        if not isinstance(G, types.IntegerLiteral):
+            return None
+
+        def codegen(context, builder, sig, args):
+            w_v, w_off_v, _, _, _, b_v, _, n0_v, pf_v, _ = args
+            g_count = G.literal_value
+            xty, xv, xs = _rows_of(context, builder, sig, args, 2)
+            bty, bv, bss = _rows_of(context, builder, sig, args, 4)
+            _, _, dxs = _rows_of(context, builder, sig, args, 3)
+            v = _Vec(builder)
+            blk = v.byte_ptr(context, sig.args[0], w_v, w_off_v)
+            v.prefetch_span(blk, pf_v, block_bytes)
+            weights = unpack(v, blk)
+            sums = []
+            for g in range(g_count):
+                n = builder.add(n0_v, _I64(g))
+                x = v.byte_ptr(context, xty, xv, builder.add(builder.mul(n, xs), builder.mul(b_v, _I64(256))))
+                bsp = v.byte_ptr(context, bty, bv, builder.add(builder.mul(n, bss), builder.mul(b_v, _I64(16))))
+                sums.extend(weights(x, bsp))
+            both = v.sums(sums, builder.add)                       # [main0, aux0, main1, aux1, …]
+            main = v.lanes(both, range(0, 2 * g_count, 2))
+            aux = v.lanes(both, range(1, 2 * g_count, 2))
+            vec = ir.VectorType(_F32, g_count)
+            scales = v.f16s(blk, [d_at] if dmin_at is None else [d_at, dmin_at])
+            dxv = builder.load(_slot_floats(context, builder, sig, args, 3, builder.add(builder.mul(b_v, dxs), n0_v), g_count), align=4)
+            d_dx = builder.fmul(v.lanes(scales, [0] * g_count), dxv)
+            if dmin_at is not None:
+                dmin_dx = builder.fmul(v.lanes(scales, [1] * g_count), dxv)
+                part = builder.fsub(builder.fmul(d_dx, builder.sitofp(main, vec)),
+                                    builder.fmul(dmin_dx, builder.sitofp(aux, vec)))
+            else:
+                total = builder.sub(main, builder.mul(aux, ir.Constant(ir.VectorType(_I32, g_count), [offset_scale] * g_count)))
+                part = builder.fmul(d_dx, builder.sitofp(total, vec))
+            accp = _slot_floats(context, builder, sig, args, 6, n0_v, g_count)
+            builder.store(builder.fadd(builder.load(accp, align=4), part), accp, align=4)
+            return context.get_dummy_value()
+
+        return types.none(w, types.intp, xq, dx, bs, types.intp, acc, types.intp, types.intp, G), codegen
+
+    return typer
+
+
+def _unpack_q4k(v: _Vec, blk):
+    scm = _k4_scales(v, blk, 4)
+    chunks = []
+    for c in range(4):
+        q = v.load(blk, 16 + 32 * c, _U8X32)
+        chunks.append((v.and8(q, 0x0F), v.shr8(q, 4)))
+    return lambda x, bs: _k4_dot(v, chunks, scm, x, bs)
+
+
+def _unpack_q5k(v: _Vec, blk):
+    scm = _k4_scales(v, blk, 4)
+    qh = v.load(blk, 16, _U8X32)
+    chunks = []
+    for c in range(4):
+        q = v.load(blk, 48 + 32 * c, _U8X32)
+        lo = v.b.or_(v.and8(q, 0x0F), v.bits8(qh, 2 * c, 1, 4))
+        hi = v.b.or_(v.shr8(q, 4), v.bits8(qh, 2 * c + 1, 1, 4))
+        chunks.append((lo, hi))
+    return lambda x, bs: _k4_dot(v, chunks, scm, x, bs)
+
+
+def _unpack_q6k(v: _Vec, blk):
+    """Q6_K: 6-bit unsigned q (the −32 offset is applied through the x sums), int8 scale per 16.
+    Per slot: (Σ sc·q·x, Σ sc·(x sums per 16)) as 8 i32 lanes each."""
+    b = v.b
+    sc = b.sext(v.load(blk, 192, ir.VectorType(_I8, 16)), _I16X16)
+    parts = []  # (32 unsigned weights, index of their first 16-element sub-block)
+    for h in range(2):
+        ql_a = v.load(blk, 64 * h, _U8X32)
+        ql_b = v.load(blk, 64 * h + 32, _U8X32)
+        qh = v.load(blk, 128 + 32 * h, _U8X32)
+        parts.append((b.or_(v.and8(ql_a, 0x0F), v.bits8(qh, 0, 3, 4)), 8 * h + 0))
+        parts.append((b.or_(v.and8(ql_b, 0x0F), v.bits8(qh, 2, 3, 4)), 8 * h + 2))
+        parts.append((b.or_(v.shr8(ql_a, 4), v.bits8(qh, 4, 3, 4)), 8 * h + 4))
+        parts.append((b.or_(v.shr8(ql_b, 4), v.bits8(qh, 6, 3, 4)), 8 * h + 6))
+    scale_pairs = [v.pick16(sc, [t] * 8 + [t + 1] * 8) for _, t in parts]
+
+    def dot(x, bs):
+        prods = [v.madd(v.maddubs(q, v.load(x, 16 * t, _U8X32)), s) for (q, t), s in zip(parts, scale_pairs)]
+        return v.tree(prods, b.add), v.madd(sc, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
+dot_q4_k = intrinsic(_k_quant_intrinsic(_unpack_q4k, 144, d_at=0, dmin_at=2))
+dot_q5_k = intrinsic(_k_quant_intrinsic(_unpack_q5k, 176, d_at=0, dmin_at=2))
+dot_q6_k = intrinsic(_k_quant_intrinsic(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32))
+
+
+# ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
+
+def _small_block_intrinsic(block_bytes: int, signed_weights):
+    """Intrinsic factory: NB consecutive 32-weight blocks (byte offset w_off; all under activation
+    block k, starting at its element e0) against slots n0 .. n0+G−1, prefetching `pf` bytes ahead:
+    acc[n] += dx[k,n] · Σ_i d_i·Σ_j q_ij·x_ij. Each block's sum is scaled in 8 float lanes, the
+    blocks and then the lanes are added in fixed pairwise trees: the same operations for every
+    slot, whatever G."""
+
+    def typer(typingctx, w, w_off, xq, dx, k, e0, acc, n0, pf, G, NB):
+        if not (isinstance(G, types.IntegerLiteral) and isinstance(NB, types.IntegerLiteral)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            w_v, w_off_v, _, _, k_v, e0_v, _, n0_v, pf_v, _, _ = args
+            arrs = {name: _rows_of(context, builder, sig, args, i) for name, i in (("xq", 2), ("dx", 3))}
+            v = _Vec(builder)
+            blk = v.byte_ptr(context, sig.args[0], w_v, w_off_v)
+            n_blk = NB.literal_value
+            if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
+                v.prefetch_span(blk, pf_v, block_bytes * n_blk)
+            ds = v.f16s(blk, [block_bytes * i for i in range(n_blk)]) if n_blk > 1 else None
+            blocks = []
+            for i in range(n_blk):
+                d = v.lane_splat(ds if ds is not None else v.f16s(blk, [0]), i)
+                blocks.append((d, signed_weights(v, blk, block_bytes * i)))
+            g_count = G.literal_value
+            xty, xv, xs = arrs["xq"]
+            per_slot = []
+            for g in range(g_count):
+                n = builder.add(n0_v, _I64(g))
+                x = v.byte_ptr(context, xty, xv, builder.add(builder.mul(n, xs), builder.add(builder.mul(k_v, _I64(256)), e0_v)))
+                scaled = [builder.fmul(builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8), d)
+                          for i, (d, q) in enumerate(blocks)]
+                per_slot.append(v.tree(scaled, builder.fadd))
+            total = v.sums(per_slot, builder.fadd)                   # one lane per slot
+            _, _, dxs = arrs["dx"]
+            dxv = builder.load(_slot_floats(context, builder, sig, args, 3, builder.add(builder.mul(k_v, dxs), n0_v), g_count), align=4)
+            accp = _slot_floats(context, builder, sig, args, 6, n0_v, g_count)
+            builder.store(builder.fadd(builder.load(accp, align=4), builder.fmul(dxv, total)), accp, align=4)
+            return context.get_dummy_value()
+
+        return types.none(w, types.intp, xq, dx, types.intp, types.intp, acc, types.intp, types.intp, G, NB), codegen
+
+    return typer
+
+
+def _q8_0_weights(v: _Vec, blk, at: int):
+    return v.load(blk, at + 2, _U8X32)
+
+
+def _q4_0_weights(v: _Vec, blk, at: int):
+    """32 signed weights q − 8 in element order: low nibbles are elements 0..15, high 16..31."""
+    b = v.b
+    half = v.load(blk, at + 2, ir.VectorType(_I8, 16))
+    both = b.shuffle_vector(half, half, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
+    shift = ir.Constant(_U8X32, [0] * 16 + [4] * 16)
+    q = v.and8(b.lshr(both, shift), 0x0F)
+    return b.sub(q, v.splat_const(_U8X32, 8))
+
+
+dot_q8_0 = intrinsic(_small_block_intrinsic(34, _q8_0_weights))
+dot_q4_0 = intrinsic(_small_block_intrinsic(18, _q4_0_weights))

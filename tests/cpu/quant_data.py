@@ -1,0 +1,94 @@
+"""Random valid weight rows for every supported ggml type, and their float64 oracle (gguf-py).
+
+F32/F16/BF16/Q8_0/Q4_0 rows come from `gguf.quants.quantize` of random normals; gguf-py cannot
+quantise K-quants, so those are random bytes with the fp16 scale fields overwritten by sane
+positive values (random bytes there could be inf/NaN). `extreme_rows` builds the blocks with the
+largest products each type can hold, for overflow/saturation checks.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from hybrid.ggml_types import BY_NAME
+
+TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+FP16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,)}
+
+
+def type_id(name: str) -> int:
+    return BY_NAME[name].id
+
+
+def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, row_bytes) uint8 of valid `name` blocks holding `cols` weights per row."""
+    t = BY_NAME[name]
+    if name in ("F32", "F16", "BF16", "Q8_0", "Q4_0"):
+        data = rng.standard_normal((rows, cols)).astype(np.float32)
+        q = quants.quantize(data, Q(t.id))
+        return np.ascontiguousarray(q).view(np.uint8).reshape(rows, t.row_bytes(cols))
+    n_blocks = cols // t.block_elems
+    blocks = rng.integers(0, 256, size=(rows, n_blocks, t.block_bytes), dtype=np.uint8)
+    for off in FP16_FIELDS[name]:
+        d = (rng.uniform(0.5, 1.5, size=(rows, n_blocks)) / 64).astype(np.float16)
+        blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, n_blocks, 2)
+    return blocks.reshape(rows, n_blocks * t.block_bytes)
+
+
+def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
+    """Blocks whose weights all have the largest magnitude a code range gives, all of one sign.
+    top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
+    scale −128, Q8_0 127, Q4_0 15 − 8); top=False: every code 0 (Q4_K/Q5_K −dmin·63,
+    Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8)."""
+    t = BY_NAME[name]
+    n_blocks = cols // t.block_elems
+    b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
+    one = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    code = 0xFF if top else 0x00
+    if name in ("Q4_K", "Q5_K"):
+        b[:, :, 0:2] = one                          # d = 1
+        b[:, :, 2:4] = one                          # dmin = 1
+        b[:, :, 4:12] = 0xFF                        # scales/mins 0..3 = 63, high bits of 4..7 = 3
+        b[:, :, 12:16] = 0xFF                       # scales/mins 4..7 low bits = 15 → all 63
+        if top:                                     # mins 0 so the weights stay at their maximum
+            b[:, :, 8:12] = 0xC0                    # mins 0..3 = 0, keeps the high bits of mins 4..7 …
+            b[:, :, 12:16] = 0x0F                   # … and mins 4..7 low bits 0 → mins 4..7 = 48
+        qs = 16 if name == "Q4_K" else 48
+        b[:, :, qs:qs + 128] = code
+        if name == "Q5_K":
+            b[:, :, 16:48] = code
+    elif name == "Q6_K":
+        b[:, :, 0:192] = code                       # q = 63 or 0
+        b[:, :, 192:208] = 0x80                     # scales −128
+        b[:, :, 208:210] = one
+    elif name == "Q8_0":
+        b[:, :, 0:2] = one
+        b[:, :, 2:34] = 0x7F if top else 0x80       # q = 127 or −128
+    elif name == "Q4_0":
+        b[:, :, 0:2] = one
+        b[:, :, 2:18] = code                        # q = 15 → 7, or 0 → −8
+    else:
+        raise ValueError(name)
+    return b.reshape(rows, n_blocks * t.block_bytes)
+
+
+def dequantized(name: str, w: np.ndarray, cols: int) -> np.ndarray:
+    """The oracle: gguf-py's dequantisation, as float64 (rows, cols)."""
+    return quants.dequantize(w, Q(type_id(name))).astype(np.float64).reshape(w.shape[0], cols)
+
+
+def quantized_x(x: np.ndarray) -> np.ndarray:
+    """x as the quantised kernels see it (int8 per 256 block, scale max|x|/127), as float64.
+    The rule is the one documented in cpu.matvec, recomputed here with numpy."""
+    n, cols = x.shape
+    out = np.zeros((n, cols), np.float64)
+    for c0 in range(0, cols, 256):
+        blk = x[:, c0:c0 + 256]
+        amax = np.abs(blk).max(axis=1, keepdims=True).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+        q = np.clip(np.rint(blk * inv), -127, 127)
+        out[:, c0:c0 + 256] = q * (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+    return out
