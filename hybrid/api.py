@@ -139,6 +139,13 @@ class Model:
                                     sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
                                     n_ctx=self.n_ctx, ignore_eos=ignore_eos)
 
+    def session(self, system: str | None = None, n_ctx: int | None = None, draft: int | str = 0,
+                draft_p_min: float = 0.0):
+        """A multi-turn chat that keeps its state between turns, so each `send` prefills only the
+        new tokens (a `hybrid.session.ChatSession`). draft/draft_p_min as for `generate`."""
+        from .session import ChatSession
+        return ChatSession(self, system=system, n_ctx=n_ctx, draft=draft, draft_p_min=draft_p_min)
+
     @property
     def has_mtp(self) -> bool:
         return self.config.n_nextn > 0

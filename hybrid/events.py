@@ -15,6 +15,7 @@ class Stats:
     decode_seconds: float = 0.0
     stop_reason: str = ""          # "eog", "stop_string", "length", "context", "interrupted"
     draft: dict | None = None      # speculative decoding counters, when drafting is on
+    cached_tokens: int = 0         # prompt tokens a chat session reused from its state (not prefilled)
 
     @property
     def prefill_tps(self) -> float:
@@ -34,6 +35,7 @@ class Stats:
             "decode_tps": round(self.decode_tps, 3),
             "total_seconds": round(self.prefill_seconds + self.decode_seconds, 6),
             "stop_reason": self.stop_reason,
+            "cached_tokens": self.cached_tokens,
         }
         if self.draft is not None:
             d["draft"] = self.draft

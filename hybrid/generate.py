@@ -42,11 +42,12 @@ def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Pre
 
 def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                     sampler: Sampler, stop: Sequence[str] = (), n_ctx: int,
-                    ignore_eos: bool = False) -> Iterator[Prefill | Token | Done]:
-    """Plain decoding, one token per forward call."""
+                    ignore_eos: bool = False, context: Sequence[int] = ()) -> Iterator[Prefill | Token | Done]:
+    """Plain decoding, one token per forward call. `context`: tokens already in the state before
+    `prompt` (a session's cached turns), seen by the repeat penalty as a fresh prefill's would be."""
     check_fits(len(prompt), n_ctx)
     stats = Stats()
-    history = list(prompt)
+    history = list(context) + list(prompt)
     decoder, stopper = tokenizer.stream_decoder(), StopChecker(list(stop))
     logits = None
     try:

@@ -111,12 +111,14 @@ def _top_prob(row: np.ndarray) -> float:
 
 def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                          sampler: Sampler, depth: int, p_min: float = 0.0, stop: Sequence[str] = (),
-                         n_ctx: int, ignore_eos: bool = False) -> Iterator[Prefill | Token | Done]:
+                         n_ctx: int, ignore_eos: bool = False,
+                         context: Sequence[int] = ()) -> Iterator[Prefill | Token | Done]:
+    """`context` as for generate.generate_tokens."""
     check_fits(len(prompt), n_ctx)
     stats, ds = Stats(), DraftStats(depth="auto" if depth == AUTO else depth)
     stats.draft = ds.to_dict()
     auto = DepthController(MAX_AUTO_DEPTH) if depth == AUTO else None
-    history = list(prompt)
+    history = list(context) + list(prompt)
     decoder, stopper = tokenizer.stream_decoder(), StopChecker(list(stop))
     try:
         for item in prefill_with_mtp(forward, mtp, state, prompt, stats):

@@ -1,0 +1,100 @@
+"""`hybrid chat`: a multi-turn conversation in the terminal, each turn prefilling only new tokens."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from ..errors import HybridError
+from . import app
+from .common import CtxOpt, DeviceOpt, ModelArg, ModelOpt, ThreadsOpt, load_model, pick_model
+from .decode import pick_draft
+from .display import LiveStream
+
+COMMANDS = {"/reset": "forget the conversation", "/exit": "quit (or Ctrl-D)"}
+
+
+def read_messages(console: Console, interactive: bool):
+    """User messages: a prompt per turn on a terminal (Ctrl-C clears the line), else one per line."""
+    if not interactive:
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            if line.strip():
+                yield line
+        return
+    while True:
+        try:
+            line = console.input("[bold green]> [/]")
+        except EOFError:
+            console.print()
+            return
+        except KeyboardInterrupt:
+            console.print("\n[dim](Ctrl-D or /exit to quit)[/]")
+            continue
+        if line.strip():
+            yield line
+
+
+def turn_line(stats) -> Text:
+    return Text(f"cached {stats.cached_tokens} tokens, prefilled {stats.prompt_tokens}", style="dim")
+
+
+@app.command("chat")
+def chat(
+    model: Optional[Path] = ModelArg,
+    model_opt: Optional[Path] = ModelOpt,
+    system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
+    n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most."),
+    temp: float = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy."),
+    top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off)."),
+    min_p: float = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off)."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off)."),
+    seed: int = typer.Option(-1, "--seed", help="Random seed (-1 = random)."),
+    threads: Optional[int] = ThreadsOpt,
+    ctx_size: int = CtxOpt,
+    draft: Optional[str] = typer.Option(
+        None, "--draft", "--spec-draft-n-max",
+        help="MTP draft depth per step: 0 = off, N, or 'auto'. Default: auto when the model has an MTP head."),
+    draft_p_min: float = typer.Option(0.0, "--spec-draft-p-min", help="Stop a draft below this confidence."),
+    device: str = DeviceOpt,
+) -> None:
+    """Chat with a model. The conversation stays in the model's state between turns, so each turn
+    only prefills what is new. /reset forgets it, /exit or Ctrl-D quits, Ctrl-C stops a reply.
+
+    With stdin not a terminal, every line is one user message (replies go to stdout).
+    """
+    if n_predict < 0:
+        raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    err = Console(stderr=True)
+    interactive = sys.stdin.isatty()
+    m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err)
+    session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
+    sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                    repeat_penalty=repeat_penalty, seed=None if seed < 0 else seed)
+    out = Console()
+    if interactive:
+        err.print(f"[dim]{m.path.name} · " + " · ".join(f"{c} {h}" for c, h in COMMANDS.items()) + "[/]")
+    for message in read_messages(err, interactive):
+        command = message.strip().lower()
+        if command in ("/exit", "/quit"):
+            break
+        if command == "/reset":
+            session.reset()
+            err.print("[dim](conversation cleared)[/]")
+            continue
+        try:
+            stats = LiveStream(out).run(session.send(message, **sampling))
+        except HybridError as e:
+            if not interactive:
+                raise
+            err.print(Text.assemble(("error: ", "bold red"), str(e)))
+            continue
+        except KeyboardInterrupt:     # landed outside the generation loop: the turn is dropped
+            err.print("[dim](interrupted)[/]")
+            continue
+        (out if out.is_terminal else err).print(turn_line(stats))    # under that turn's summary
