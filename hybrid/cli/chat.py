@@ -11,7 +11,8 @@ from rich.text import Text
 
 from ..errors import HybridError
 from . import app
-from .common import CtxOpt, DeviceOpt, ModelArg, ModelOpt, ThreadsOpt, load_model, pick_model
+from .common import (CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt, RepeatPenaltyOpt,
+                     SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, load_model, pick_model)
 from .decode import pick_draft
 from .display import LiveStream
 
@@ -49,18 +50,16 @@ def chat(
     model_opt: Optional[Path] = ModelOpt,
     system: Optional[str] = typer.Option(None, "--system", "-s", help="System message."),
     n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most."),
-    temp: float = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy."),
-    top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off)."),
-    min_p: float = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off)."),
-    seed: int = typer.Option(-1, "--seed", help="Random seed (-1 = random)."),
+    temp: float = TempOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    repeat_penalty: float = RepeatPenaltyOpt,
+    seed: int = SeedOpt,
     threads: Optional[int] = ThreadsOpt,
     ctx_size: int = CtxOpt,
-    draft: Optional[str] = typer.Option(
-        None, "--draft", "--spec-draft-n-max",
-        help="MTP draft depth per step: 0 = off, N, or 'auto'. Default: auto when the model has an MTP head."),
-    draft_p_min: float = typer.Option(0.0, "--spec-draft-p-min", help="Stop a draft below this confidence."),
+    draft: Optional[str] = DraftOpt,
+    draft_p_min: float = DraftPMinOpt,
     device: str = DeviceOpt,
 ) -> None:
     """Chat with a model. The conversation stays in the model's state between turns, so each turn

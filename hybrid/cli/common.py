@@ -19,6 +19,20 @@ ThreadsOpt = typer.Option(None, "-t", "--threads", help="CPU threads (default: a
                           show_default=False)
 CtxOpt = typer.Option(4096, "-c", "--ctx-size", help="Context size in tokens (capped at the model's).")
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda or auto.")
+
+# Sampling and drafting, shared by decode and chat (llama.cpp's spellings and defaults).
+TempOpt = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy.")
+TopKOpt = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).")
+TopPOpt = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off).")
+MinPOpt = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off).")
+RepeatPenaltyOpt = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off).")
+SeedOpt = typer.Option(-1, "--seed", help="Random seed (-1 = random).")
+DraftOpt = typer.Option(
+    None, "--draft", "--spec-draft-n-max",
+    help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
+         "cost). Default: auto when the model has an MTP head, else 0.")
+DraftPMinOpt = typer.Option(0.0, "--spec-draft-p-min",
+                            help="Stop a draft when the MTP head's top probability falls below this (0 = never).")
 VramOpt = typer.Option(None, "--vram", help="GPU memory budget, e.g. 12GiB, 8G, 500MiB "
                        "(default: the GPU's free memory).", show_default=False)
 CpuOnlyOpt = typer.Option(False, "--cpu-only", help="Keep everything on the CPU (no GPU needed).")

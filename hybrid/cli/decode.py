@@ -12,8 +12,9 @@ from rich.console import Console
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (CpuOnlyOpt, CtxOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt,
-                     VramOpt, load_model, pick_model)
+from .common import (CpuOnlyOpt, CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
+                     OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
+                     load_model, pick_model)
 from .display import LiveStream, drive
 
 DEMO_PROMPT = "def fibonacci(n):"
@@ -51,25 +52,21 @@ def decode(
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text, used raw (no BOS unless the GGUF asks for one)."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a UTF-8 file."),
     n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate at most."),
-    temp: float = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy."),
-    top_k: int = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off)."),
-    min_p: float = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off)."),
+    temp: float = TempOpt,
+    top_k: int = TopKOpt,
+    top_p: float = TopPOpt,
+    min_p: float = MinPOpt,
+    repeat_penalty: float = RepeatPenaltyOpt,
     repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="How many recent tokens the penalty looks at."),
-    seed: int = typer.Option(-1, "--seed", help="Random seed (-1 = random)."),
+    seed: int = SeedOpt,
     threads: Optional[int] = ThreadsOpt,
     ctx_size: int = CtxOpt,
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the GGUF's chat template as a user turn."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     stop: List[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep going past end-of-generation tokens."),
-    draft: Optional[str] = typer.Option(
-        None, "--draft", "--spec-draft-n-max",
-        help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
-             "cost). Default: auto when the model has an MTP head, else 0."),
-    draft_p_min: float = typer.Option(0.0, "--spec-draft-p-min", help="Stop a draft when the MTP head's top "
-                                      "probability falls below this (0 = never)."),
+    draft: Optional[str] = DraftOpt,
+    draft_p_min: float = DraftPMinOpt,
     device: str = DeviceOpt,
     vram: Optional[str] = VramOpt,
     cpu_only: bool = CpuOnlyOpt,
