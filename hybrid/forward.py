@@ -1,4 +1,4 @@
-"""The layer loop, written once against an `ops` namespace (cpu.ops now, gpu.ops later).
+"""The layer loop, written once against an `ops` namespace (cpu.ops or gpu.ops) and a backend.
 
 Per trunk layer (MODEL_FORMAT.md §3.2):
     a = RMSNorm(x; attn_norm);  x += GDN(a) or GatedAttention(a, pos)
@@ -10,6 +10,11 @@ kernel steps all n rows in one launch (the MoE FFN runs each selected expert onc
 the rows routed to it; `last_moe_stats` counts the expert bytes that saves). Scratch buffers
 are allocated once per call size and reused, so the layer loop itself allocates nothing.
 Not thread-safe: one Forward drives one call at a time (the scratch is shared).
+
+Backends (hybrid/backend.py): "cpu" runs everything on numpy arrays; "gpu" keeps activations
+and states on the device, and a layer whose FFN weights stayed in host memory (the default
+placement) hands its FFN rows to the CPU and takes the result back (DESIGN.md §3). Either way
+forward() returns host arrays.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backend import make_backend
 from .config import ModelConfig
 from .errors import HybridError
 from .state import DEFAULT_N_CTX, SessionState
@@ -29,13 +35,14 @@ _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k,
 
 
 class Forward:
-    def __init__(self, model_file, ops=None):
-        if ops is None:
-            import cpu.ops as ops
+    def __init__(self, model_file, ops=None, backend="cpu", placement=None):
+        """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
+        own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py)."""
+        self.backend = make_backend(backend, ops)
+        self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
         self.config: ModelConfig = model_file.config
-        self.weights: ModelWeights = bind_weights(model_file)
-        self.ops = ops
+        self.weights: ModelWeights = bind_weights(model_file, self.backend, placement)
         c = self.config
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
@@ -44,7 +51,7 @@ class Forward:
 
     def new_state(self, n_ctx: int | None = None, n_ring: int = 0) -> SessionState:
         n_ctx = n_ctx or min(DEFAULT_N_CTX, self.config.context_length)
-        return SessionState(self.config, n_ctx, n_ring)
+        return SessionState(self.config, n_ctx, n_ring, self.backend)
 
     def forward(self, state: SessionState, token_ids, logits: str = "last", snapshot: bool = False):
         """Run n tokens at positions state.n_past.. and advance the state.
@@ -60,12 +67,12 @@ class Forward:
         state.check_fits(n)
         if snapshot:
             state.check_ring(n)
-        ops, c, w = self.ops, self.config, self.weights
+        ops, c, w, b = self.ops, self.config, self.weights, self.backend
         s = self._scratch_for(n)
-        s.pos[:] = np.arange(state.n_past, state.n_past + n)
+        b.copy(s.pos, np.arange(state.n_past, state.n_past + n))
         self.last_moe_stats = MoEStats()
         x = s.x
-        x[...] = embed_tokens(w, ids, ops)
+        b.copy(x, embed_tokens(w, ids, ops))
         for layer in w.layers:
             ops.rms_norm(x, layer.attn_norm, c.rms_eps, s.a)
             if isinstance(layer, GDNLayer):
@@ -73,28 +80,29 @@ class Forward:
             else:
                 self._attention(layer, state.kv[layer.index], state.n_past, s)
             self._residual_ffn(layer, s)
-        hidden = np.empty((n, c.n_embd), np.float32)
+        hidden = b.result("hidden", (n, c.n_embd))
         ops.rms_norm(x, w.output_norm, c.rms_eps, hidden)
         state.advance(n, snapshot)
         if logits == "none":
-            return None, hidden
+            return None, b.to_host(hidden)
         rows = hidden if logits == "all" else hidden[n - 1:]
-        out = np.empty((rows.shape[0], c.n_vocab), np.float32)
+        out = b.result("logits", (rows.shape[0], c.n_vocab))
         lm_head(w, rows, out, ops)
-        return out, hidden
+        return b.to_host(out), b.to_host(hidden)
 
     def attention_block(self, layer: AttentionLayer, x: np.ndarray, kv, n_before: int) -> None:
         """One full-attention block on rows x (n, D) in place, at positions n_before.., over the
         cache pair kv = (k_cache, v_cache). For the MTP block (blk.L with state.mtp_kv[L]);
-        the caller keeps its own position counter."""
+        the caller keeps its own position counter. x is a backend array."""
+        b = self.backend
         s = self._scratch_for(x.shape[0])
-        s.pos[:] = np.arange(n_before, n_before + x.shape[0])
+        b.copy(s.pos, np.arange(n_before, n_before + x.shape[0]))
         self.last_moe_stats = MoEStats()
-        s.x[...] = x
+        b.copy(s.x, x)
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
         self._attention(layer, kv, n_before, s)
         self._residual_ffn(layer, s)
-        x[...] = s.x
+        b.copy(x, s.x)
 
     # --- the two mixers and the FFN -----------------------------------------------------------
     def _residual_ffn(self, layer, s: "_Scratch") -> None:
@@ -138,12 +146,21 @@ class Forward:
         mv(layer.out.wtype, layer.out.data, s.y, s.m)
 
     def _ffn(self, ffn, s: "_Scratch") -> None:
-        if isinstance(ffn, DenseFFN):
-            self.ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, s.a, s.h)
-            self.ops.matvec(ffn.down.wtype, ffn.down.data, s.h, s.m)
+        """m = FFN(a), where the FFN's weights live: a backend whose FFN stayed in host memory
+        sends the rows down, runs the CPU op set on them, and sends the result back up."""
+        b = self.backend
+        if b.ffn_on_host(ffn):
+            with b.handoff(s.a, s.m) as (a, m):
+                self._run_ffn(b.host_ops, ffn, a, b.host_scratch(s.h.shape), m)
         else:
-            experts = self.ops.moe_ffn(ffn, s.a, s.m)
-            self.last_moe_stats.count(ffn, experts)
+            self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
+
+    def _run_ffn(self, ops, ffn, a, h, m) -> None:
+        if isinstance(ffn, DenseFFN):
+            ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, a, h)
+            ops.matvec(ffn.down.wtype, ffn.down.data, h, m)
+        else:
+            self.last_moe_stats.count(ffn, ops.moe_ffn(ffn, a, m))
 
     # --- helpers --------------------------------------------------------------------------------
     def _check_tokens(self, token_ids) -> np.ndarray:
@@ -159,7 +176,7 @@ class Forward:
     def _scratch_for(self, n: int) -> "_Scratch":
         s = self._scratch.get(n)
         if s is None:
-            s = self._scratch[n] = _Scratch.allocate(self.config, n)
+            s = self._scratch[n] = _Scratch.allocate(self.config, n, self.backend.zeros)
             while len(self._scratch) > _SCRATCH_SIZES_KEPT:
                 self._scratch.popitem(last=False)
         else:
@@ -190,7 +207,8 @@ class MoEStats:
 
 @dataclass
 class _Scratch:
-    """Activation buffers for one call size n (float32, n rows); 3-D names are views of 2-D ones."""
+    """Activation buffers for one call size n (float32, n rows; backend arrays); 3-D names are
+    views of 2-D ones."""
     pos: np.ndarray            # (n,) int64 token positions
     x: np.ndarray              # (n, D) the residual stream
     a: np.ndarray              # (n, D) normed input of the mixer / FFN
@@ -213,13 +231,13 @@ class _Scratch:
     y: np.ndarray              # (n, H_v·d_v) after the gated norm
 
     @classmethod
-    def allocate(cls, c: ModelConfig, n: int) -> "_Scratch":
+    def allocate(cls, c: ModelConfig, n: int, zeros) -> "_Scratch":
         def buf(*shape):
-            return np.zeros((n, *shape), np.float32)
+            return zeros((n, *shape), np.float32)
         D, H, Hkv, dh = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
         qg, k, v = buf(2 * H * dh), buf(Hkv * dh), buf(Hkv * dh)
         return cls(
-            pos=np.zeros(n, np.int64),
+            pos=zeros(n, np.int64),
             x=buf(D), a=buf(D), m=buf(D), h=buf(max(c.n_ff, 1)),
             qg=qg, qg3=qg.reshape(n, H, 2 * dh), q=buf(H, dh), k=k, k3=k.reshape(n, Hkv, dh),
             v=v, v3=v.reshape(n, Hkv, dh), attn=buf(H * dh),

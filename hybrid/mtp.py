@@ -10,7 +10,7 @@ row). Row p's logits predict x_{p+1}, like the main head's row p.
     ĥ  = RMSNorm(u; shared_head_norm);  logits = W_head · ĥ
 
 The head runs through the trunk's own ops and scratch (one block, same op set), so it
-runs on whichever backend the Forward uses.
+runs on whichever backend the Forward uses; it takes and returns host arrays like the trunk.
 """
 from __future__ import annotations
 
@@ -35,28 +35,28 @@ class MTPHead:
         hidden_prev: float32 (n, D), row i the hidden paired with token i.
         Returns (logits or None, post-norm hidden (n, D)) like Forward.forward.
         """
-        fwd, ops, c, w = self.fwd, self.fwd.ops, self.fwd.config, self.w
+        fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
         ids = fwd._check_tokens(token_ids)
         n, D = len(ids), c.n_embd
         if hidden_prev.shape != (n, D):
             raise HybridError(f"MTP rows need one hidden row per token: got {hidden_prev.shape} for {n} tokens")
         if state.mtp_n_past + n > state.n_ctx:
             raise HybridError(f"{n} MTP rows do not fit the context of {state.n_ctx}")
-        cat = np.empty((n, 2 * D), np.float32)
-        normed = np.empty((n, D), np.float32)
+        cat = b.result("mtp_cat", (n, 2 * D))
+        normed = b.result("mtp_normed", (n, D))
         ops.rms_norm(embed_tokens(fwd.weights, ids, ops, table=w.embed), w.enorm, c.rms_eps, normed)
-        cat[:, :D] = normed
-        ops.rms_norm(np.ascontiguousarray(hidden_prev, dtype=np.float32), w.hnorm, c.rms_eps, normed)
-        cat[:, D:] = normed
-        x = np.empty((n, D), np.float32)
+        b.copy(cat[:, :D], normed)
+        ops.rms_norm(b.to_backend(np.ascontiguousarray(hidden_prev, dtype=np.float32)), w.hnorm, c.rms_eps, normed)
+        b.copy(cat[:, D:], normed)
+        x = b.result("mtp_x", (n, D))
         ops.matvec(w.eh_proj.wtype, w.eh_proj.data, cat, x)
         fwd.attention_block(w.block, x, state.mtp_kv[self.layer], state.mtp_n_past)
-        hidden = np.empty((n, D), np.float32)
+        hidden = b.result("mtp_hidden", (n, D))
         ops.rms_norm(x, w.shared_head_norm, c.rms_eps, hidden)
         state.mtp_n_past += n
         if logits == "none":
-            return None, hidden
+            return None, b.to_host(hidden)
         rows = hidden if logits == "all" else hidden[n - 1:]
-        out = np.empty((rows.shape[0], c.n_vocab), np.float32)
+        out = b.result("mtp_logits", (rows.shape[0], c.n_vocab))
         ops.matvec(w.head.wtype, w.head.data, rows, out)
-        return out, hidden
+        return b.to_host(out), b.to_host(hidden)

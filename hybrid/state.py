@@ -8,6 +8,9 @@
   owned by the MTP decoder (the trunk forward never touches them).
 * Snapshot ring per GDN layer, n_ring slots: a forward with snapshot=True writes the state
   after its token i into slot i; `rollback(n_keep)` restores "after token n_keep−1".
+
+The arrays live where the forward's backend keeps them (hybrid/backend.py: numpy arrays on the
+CPU, device arrays on the GPU); save/load go through host copies either way.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import os
 import zipfile
 import numpy as np
 
+from .backend import CPUBackend
 from .config import ModelConfig
 from .errors import HybridError
 
@@ -24,30 +28,31 @@ STATE_FORMAT = 1                # bump when the saved layout changes
 
 
 class SessionState:
-    def __init__(self, config: ModelConfig, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0):
+    def __init__(self, config: ModelConfig, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0, backend=None):
         if n_ctx < 1:
             raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
         if n_ring < 0:
             raise HybridError(f"snapshot ring size must be ≥ 0, got {n_ring}")
         c = config
+        self.backend = backend = backend or CPUBackend()
+        zeros = backend.zeros
         self.config, self.n_ctx, self.n_ring = c, int(n_ctx), int(n_ring)
         self.n_past = 0
         self.mtp_n_past = 0
         kv_shape = (c.n_head_kv, self.n_ctx, c.head_dim)
         attn_layers = [i for i in range(c.n_layer) if not c.is_recurrent(i)]
         gdn_layers = [i for i in range(c.n_layer) if c.is_recurrent(i)]
-        self.kv = {i: (np.zeros(kv_shape, np.float32), np.zeros(kv_shape, np.float32)) for i in attn_layers}
-        self.mtp_kv = {i: (np.zeros(kv_shape, np.float32), np.zeros(kv_shape, np.float32))
-                       for i in range(c.n_layer, c.n_layer_all)}
+        self.kv = {i: (zeros(kv_shape), zeros(kv_shape)) for i in attn_layers}
+        self.mtp_kv = {i: (zeros(kv_shape), zeros(kv_shape)) for i in range(c.n_layer, c.n_layer_all)}
         ssm_shape = (c.ssm_n_v_heads, c.ssm_d_state, c.ssm_d_state)
         conv_shape = (c.ssm_conv_kernel - 1, c.ssm_conv_channels)
-        self.ssm = {i: np.zeros(ssm_shape, np.float32) for i in gdn_layers}
-        self.conv = {i: np.zeros(conv_shape, np.float32) for i in gdn_layers}
-        self.ring_ssm = {i: np.zeros((self.n_ring, *ssm_shape), np.float32) for i in gdn_layers}
-        self.ring_conv = {i: np.zeros((self.n_ring, *conv_shape), np.float32) for i in gdn_layers}
+        self.ssm = {i: zeros(ssm_shape) for i in gdn_layers}
+        self.conv = {i: zeros(conv_shape) for i in gdn_layers}
+        self.ring_ssm = {i: zeros((self.n_ring, *ssm_shape)) for i in gdn_layers}
+        self.ring_conv = {i: zeros((self.n_ring, *conv_shape)) for i in gdn_layers}
         # Zero-slot rings for calls without snapshots: same array types, so no extra kernel compile.
-        self.no_ring_ssm = np.zeros((0, *ssm_shape), np.float32)
-        self.no_ring_conv = np.zeros((0, *conv_shape), np.float32)
+        self.no_ring_ssm = zeros((0, *ssm_shape))
+        self.no_ring_conv = zeros((0, *conv_shape))
         self.ring_base = 0      # n_past before the last snapshotting call
         self.ring_len = 0       # valid slots (0: nothing to roll back to)
 
@@ -80,8 +85,8 @@ class SessionState:
         if n_keep < self.ring_len:
             slot = n_keep - 1
             for i in self.ssm:
-                self.ssm[i][...] = self.ring_ssm[i][slot]
-                self.conv[i][...] = self.ring_conv[i][slot]
+                self.backend.copy(self.ssm[i], self.ring_ssm[i][slot])
+                self.backend.copy(self.conv[i], self.ring_conv[i][slot])
         self.n_past = self.ring_base + n_keep
         self.ring_len = 0
 
@@ -91,21 +96,22 @@ class SessionState:
         self.n_past = self.mtp_n_past = 0
         self.ring_base = self.ring_len = 0
         for i in self.ssm:
-            self.ssm[i].fill(0.0)
-            self.conv[i].fill(0.0)
+            self.backend.fill_zero(self.ssm[i])
+            self.backend.fill_zero(self.conv[i])
 
     def copy(self) -> "SessionState":
         """An independent state with the same contents (KV copied up to the used positions)."""
-        new = SessionState(self.config, self.n_ctx, self.n_ring)
+        new = SessionState(self.config, self.n_ctx, self.n_ring, self.backend)
         new.n_past, new.mtp_n_past = self.n_past, self.mtp_n_past
         new.ring_base, new.ring_len = self.ring_base, self.ring_len
+        copy = self.backend.copy
         for group in ("ssm", "conv", "ring_ssm", "ring_conv"):
             for i, arr in getattr(self, group).items():
-                getattr(new, group)[i][...] = arr
+                copy(getattr(new, group)[i], arr)
         for src_kv, dst_kv, used in ((self.kv, new.kv, self.n_past), (self.mtp_kv, new.mtp_kv, self.mtp_n_past)):
             for i, (k, v) in src_kv.items():
-                dst_kv[i][0][:, :used] = k[:, :used]
-                dst_kv[i][1][:, :used] = v[:, :used]
+                copy(dst_kv[i][0][:, :used], k[:, :used])
+                copy(dst_kv[i][1][:, :used], v[:, :used])
         return new
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -113,11 +119,12 @@ class SessionState:
         meta = {"format": STATE_FORMAT, "config": _fingerprint(self.config), "n_ctx": self.n_ctx,
                 "n_past": self.n_past, "mtp_n_past": self.mtp_n_past}
         arrays = {"meta": np.array(json.dumps(meta))}
+        host = self.backend.to_host
         for i in self.ssm:
-            arrays[f"ssm_{i}"], arrays[f"conv_{i}"] = self.ssm[i], self.conv[i]
+            arrays[f"ssm_{i}"], arrays[f"conv_{i}"] = host(self.ssm[i]), host(self.conv[i])
         for prefix, kv, used in (("kv", self.kv, self.n_past), ("mtp_kv", self.mtp_kv, self.mtp_n_past)):
             for i, (k, v) in kv.items():
-                arrays[f"{prefix}_k_{i}"], arrays[f"{prefix}_v_{i}"] = k[:, :used], v[:, :used]
+                arrays[f"{prefix}_k_{i}"], arrays[f"{prefix}_v_{i}"] = host(k)[:, :used], host(v)[:, :used]
         try:
             with open(path, "wb") as f:
                 np.savez(f, **arrays)
@@ -126,8 +133,9 @@ class SessionState:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], config: ModelConfig,
-             n_ctx: int | None = None, n_ring: int = 0) -> "SessionState":
-        """Read a state saved by `save` for the same model; n_ctx defaults to the saved one."""
+             n_ctx: int | None = None, n_ring: int = 0, backend=None) -> "SessionState":
+        """Read a state saved by `save` for the same model (on `backend`, default the CPU);
+        n_ctx defaults to the saved one."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 files = {name: z[name] for name in z.files}
@@ -144,18 +152,19 @@ class SessionState:
         if meta.get("config") != _fingerprint(config):
             raise HybridError(f"{path} was saved for a different model; it cannot be used with this one")
         n_ctx = int(meta["n_ctx"] if n_ctx is None else n_ctx)
-        state = cls(config, n_ctx, n_ring)
+        state = cls(config, n_ctx, n_ring, backend)
+        copy = state.backend.copy
         state.n_past, state.mtp_n_past = int(meta["n_past"]), int(meta["mtp_n_past"])
         if max(state.n_past, state.mtp_n_past) > n_ctx:
             raise HybridError(f"{path} holds {state.n_past} positions; they do not fit the context of {n_ctx}")
         try:
             for i in state.ssm:
-                state.ssm[i][...] = files[f"ssm_{i}"]
-                state.conv[i][...] = files[f"conv_{i}"]
+                copy(state.ssm[i], files[f"ssm_{i}"])
+                copy(state.conv[i], files[f"conv_{i}"])
             for prefix, kv, used in (("kv", state.kv, state.n_past), ("mtp_kv", state.mtp_kv, state.mtp_n_past)):
                 for i, (k, v) in kv.items():
-                    k[:, :used] = files[f"{prefix}_k_{i}"]
-                    v[:, :used] = files[f"{prefix}_v_{i}"]
+                    copy(k[:, :used], files[f"{prefix}_k_{i}"])
+                    copy(v[:, :used], files[f"{prefix}_v_{i}"])
         except (KeyError, ValueError) as e:
             raise HybridError(f"{path} is damaged: {e}") from None
         return state

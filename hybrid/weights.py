@@ -8,10 +8,15 @@ any ggml type is self-contained): the fused `ssm_ba` into ssm_beta/ssm_alpha and
 ssm_a, dt bias, conv taps) are copied into owned, writable float32 arrays: they are tiny, and
 Numba types a read-only memmap view differently from a plain array, which would double every
 kernel's compile.
+
+Placement: `bind_weights(..., backend, placement)` hands the host records to the backend, which
+may swap some `data` for device arrays (`place_weights`); a record's `location` says where its
+bytes live, and the ops dispatch on it (gpu/ops.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Union
 
 import numpy as np
@@ -22,12 +27,17 @@ from .errors import ModelError
 
 @dataclass(frozen=True)
 class Matrix:
-    """W as the PyTorch (out = rows, in = cols) matrix: y = W x. `data` is uint8 (rows, row_bytes)."""
+    """W as the PyTorch (out = rows, in = cols) matrix: y = W x. `data` is uint8 (rows, row_bytes),
+    a host array (usually a view of the mapped file) or a device array."""
     name: str
     wtype: int
     data: np.ndarray
     rows: int
     cols: int
+
+    @property
+    def location(self) -> str:
+        return _location(self.data)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,10 @@ class Experts:
     data: np.ndarray
     rows: int
     cols: int
+
+    @property
+    def location(self) -> str:
+        return _location(self.data)
 
 
 @dataclass(frozen=True)
@@ -123,8 +137,9 @@ class ModelWeights:
     mtp: MTPBlock | None
 
 
-def bind_weights(model_file) -> ModelWeights:
-    """Per-layer records for a qwen35, qwen35moe or qwen3next model."""
+def bind_weights(model_file, backend=None, placement=None) -> ModelWeights:
+    """Per-layer records for a qwen35, qwen35moe or qwen3next model, placed by `backend`
+    (hybrid.backend) following `placement`; host records when backend is None."""
     cfg: ModelConfig = model_file.config
     t = _Tensors(model_file.tensors, cfg)
     embd = t.matrix("token_embd.weight")
@@ -133,7 +148,8 @@ def bind_weights(model_file) -> ModelWeights:
     layers = tuple(_gdn_layer(t, i) if cfg.is_recurrent(i) else _attention_layer(t, i)
                    for i in range(cfg.n_layer))
     mtp = _mtp_block(t, cfg.n_layer, embd, output, output_norm) if cfg.n_nextn else None
-    return ModelWeights(cfg, embd, output_norm, output, layers, mtp)
+    weights = ModelWeights(cfg, embd, output_norm, output, layers, mtp)
+    return weights if backend is None else backend.place_weights(weights, model_file, placement)
 
 
 def embed_tokens(weights: ModelWeights, token_ids: np.ndarray, ops, table: Matrix | None = None) -> np.ndarray:
@@ -145,6 +161,58 @@ def embed_tokens(weights: ModelWeights, token_ids: np.ndarray, ops, table: Matri
 def lm_head(weights: ModelWeights, hidden: np.ndarray, out: np.ndarray, ops) -> None:
     """out (n, n_vocab) = W_output · hidden (n, D), hidden already through output_norm."""
     ops.matvec(weights.output.wtype, weights.output.data, hidden, out)
+
+
+# --- placement --------------------------------------------------------------------------------
+
+def _location(data) -> str:
+    return "cpu" if isinstance(data, np.ndarray) else "gpu"
+
+
+_RECORDS = (ModelWeights, AttentionLayer, GDNLayer, DenseFFN, MoEFFN, MTPBlock)
+
+
+def place_weights(weights: ModelWeights, on_gpu: Callable[[str], bool], upload) -> ModelWeights:
+    """The same records with the matrices `on_gpu(name)` picks, and every small vector, replaced
+    by `upload(host array)`. A record shared by two fields (tied output and embedding, the MTP
+    head's fallbacks) is uploaded once and stays shared."""
+    placed: dict[int, object] = {}
+
+    def place(obj):
+        if id(obj) in placed:
+            return placed[id(obj)]
+        if isinstance(obj, (Matrix, Experts)):
+            new = replace(obj, data=upload(obj.data)) if on_gpu(obj.name) else obj
+        elif isinstance(obj, np.ndarray):
+            new = upload(obj)
+        elif isinstance(obj, _RECORDS):
+            new = replace(obj, **{f.name: place(getattr(obj, f.name)) for f in fields(obj) if f.name != "config"})
+        elif isinstance(obj, tuple):
+            new = tuple(place(o) for o in obj)
+        else:
+            new = obj
+        placed[id(obj)] = new
+        return new
+    return place(weights)
+
+
+def iter_matrices(weights: ModelWeights):
+    """Every distinct Matrix / Experts record of the model."""
+    seen: set[int] = set()
+
+    def walk(obj):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (Matrix, Experts)):
+            yield obj
+        elif isinstance(obj, _RECORDS):
+            for f in fields(obj):
+                yield from walk(getattr(obj, f.name))
+        elif isinstance(obj, tuple):
+            for o in obj:
+                yield from walk(o)
+    return list(walk(weights))
 
 
 # --- binding helpers --------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""The FFN on the GPU for weights placed there: SwiGLU and the expert-grouped MoE FFN.
+
+Both are built from the device matvec (`gpu.matvec`, slot-for-slot bit identical) plus small
+elementwise kernels, so every row keeps the bits of a one-row call, as on the CPU:
+* swiglu: gate and up products, then h = SiLU(g) · u;
+* MoE (same algorithm as `cpu/moe.py`): router logits come to the host (n × E floats) for the
+  top-k choice, the rows routed to each chosen expert are gathered into one block on the device
+  and run through that expert once, and each row's expert outputs are summed in top-k rank order.
+
+`moe_ffn` takes the matvec/swiglu to use as arguments: the op set passes its dispatching ones,
+so an FFN whose parts are placed apart (say experts on the host, shared expert on the device)
+still runs, each product where its weights live.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from cpu.moe import expert_groups, route
+
+from . import memory
+from .memory import THREADS
+from .matvec import matvec as device_matvec
+
+
+def _blocks(size: int) -> int:
+    return -(-size // THREADS)
+
+
+@cuda.jit(cache=True)
+def _silu_times(g, u):
+    k = cuda.grid(1)
+    cols = g.shape[1]
+    if k < g.shape[0] * cols:
+        t = k // cols
+        c = k - t * cols
+        gv = g[t, c]
+        g[t, c] = gv / (float32(1.0) + math.exp(-gv)) * u[t, c]
+
+
+def silu_times(g, u) -> None:
+    """g ← SiLU(g) ⊙ u, both (n, F) on the device."""
+    if g.size:
+        _silu_times[_blocks(g.size), THREADS](g, u)
+
+
+def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out, matvec=device_matvec) -> None:
+    """h_out = SiLU(x · W_gateᵀ) · (x · W_upᵀ) on the device."""
+    up = memory.scratch("swiglu_up", tuple(h_out.shape))
+    matvec(wtype_gate, w_gate, x, h_out)
+    matvec(wtype_up, w_up, x, up)
+    silu_times(h_out, up)
+
+
+# --- MoE --------------------------------------------------------------------------------------
+
+@cuda.jit(cache=True)
+def _gather_rows(x, rows, first, xe):
+    k = cuda.grid(1)
+    D = x.shape[1]
+    if k < xe.shape[0] * D:
+        r = k // D
+        c = k - r * D
+        xe[r, c] = x[rows[first + r], c]
+
+
+@cuda.jit(cache=True)
+def _scatter_rows(ye, rows, ranks, first, y):
+    k = cuda.grid(1)
+    D = ye.shape[1]
+    if k < ye.shape[0] * D:
+        r = k // D
+        c = k - r * D
+        y[rows[first + r], ranks[first + r], c] = ye[r, c]
+
+
+@cuda.jit(cache=True)
+def _weighted_sum(y, weights, out):
+    k = cuda.grid(1)
+    n, n_used, D = y.shape
+    if k < n * D:
+        i = k // D
+        c = k - i * D
+        acc = weights[i, 0] * y[i, 0, c]
+        for rank in range(1, n_used):
+            acc += weights[i, rank] * y[i, rank, c]
+        out[i, c] = acc
+
+
+@cuda.jit(cache=True)
+def _add_gated(out, shared, gate_logit):
+    k = cuda.grid(1)
+    D = out.shape[1]
+    if k < out.shape[0] * D:
+        i = k // D
+        c = k - i * D
+        g = float32(1.0) / (float32(1.0) + math.exp(-gate_logit[i, 0]))
+        out[i, c] += g * shared[i, c]
+
+
+def moe_ffn(ffn, x, out, matvec, swiglu) -> np.ndarray:
+    """out (n, D) = the MoE FFN of device rows x (n, D); returns the chosen experts (n, k) on the host."""
+    n, D = x.shape
+    logits = memory.scratch("moe_logits", (n, ffn.router.rows))
+    matvec(ffn.router.wtype, ffn.router.data, x, logits)
+    experts, weights = route(logits.copy_to_host(), ffn.n_used)
+
+    # every (row, rank) slot, grouped by expert: one upload for all the gathers and scatters
+    groups = list(expert_groups(experts))
+    rows = memory.upload(np.concatenate([g[1] for g in groups]).astype(np.int64))
+    ranks = memory.upload(np.concatenate([g[2] for g in groups]).astype(np.int64))
+    y = memory.scratch("moe_y", (n, ffn.n_used, D))
+    first = 0
+    for e, group_rows, _ in groups:
+        m = len(group_rows)
+        xe = memory.scratch("moe_xe", (m, D))
+        _gather_rows[_blocks(m * D), THREADS](x, rows, first, xe)
+        h = memory.scratch("moe_h", (m, ffn.gate.rows))
+        swiglu(ffn.gate.wtype, ffn.gate.data[e], ffn.up.wtype, ffn.up.data[e], xe, h)
+        ye = memory.scratch("moe_ye", (m, D))
+        matvec(ffn.down.wtype, ffn.down.data[e], h, ye)
+        _scatter_rows[_blocks(m * D), THREADS](ye, rows, ranks, first, y)
+        first += m
+    _weighted_sum[_blocks(n * D), THREADS](y, memory.upload(weights), out)
+
+    if ffn.shared is not None:
+        sh = ffn.shared
+        h = memory.scratch("moe_shared_h", (n, sh.gate.rows))
+        swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
+        shared = memory.scratch("moe_shared", (n, D))
+        matvec(sh.down.wtype, sh.down.data, h, shared)
+        gate_logit = memory.scratch("moe_shared_gate", (n, 1))
+        matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
+        _add_gated[_blocks(n * D), THREADS](out, shared, gate_logit)
+    return experts

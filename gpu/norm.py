@@ -1,0 +1,137 @@
+"""RMSNorm and its variants on the GPU: same ops and arguments as `cpu/norm.py`.
+
+One warp per normalised segment (a row, or one head of a row): lanes stride over the segment
+(coalesced), sum squares in float32, and the fixed butterfly of `warp_reduce` combines them. A
+segment's result depends only on its own values, never on how many rows the call has, so the
+slots of a k-row call keep the bits of one-row calls. These kernels are tiny next to the
+matvecs around them; they only have to avoid a round trip to the host.
+"""
+from __future__ import annotations
+
+import math
+
+from numba import cuda, float32
+
+from .device import simulated
+from .intrinsics import warp_reduce
+
+# The simulator runs every thread as a Python thread: one warp per block keeps it quick.
+WARPS = 1 if simulated() else 4
+THREADS = 32 * WARPS
+
+
+def warp_blocks(items: int) -> int:
+    """Blocks for one warp per item."""
+    return -(-items // WARPS)
+
+
+@cuda.jit(cache=True)
+def _rms_norm(x, w, eps, out):
+    n, D = x.shape
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    t = min(item, n - 1)          # idle warps still take part in the (block-wide, simulated) reduction
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, D, 32):
+        v = x[t, i]
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    scale = float32(1.0 / math.sqrt(red[0, 0] / D + eps))
+    if item < n:
+        for i in range(lane, D, 32):
+            out[t, i] = x[t, i] * scale * w[i]
+
+
+def rms_norm(x, w, eps, out):
+    """out[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps), rows of x (n, D); out may be x."""
+    n = x.shape[0]
+    _rms_norm[warp_blocks(n), THREADS](x, w, float(eps), out)
+
+
+@cuda.jit(cache=True)
+def _head_rms_norm(x, w, eps, out):
+    n, H, _ = x.shape
+    d = w.shape[0]
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    it = min(item, n * H - 1)
+    t = it // H
+    h = it - t * H
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, d, 32):
+        v = x[t, h, i]
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
+    if item < n * H:
+        for i in range(lane, d, 32):
+            out[t, h, i] = x[t, h, i] * scale * w[i]
+
+
+def head_rms_norm(x, w, eps, out):
+    """Per-head RMSNorm over the first len(w) entries of each head slot of x (n, H, S) into
+    out (n, H, d): S = 2·d reads the query half of the packed [query | gate] in place."""
+    n, H, _ = x.shape
+    _head_rms_norm[warp_blocks(n * H), THREADS](x, w, float(eps), out)
+
+
+@cuda.jit(cache=True)
+def _gated_rms_norm(o, z, w, eps, out):
+    n, width = o.shape
+    d = w.shape[0]
+    heads = width // d
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    it = min(item, n * heads - 1)
+    t = it // heads
+    base = (it - t * heads) * d
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, d, 32):
+        v = o[t, base + i]
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
+    if item < n * heads:
+        for i in range(lane, d, 32):
+            zi = z[t, base + i]
+            silu = zi / (float32(1.0) + math.exp(-zi))
+            out[t, base + i] = o[t, base + i] * scale * w[i] * silu
+
+
+def gated_rms_norm(o, z, w, eps, out):
+    """GDN output norm: per v-head RMSNorm(o_j; w) over d_v, then ⊙ SiLU(z_j); o, z, out (n, H_v·d_v)."""
+    n, width = o.shape
+    _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS](o, z, w, float(eps), out)
+
+
+@cuda.jit(cache=True)
+def _l2_norm_heads(x, n_heads, d, eps):
+    n = x.shape[0]
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    it = min(item, n * n_heads - 1)
+    t = it // n_heads
+    base = (it - t * n_heads) * d
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, d, 32):
+        v = x[t, base + i]
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    inv = float32(1.0 / max(math.sqrt(red[0, 0]), eps))
+    if item < n * n_heads:
+        for i in range(lane, d, 32):
+            x[t, base + i] *= inv
+
+
+def l2_norm_heads(x, n_heads, d, eps):
+    """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row."""
+    n = x.shape[0]
+    _l2_norm_heads[warp_blocks(n * n_heads), THREADS](x, int(n_heads), int(d), float(eps))

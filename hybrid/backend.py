@@ -1,0 +1,186 @@
+"""What the forward needs from a backend besides its op set: where arrays live and how rows move.
+
+A backend allocates the activations and session states, copies between host and backend
+arrays, and places weights. Two of them:
+
+* `CPUBackend`: numpy arrays, the `cpu.ops` kernels; every method is the plain numpy idiom.
+* `GPUBackend`: device arrays and the `gpu.ops` kernels for the trunk; the FFN of a layer whose
+  weights stay in host memory runs on the CPU through one hand-off (its input rows go down to
+  pinned host memory, `cpu.ops` runs there, the result goes back up: DESIGN.md §3).
+
+Placement: which matrices a GPU backend uploads. `placement` is a function tensor name →
+"gpu" | "cpu" (e.g. `hybrid.placement.Plan.side`), a mapping name → side (missing: "cpu"), a
+collection of tensor names to upload, or None for the default: everything except the trunk's
+FFN matrices (role "ffn" in `hybrid.layout`) goes to the GPU. Small vectors
+(norms, conv taps, gate constants) always go with the backend.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+import numpy as np
+
+from .errors import HybridError
+from .layout import expected_tensors, options_from_names
+
+PLACES = ("gpu", "cpu")
+Placement = Callable[[str], str] | Mapping[str, str] | Collection[str] | None
+
+
+class CPUBackend:
+    name = "cpu"
+    host_ops = None        # the FFN never needs a hand-off: everything is in host memory
+
+    def __init__(self, ops=None):
+        self._ops = ops
+
+    @property
+    def ops(self):
+        if self._ops is None:          # imported on first use: a bare SessionState needs no kernels
+            import cpu.ops
+            self._ops = cpu.ops
+        return self._ops
+
+    def zeros(self, shape, dtype=np.float32) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def result(self, key: str, shape) -> np.ndarray:
+        """A float32 buffer for a call's result: a fresh array the caller may keep."""
+        return np.empty(shape, np.float32)
+
+    def to_backend(self, host: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(host, dtype=host.dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        return a
+
+    def copy(self, dst, src) -> None:
+        dst[...] = src
+
+    def fill_zero(self, a) -> None:
+        a.fill(0)
+
+    def ffn_on_host(self, ffn) -> bool:
+        return False
+
+    def place_weights(self, weights, model_file, placement: Placement):
+        if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
+                                         for m in _all_matrices(weights)):
+            raise HybridError("the placement puts weights on the GPU, but this forward runs on the CPU "
+                              "backend; use backend='gpu'")
+        return weights
+
+
+class GPUBackend:
+    name = "gpu"
+
+    def __init__(self, ops=None):
+        from gpu.device import require_cuda
+        require_cuda()
+        import cpu.ops
+        import gpu.memory
+        if ops is None:
+            import gpu.ops as ops
+        self.ops = ops
+        self.host_ops = cpu.ops
+        self.memory = gpu.memory
+
+    def zeros(self, shape, dtype=np.float32):
+        return self.memory.zeros(shape, dtype)
+
+    def result(self, key: str, shape):
+        """A float32 device buffer for a call's result, reused per (key, shape): the forward
+        copies results to the host before it returns."""
+        return self.memory.scratch("result:" + key, tuple(shape))
+
+    def to_backend(self, host: np.ndarray):
+        return self.memory.upload(host)
+
+    def to_host(self, a) -> np.ndarray:
+        return self.memory.to_host(a)
+
+    def copy(self, dst, src) -> None:
+        self.memory.copy(dst, src)
+
+    def fill_zero(self, a) -> None:
+        self.memory.fill_zero(a)
+
+    def ffn_on_host(self, ffn) -> bool:
+        """True when every matrix of this FFN stayed in host memory: run it there in one hand-off."""
+        return not any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn))
+
+    def handoff(self, x, out):
+        """Context manager: (x_host, out_host) pinned copies of device rows x; out_host goes up to out."""
+        return self.memory.handoff(x, out)
+
+    def host_scratch(self, shape) -> np.ndarray:
+        """Pinned float32 host scratch for the FFN hidden of a hand-off."""
+        return self.memory.host_buffer("ffn_hidden", tuple(shape))
+
+    def place_weights(self, weights, model_file, placement: Placement):
+        from .weights import place_weights
+        rule = _rule(placement, model_file)
+        return place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
+
+
+def make_backend(backend="cpu", ops=None):
+    """A backend object from its name ("cpu" | "gpu"), or the object itself."""
+    if not isinstance(backend, str):
+        return backend
+    if backend == "cpu":
+        return CPUBackend(ops)
+    if backend == "gpu":
+        return GPUBackend(ops)
+    raise HybridError(f"unknown backend {backend!r}; choose 'cpu' or 'gpu'")
+
+
+# --- placement ------------------------------------------------------------------------------------
+
+def tensor_roles(model_file) -> dict[str, str]:
+    """Tensor name → role ("embeddings", "lm_head", "trunk", "ffn", "mtp") for this file's layout."""
+    names = set(model_file.tensors)
+    return {s.name: s.role for s in expected_tensors(model_file.config, options_from_names(names))}
+
+
+def default_gpu_placement(model_file) -> Callable[[str], str]:
+    """Everything on the GPU except the trunk layers' FFN matrices (their bytes dominate)."""
+    roles = tensor_roles(model_file)
+    return lambda name: "cpu" if roles.get(name) == "ffn" else "gpu"
+
+
+def _rule(placement: Placement, model_file) -> Callable[[str], str]:
+    """The placement as a checked function of a bound matrix's name (its tensor name, with the
+    "[part]" suffix of regrouped tensors removed)."""
+    if placement is None:
+        base = default_gpu_placement(model_file)
+    elif callable(placement):
+        base = placement
+    elif isinstance(placement, Mapping):
+        sides = dict(placement)
+        base = lambda name: sides.get(name, "cpu")   # noqa: E731
+    elif isinstance(placement, Collection) and not isinstance(placement, str):
+        chosen = frozenset(placement)
+        base = lambda name: "gpu" if name in chosen else "cpu"   # noqa: E731
+    else:
+        raise HybridError(f"placement must be a function name → 'gpu'|'cpu', a mapping name → side, a "
+                          f"collection of tensor names to upload, or None; got {placement!r}")
+
+    def rule(name: str) -> str:
+        where = base(name.split("[", 1)[0])
+        if where not in PLACES:
+            raise HybridError(f"placement of {name} is {where!r}; expected 'gpu' or 'cpu'")
+        return where
+    return rule
+
+
+def _ffn_matrices(ffn):
+    from .weights import DenseFFN
+    if isinstance(ffn, DenseFFN):
+        return (ffn.gate, ffn.up, ffn.down)
+    shared = (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate) if ffn.shared else ()
+    return (ffn.router, ffn.gate, ffn.up, ffn.down, *shared)
+
+
+def _all_matrices(weights):
+    from .weights import iter_matrices
+    return iter_matrices(weights)

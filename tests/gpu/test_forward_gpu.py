@@ -1,0 +1,163 @@
+"""The forward on the GPU backend (hybrid mode: trunk on the device, FFN where its weights live)
+vs the CPU forward and the float-weight reference forward, on tiny synthetic qwen35 models
+(1 GDN + 1 attention layer + MTP), plus the stepping properties lossless drafting relies on.
+
+The CUDA simulator runs a device matvec in seconds, so the stepping tests place every matrix
+on the host (the trunk's other kernels still all run on the device); the default placement
+and the all-device placement are each checked once against the CPU forward.
+"""
+import numpy as np
+import pytest
+
+from gpu.device import simulated
+from hybrid.errors import HybridError
+from hybrid.forward import Forward
+from hybrid.generate import generate_tokens
+from hybrid.model_file import open_model
+from hybrid.mtp import MTPHead
+from hybrid.speculative import generate_speculative
+from hybrid.synth import preset, write_model
+from hybrid.synth.vocab import MIN_VOCAB
+from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
+from tests.hybrid.test_forward import float_weight_ops
+from tests.hybrid.test_speculative import KnownFutureHead, LetterTokenizer, greedy
+
+SIMULATED = simulated()
+SHAPE = dict(n_layer=2, full_attention_interval=2, n_embd=32, n_vocab=MIN_VOCAB + 8, n_head=2, n_head_kv=1,
+             head_dim=16, n_rot=8, ssm_n_k_heads=1, ssm_n_v_heads=2, n_ff=32, context_length=256)
+D_STATE = {"F32": 8, "Q8_0": 16}        # Q8_0 rows need multiples of 32 (d_inner = 2·d_state)
+PROMPT = np.array([3, 141, 59, 26, 53, 5])
+EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
+LOGIT_TOL, MEAN_TOL = 0.5, 0.1          # quantised: the CPU rounds activations to int8 (test_forward.py)
+N_TOKENS = 10 if SIMULATED else 24      # greedy decoding length for the drafting test
+
+
+def all_on_host(name):
+    return "cpu"
+
+
+def all_on_device(name):
+    return "gpu"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """model(types) → an open model file, written once per module."""
+    folder, opened = tmp_path_factory.mktemp("gpu-forward"), {}
+    files = []
+
+    def make(types: str):
+        if types not in opened:
+            path = folder / f"tiny-{types}.gguf"
+            write_model(path, preset("tiny", arch="qwen35", ssm_d_state=D_STATE[types], **SHAPE), types=types, seed=7)
+            files.append(open_model(path))
+            opened[types] = files[-1].__enter__()
+        return opened[types]
+    yield make
+    for f in files:
+        f.__exit__(None, None, None)
+
+
+def run(fw, ids, n_ctx=32):
+    return fw.forward(fw.new_state(n_ctx), ids, logits="all")
+
+
+def max_error(a, b):
+    return float(np.abs(a - b).max())
+
+
+@pytest.mark.parametrize("placement", [None, all_on_device], ids=["default", "all-on-device"])
+def test_float_model_matches_the_cpu_forward_tightly(model, placement):
+    mf = model("F32")
+    want, want_hidden = run(Forward(mf), PROMPT[:3])
+    fw = Forward(mf, backend="gpu", placement=placement)
+    got, hidden = run(fw, PROMPT[:3])
+    assert got.dtype == np.float32 and got.shape == want.shape
+    assert max_error(got, want) < EXACT_TOL and max_error(hidden, want_hidden) < EXACT_TOL
+    ffn_places = {m.location for layer in fw.weights.layers for m in (layer.ffn.gate, layer.ffn.up, layer.ffn.down)}
+    assert ffn_places == ({"cpu"} if placement is None else {"gpu"})
+    assert fw.weights.layers[0].qkv.location == fw.weights.output.location == "gpu"
+
+
+def test_quantised_model_matches_float_reference_and_cpu_forward(model):
+    """The device matvec keeps activations in float; the CPU FFN rounds them to int8."""
+    mf = model("Q8_0")
+    reference, _ = run(Forward(mf, ops=float_weight_ops()), PROMPT[:3])
+    cpu_logits, _ = run(Forward(mf), PROMPT[:3])
+    got, _ = run(Forward(mf, backend="gpu"), PROMPT[:3])
+    for name, other in (("float reference", reference), ("CPU forward", cpu_logits)):
+        err, mean = max_error(got, other), float(np.abs(got - other).mean())
+        assert err < LOGIT_TOL and mean < MEAN_TOL, f"vs {name}: max {err:.3g}, mean {mean:.3g}"
+    assert (got.argmax(1) == reference.argmax(1)).all()
+
+
+@pytest.fixture(scope="module")
+def stepping(model):
+    """A GPU forward with every matrix on the host (see the module docstring)."""
+    return Forward(model("F32"), backend="gpu", placement=all_on_host)
+
+
+def test_chunks_equal_token_by_token_bit_for_bit(stepping):
+    ids = PROMPT[:3]
+    whole, hidden_whole = run(stepping, ids)
+    state = stepping.new_state(32)
+    parts = [stepping.forward(state, ids[t:t + 1], logits="all") for t in range(len(ids))]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), whole)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), hidden_whole)
+    want, _ = run(Forward(stepping.model_file), ids)
+    assert max_error(whole, want) < EXACT_TOL
+
+
+def test_rollback_copy_and_save_load_on_device_states(stepping, tmp_path):
+    prefix, verify, after = PROMPT[:2], PROMPT[2:5], PROMPT[5:6]
+    state = stepping.new_state(32, n_ring=3)
+    stepping.forward(state, prefix, logits="none")
+    twin = state.copy()
+    state.save(tmp_path / "s.npz")
+    stepping.forward(state, verify, logits="none", snapshot=True)
+    state.rollback(2)
+    got, _ = stepping.forward(state, after, logits="all")
+    expect, _ = stepping.forward(twin, np.concatenate([verify[:2], after]), logits="all")
+    np.testing.assert_array_equal(got, expect[-1:])
+
+    loaded = type(state).load(tmp_path / "s.npz", stepping.config, backend=stepping.backend)
+    saved = type(state).load(tmp_path / "s.npz", stepping.config)          # the same file, on the host
+    assert loaded.n_past == saved.n_past == len(prefix)
+    host = stepping.backend.to_host
+    for i in saved.ssm:
+        np.testing.assert_array_equal(host(loaded.ssm[i]), saved.ssm[i])
+        np.testing.assert_array_equal(host(loaded.conv[i]), saved.conv[i])
+        assert saved.ssm[i].any()
+    for i, (k, v) in saved.kv.items():
+        np.testing.assert_array_equal(host(loaded.kv[i][0])[:, :2], k[:, :2])
+        np.testing.assert_array_equal(host(loaded.kv[i][1])[:, :2], v[:, :2])
+
+
+def test_greedy_drafting_equals_plain_decoding(stepping):
+    prompt = [int(t) for t in PROMPT]
+    n_ctx = len(prompt) + N_TOKENS + 8
+    plain = [e.id for e in generate_tokens(stepping, stepping.new_state(n_ctx), LetterTokenizer(), prompt,
+                                           max_tokens=N_TOKENS, sampler=greedy(), n_ctx=n_ctx, ignore_eos=True)
+             if hasattr(e, "id")]
+    head = KnownFutureHead(MTPHead(stepping), prompt + plain, stepping.config.n_vocab)
+    events = list(generate_speculative(stepping, head, stepping.new_state(n_ctx, n_ring=3), LetterTokenizer(),
+                                       prompt, max_tokens=N_TOKENS, sampler=greedy(), depth=2, n_ctx=n_ctx,
+                                       ignore_eos=True))
+    drafted = [e.id for e in events if hasattr(e, "id")]
+    assert drafted == plain and len(plain) == N_TOKENS
+    stats = events[-1].stats.draft
+    assert stats["accepted"] > 0 and stats["accepted"] < stats["drafted"]   # both outcomes happened
+
+
+def test_placement_forms_and_errors(model):
+    mf = model("F32")
+    w = Forward(mf, backend="gpu", placement={"output.weight", "blk.1.attn_q.weight"}).weights
+    assert w.output.location == w.layers[1].q.location == "gpu"
+    assert w.layers[1].k.location == w.layers[0].qkv.location == w.token_embd.location == "cpu"
+    assert Forward(mf, backend="gpu", placement={"blk.0.ssm_out.weight": "gpu"}).weights.layers[0].out.location == "gpu"
+    with pytest.raises(HybridError, match="unknown backend"):
+        Forward(mf, backend="tpu")
+    with pytest.raises(HybridError, match="CPU backend"):
+        Forward(mf, placement=all_on_device)
+    with pytest.raises(HybridError, match="expected 'gpu' or 'cpu'"):
+        Forward(mf, backend="gpu", placement=lambda name: "device")

@@ -1,0 +1,358 @@
+"""gpu.ops vs cpu.ops on the same inputs (the CPU ops are checked against float64 references in
+tests/cpu), plus the property lossless drafting needs: an n-row call gives every row the bits
+of a one-row call. Shapes are tiny and odd (not multiples of 32) because the CUDA simulator is
+slow and the lanes past a segment's end must add nothing."""
+import sys
+import threading
+import traceback
+
+import numpy as np
+import pytest
+from numba import cuda
+from numba.core import types
+from numba.np import numpy_support
+
+import cpu.ops
+import gpu.ops
+from gpu import memory
+from gpu.device import simulated
+from hybrid import ggml_types as gt
+from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
+from tests.gpu.test_matvec import random_weights
+
+EPS = 1e-6
+TOL = dict(rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_simulator():
+    """Two simulator settings for these kernel-heavy tests (nothing changes on a real GPU).
+
+    The simulator runs each CUDA thread as a Python thread and every barrier waits for all of
+    them: with the default 5 ms GIL switch interval a barrier costs ~10 ms, so switch faster.
+    Faster switching exposes a race in numba-cuda 0.30's simulated `cuda.shared.array`: two
+    threads of a launch's first block can both allocate a "shared" array and then not share it
+    (wrong results in rows of block 0). So allocate under a lock, as the real GPU shares."""
+    if not simulated():
+        yield
+        return
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    original, lock = FakeCUDAShared.array, threading.Lock()
+
+    def shared_array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]   # one array per source line
+        with lock:
+            array = self._allocations.get(caller)
+            if array is None:
+                array = self._allocations[caller] = np.empty(shape, dtype)
+        return array
+
+    before = sys.getswitchinterval()
+    FakeCUDAShared.array = shared_array
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(before)
+    FakeCUDAShared.array = original
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def f32(a):
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def bits_equal(a, b):
+    return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+# --- norms ----------------------------------------------------------------------------------------
+
+def test_rms_norm_matches_cpu_in_and_out_of_place():
+    x = f32(rng(1).standard_normal((3, 80)) * 3)
+    w = f32(rng(2).standard_normal(80))
+    want = np.empty_like(x)
+    cpu.ops.rms_norm(x, w, EPS, want)
+    out = dev(np.full_like(x, np.nan))
+    gpu.ops.rms_norm(dev(x), dev(w), EPS, out)
+    np.testing.assert_allclose(out.copy_to_host(), want, **TOL)
+    inplace = dev(x)
+    gpu.ops.rms_norm(inplace, dev(w), EPS, inplace)
+    np.testing.assert_allclose(inplace.copy_to_host(), want, **TOL)
+
+
+def test_head_rms_norm_reads_the_query_half_and_works_in_place():
+    n, H, d = 2, 3, 40
+    qg = f32(rng(3).standard_normal((n, H, 2 * d)))
+    w = f32(rng(4).standard_normal(d))
+    want = np.empty((n, H, d), np.float32)
+    cpu.ops.head_rms_norm(qg, w, EPS, want)
+    out = dev(np.full((n, H, d), np.nan, np.float32))
+    gpu.ops.head_rms_norm(dev(qg), dev(w), EPS, out)
+    np.testing.assert_allclose(out.copy_to_host(), want, **TOL)
+    k = f32(qg[:, :, :d])
+    inplace = dev(k)
+    gpu.ops.head_rms_norm(inplace, dev(w), EPS, inplace)
+    np.testing.assert_allclose(inplace.copy_to_host(), want, **TOL)
+
+
+def test_gated_rms_norm_and_l2_norm_heads_match_cpu():
+    n, heads, d = 2, 3, 24
+    o = f32(rng(5).standard_normal((n, heads * d)))
+    z = f32(rng(6).standard_normal((n, heads * d)) * 2)
+    w = f32(rng(7).standard_normal(d))
+    want = np.empty_like(o)
+    cpu.ops.gated_rms_norm(o, z, w, EPS, want)
+    out = dev(np.full_like(o, np.nan))
+    gpu.ops.gated_rms_norm(dev(o), dev(z), dev(w), EPS, out)
+    np.testing.assert_allclose(out.copy_to_host(), want, **TOL)
+
+    x = f32(rng(8).standard_normal((n, 4 * d)))
+    x[1, :d] = 0.0                                  # a zero head: the eps floor, no NaN
+    want = x.copy()
+    cpu.ops.l2_norm_heads(want, 3, d, EPS)         # the 4th head is left alone
+    got = dev(x)
+    gpu.ops.l2_norm_heads(got, 3, d, EPS)
+    np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
+
+
+# --- rope, attention ------------------------------------------------------------------------------
+
+def test_rope_neox_matches_cpu_at_large_positions():
+    n, H, d, n_rot = 3, 2, 24, 8
+    x = f32(rng(9).standard_normal((n, H, d)))
+    pos = np.array([0, 1_000, 200_000], np.int64)
+    want = x.copy()
+    cpu.ops.rope_neox(want, pos, cpu.ops.rope_inv_freq(n_rot, 1e7))
+    got = dev(x)
+    gpu.ops.rope_neox(got, dev(pos), gpu.ops.rope_inv_freq(n_rot, 1e7))
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got.copy_to_host()[:, :, n_rot:], x[:, :, n_rot:])
+
+
+def attention_inputs(n, H=4, Hkv=2, d=40, n_ctx=12, seed=10):
+    r = rng(seed)
+    q = f32(r.standard_normal((n, H, d)))
+    qg = f32(r.standard_normal((n, H, 2 * d)))
+    k = f32(r.standard_normal((n, Hkv, d)))
+    v = f32(r.standard_normal((n, Hkv, d)))
+    cache = f32(r.standard_normal((2, Hkv, n_ctx, d)))      # stale contents past n_before + n
+    return q, qg, k, v, cache
+
+
+def gpu_attention(q, qg, k, v, cache, n_before):
+    k_cache, v_cache = dev(cache[0]), dev(cache[1])
+    gpu.ops.kv_append(dev(k), dev(v), k_cache, v_cache, n_before)
+    out = dev(np.full((q.shape[0], q.shape[1] * q.shape[2]), np.nan, np.float32))
+    gpu.ops.gated_attention(dev(q), dev(qg), k_cache, v_cache, n_before, out)
+    return out.copy_to_host(), k_cache.copy_to_host(), v_cache.copy_to_host()
+
+
+def test_kv_append_and_gated_attention_match_cpu():
+    n, n_before = 3, 5
+    q, qg, k, v, cache = attention_inputs(n)
+    k_cache, v_cache = cache[0].copy(), cache[1].copy()
+    cpu.ops.kv_append(k, v, k_cache, v_cache, n_before)
+    want = np.empty((n, q.shape[1] * q.shape[2]), np.float32)
+    cpu.ops.gated_attention(q, qg, k_cache, v_cache, n_before, want)
+    got, got_k, got_v = gpu_attention(q, qg, k, v, cache, n_before)
+    np.testing.assert_array_equal(got_k, k_cache)
+    np.testing.assert_array_equal(got_v, v_cache)
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+def test_attention_rows_are_bit_identical_to_one_row_calls():
+    n, n_before = 3, 4
+    q, qg, k, v, cache = attention_inputs(n, seed=11)
+    together, _, _ = gpu_attention(q, qg, k, v, cache, n_before)
+    # row 2 alone: the cache already holds rows 0, 1 of this call
+    cache_before = cache.copy()
+    cache_before[0][:, n_before:n_before + 2] = k[:2].transpose(1, 0, 2)
+    cache_before[1][:, n_before:n_before + 2] = v[:2].transpose(1, 0, 2)
+    alone, _, _ = gpu_attention(q[2:], qg[2:], k[2:], v[2:], cache_before, n_before + 2)
+    assert bits_equal(together[2:], alone)
+
+
+# --- gated delta net ------------------------------------------------------------------------------
+
+def gdn_inputs(n, Hk=2, Hv=4, d=12, K=4, seed=12):
+    r = rng(seed)
+    C = 2 * Hk * d + Hv * d
+    return dict(
+        mix=f32(r.standard_normal((n, C))), conv_w=f32(r.standard_normal((K, C)) * 0.5),
+        conv=f32(r.standard_normal((K - 1, C))), u=f32(r.standard_normal((n, C)) * 0.3),
+        b=f32(r.standard_normal((n, Hv))), alpha=f32(r.standard_normal((n, Hv)) * 3),
+        ssm_a=f32(-np.exp(r.standard_normal(Hv))), dt_bias=f32(r.standard_normal(Hv)),
+        ssm=f32(r.standard_normal((Hv, d, d)) * 0.1), Hk=Hk)
+
+
+def test_conv1d_silu_matches_cpu_with_and_without_ring():
+    g = gdn_inputs(3)
+    n, C = g["mix"].shape
+    for ring_slots in (0, 4):
+        conv_cpu, out_cpu = g["conv"].copy(), np.empty((n, C), np.float32)
+        ring_cpu = np.zeros((ring_slots, 3, C), np.float32)
+        cpu.ops.conv1d_silu(g["mix"], g["conv_w"], conv_cpu, out_cpu, ring_cpu)
+        conv, out, ring = dev(g["conv"]), dev(np.full((n, C), np.nan, np.float32)), dev(np.zeros_like(ring_cpu))
+        gpu.ops.conv1d_silu(dev(g["mix"]), dev(g["conv_w"]), conv, out, ring)
+        np.testing.assert_allclose(out.copy_to_host(), out_cpu, **TOL)
+        np.testing.assert_array_equal(conv.copy_to_host(), conv_cpu)
+        np.testing.assert_array_equal(ring.copy_to_host(), ring_cpu)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_gated_delta_rule_matches_cpu_and_fills_the_ring(grouped):
+    n = 3
+    g = gdn_inputs(n, seed=13 + grouped)
+    Hv, d, _ = g["ssm"].shape
+    args = (g["Hk"], grouped, g["b"], g["alpha"], g["ssm_a"], g["dt_bias"])
+    ssm_cpu, out_cpu, ring_cpu = g["ssm"].copy(), np.empty((n, Hv * d), np.float32), np.zeros((n, Hv, d, d), np.float32)
+    cpu.ops.gated_delta_rule(g["u"], *args, ssm_cpu, out_cpu, ring_cpu)
+    ssm, out, ring = dev(g["ssm"]), dev(np.full((n, Hv * d), np.nan, np.float32)), dev(np.zeros_like(ring_cpu))
+    gpu.ops.gated_delta_rule(dev(g["u"]), g["Hk"], grouped, *(dev(a) for a in args[2:]), ssm, out, ring)
+    np.testing.assert_allclose(out.copy_to_host(), out_cpu, **TOL)
+    np.testing.assert_allclose(ssm.copy_to_host(), ssm_cpu, **TOL)
+    np.testing.assert_allclose(ring.copy_to_host(), ring_cpu, **TOL)
+    assert bits_equal(ring.copy_to_host()[-1], ssm.copy_to_host())
+
+
+def test_gdn_tokens_together_equal_one_at_a_time_bit_for_bit():
+    n = 3
+    g = gdn_inputs(n, seed=20)
+    Hv, d, _ = g["ssm"].shape
+    C = g["mix"].shape[1]
+    no_ring_ssm, no_ring_conv = memory.zeros((0, Hv, d, d)), memory.zeros((0, 3, C))
+
+    def run(rows, conv, ssm):
+        m = len(rows)
+        u = dev(np.zeros((m, C), np.float32))
+        o = dev(np.zeros((m, Hv * d), np.float32))
+        gpu.ops.conv1d_silu(dev(g["mix"][rows]), dev(g["conv_w"]), conv, u, no_ring_conv)
+        gpu.ops.l2_norm_heads(u, 2 * g["Hk"], d, EPS)
+        gpu.ops.gated_delta_rule(u, g["Hk"], False, dev(g["b"][rows]), dev(g["alpha"][rows]), dev(g["ssm_a"]),
+                                 dev(g["dt_bias"]), ssm, o, no_ring_ssm)
+        return o.copy_to_host()
+
+    conv_all, ssm_all = dev(g["conv"]), dev(g["ssm"])
+    together = run(list(range(n)), conv_all, ssm_all)
+    conv_one, ssm_one = dev(g["conv"]), dev(g["ssm"])
+    one_by_one = np.concatenate([run([t], conv_one, ssm_one) for t in range(n)])
+    assert bits_equal(together, one_by_one)
+    assert bits_equal(ssm_all.copy_to_host(), ssm_one.copy_to_host())
+    assert bits_equal(conv_all.copy_to_host(), conv_one.copy_to_host())
+
+
+# --- residual, embeddings, FFN ----------------------------------------------------------------------
+
+def test_add_inplace():
+    x, y = f32(rng(21).standard_normal((2, 37))), f32(rng(22).standard_normal((2, 37)))
+    got = dev(x)
+    gpu.ops.add_inplace(got, dev(y))
+    np.testing.assert_array_equal(got.copy_to_host(), x + y)
+
+
+def quantized_rows(name, rows, cols, seed):
+    """Random raw rows of a ggml type (every quant bit pattern, sane fp16 scales)."""
+    return random_weights(gt.by_name(name), rows, cols, rng(seed))
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_dequantize_rows_on_the_device_match_the_cpu(name):
+    t = gt.by_name(name)
+    cols = 512 if t.block_elems == 256 else 96
+    w = quantized_rows(name, 5, cols, seed=23)
+    ids = np.array([4, 0, 4], np.int64)
+    want = cpu.ops.dequantize_rows(t.id, w, ids, cols)
+    got = gpu.ops.dequantize_rows(t.id, dev(w), ids, cols).copy_to_host()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    host_table = gpu.ops.dequantize_rows(t.id, w, ids, cols).copy_to_host()   # table left on the host
+    np.testing.assert_array_equal(host_table, want)
+
+
+def test_matvec_and_swiglu_of_host_weights_are_the_cpu_kernels_bit_for_bit():
+    t = gt.Q8_0
+    D, F = 64, 48
+    gate, up = quantized_rows("Q8_0", F, D, 24), quantized_rows("Q8_0", F, D, 25)
+    x = f32(rng(26).standard_normal((3, D)))
+    want_h = np.empty((3, F), np.float32)
+    cpu.ops.swiglu(t.id, gate, t.id, up, x, want_h)
+    h = dev(np.zeros((3, F), np.float32))
+    gpu.ops.swiglu(t.id, gate, t.id, up, dev(x), h)
+    assert bits_equal(h.copy_to_host(), want_h)
+    want = np.empty((3, F), np.float32)
+    cpu.ops.matvec(t.id, gate, x, want)
+    out = dev(np.zeros((3, F), np.float32))
+    gpu.ops.matvec(t.id, gate, dev(x), out)
+    assert bits_equal(out.copy_to_host(), want)
+
+
+def test_swiglu_of_device_weights_matches_float_math_and_is_per_row():
+    t = gt.F32
+    D, F = 64, 40
+    gate = f32(rng(27).standard_normal((F, D)) * 0.2)
+    up = f32(rng(28).standard_normal((F, D)) * 0.2)
+    x = f32(rng(29).standard_normal((3, D)))
+    g, u = x.astype(np.float64) @ gate.T, x.astype(np.float64) @ up.T
+    want = g / (1 + np.exp(-g)) * u
+    h = dev(np.zeros((3, F), np.float32))
+    gpu.ops.swiglu(t.id, dev(gate.view(np.uint8)), t.id, dev(up.view(np.uint8)), dev(x), h)
+    np.testing.assert_allclose(h.copy_to_host(), want, rtol=1e-4, atol=1e-5)
+    last = dev(np.zeros((1, F), np.float32))
+    gpu.ops.swiglu(t.id, dev(gate.view(np.uint8)), t.id, dev(up.view(np.uint8)), dev(x[2:]), last)
+    assert bits_equal(h.copy_to_host()[2:], last.copy_to_host())
+
+
+def tiny_moe(place_on_device: bool, D=32, F=32, E=4, k=2, seed=30):
+    r = rng(seed)
+    f32_id = gt.F32.id
+
+    def matrix(name, rows, cols, scale=0.3):
+        data = f32(r.standard_normal((rows, cols)) * scale).view(np.uint8)
+        return Matrix(name, f32_id, dev(data) if place_on_device else data, rows, cols)
+
+    def experts(name, rows, cols):
+        data = f32(r.standard_normal((E, rows, cols)) * 0.3).view(np.uint8)
+        return Experts(name, f32_id, dev(data) if place_on_device else data, rows, cols)
+
+    shared = DenseFFN(matrix("sg", F, D), matrix("su", F, D), matrix("sd", D, F))
+    return MoEFFN(router=matrix("router", E, D, 1.0), gate=experts("g", F, D), up=experts("u", F, D),
+                  down=experts("d", D, F), n_used=k, shared=shared, shared_gate=matrix("sgate", 1, D))
+
+
+def test_moe_ffn_on_the_device_and_through_the_host_match_the_cpu():
+    x = f32(rng(31).standard_normal((3, 32)))
+    host_moe = tiny_moe(False)
+    want = np.empty_like(x)
+    want_experts = cpu.ops.moe_ffn(host_moe, x, want)
+    for moe in (host_moe, tiny_moe(True)):
+        out = dev(np.full_like(x, np.nan))
+        experts = gpu.ops.moe_ffn(moe, dev(x), out)
+        np.testing.assert_array_equal(experts, want_experts)
+        np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-4, atol=1e-5)
+
+
+# --- memory -----------------------------------------------------------------------------------------
+
+def test_copy_handles_strided_views_and_host_sources():
+    a = f32(rng(32).standard_normal((3, 10)))
+    dst = memory.zeros((3, 16))
+    memory.copy(dst[:, 3:13], dev(a))
+    memory.copy(dst[:, :2], a[:, :2])
+    want = np.zeros((3, 16), np.float32)
+    want[:, 3:13] = a
+    want[:, :2] = a[:, :2]
+    np.testing.assert_array_equal(dst.copy_to_host(), want)
+    kv = memory.zeros((2, 8, 4))
+    src = f32(rng(33).standard_normal((2, 8, 4)))
+    memory.copy(kv[:, :5], dev(src)[:, :5])
+    np.testing.assert_array_equal(kv.copy_to_host()[:, :5], src[:, :5])
+    assert not kv.copy_to_host()[:, 5:].any()
