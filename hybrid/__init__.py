@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 from .errors import HybridError, ModelError  # noqa: F401
 
 
-def load(path=None, device="auto", threads=None, n_ctx=None):
-    """Open a GGUF model and return a `hybrid.api.Model` (see there)."""
+def load(path=None, device="auto", threads=None, n_ctx=None, **placement):
+    """Open a GGUF model and return a `hybrid.api.Model` (see `hybrid.api.load`)."""
     from .api import load as _load
-    return _load(path, device=device, threads=threads, n_ctx=n_ctx)
+    return _load(path, device=device, threads=threads, n_ctx=n_ctx, **placement)

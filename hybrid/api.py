@@ -33,34 +33,37 @@ def set_threads(threads: int | None) -> int:
     return n
 
 
-def resolve_device(device: str) -> str:
-    if device not in DEVICES:
-        raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
-    if device == "cuda":
-        raise HybridError("the CUDA path is not built yet; use device='cpu' (or 'auto')")
-    return "cpu"
-
-
 class Model:
     """A loaded GGUF model: tokenizer, chat template, and the forward on a backend."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
-                 threads: int | None = None, n_ctx: int | None = None):
+                 threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
+                 overrides: Sequence[str] = (), cpu_only: bool = False):
         from .chat_template import ChatTemplate
         from .forward import Forward
         from .tokenizer import Tokenizer
 
+        from .placement import plan_for, ring_for_draft
+
+        if device not in DEVICES:
+            raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
         self.path = Path(path) if path is not None else default_model_path()
-        self.device = resolve_device(device)
         self.threads = set_threads(threads)
         self.file = open_model(self.path)
         self.config = self.file.config
-        self.n_ctx = min(n_ctx or 4096, self.config.context_length)
-        if self.n_ctx < 1:
+        if n_ctx is not None and n_ctx < 1:
             raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
+        self.n_ctx = min(n_ctx or 4096, self.config.context_length)
         self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
         self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
-        self.forward = Forward(self.file)
+        # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
+        self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
+                             ring_for_draft(None, self.config.n_nextn > 0))
+        self.device = self.plan.device
+        if self.device == "cuda":
+            self.forward = Forward(self.file, backend="gpu", placement=self.plan.side)
+        else:
+            self.forward = Forward(self.file)
         self._mtp = None
 
     # --- state ----------------------------------------------------------------------------
@@ -189,6 +192,12 @@ def parse_draft(draft: int | str) -> int:
 
 
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
-         n_ctx: int | None = None) -> Model:
-    """Open a GGUF model (the bundled tiny model when `path` is None)."""
-    return Model(path, device=device, threads=threads, n_ctx=n_ctx)
+         n_ctx: int | None = None, vram: str | int | None = None, overrides: Sequence[str] = (),
+         cpu_only: bool = False) -> Model:
+    """Open a GGUF model (the bundled tiny model when `path` is None).
+
+    device "auto" uses a GPU when one is present (trunk and lm_head there, FFN streamed on the
+    CPU as the VRAM budget `vram` allows); `overrides` are llama.cpp-style "REGEX=CPU|GPU" rules.
+    """
+    return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,
+                 cpu_only=cpu_only)

@@ -1,7 +1,6 @@
 """Options and helpers shared by the commands that load a model."""
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional, Sequence
@@ -62,8 +61,7 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
                       overrides: Sequence[str]) -> tuple[str, dict]:
     """Check --vram / --cpu-only / -ot before anything loads; returns (device, extra load() kwargs).
 
-    --cpu-only is device cpu. --vram and -ot go to load() only when given, so commands keep
-    working with a load() that does not take them yet (then they are refused, clearly).
+    --cpu-only is device cpu; a bad --vram or -ot fails here, before the model is opened.
     """
     from ..placement import parse_overrides
     from ..units import parse_size
@@ -86,11 +84,6 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
                overrides: Sequence[str] = ()):
     from ..api import load
     device, extra = placement_options(device, vram, cpu_only, overrides)
-    unknown = [k for k in extra if k not in inspect.signature(load).parameters]
-    if unknown:
-        flags = {"vram": "--vram", "overrides": "-ot"}
-        raise HybridError(f"{', '.join(flags[k] for k in unknown)}: this build has no GPU placement yet; "
-                          "see `hybrid info MODEL --plan` for the plan it would use")
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, **extra)
     with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
