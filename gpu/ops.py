@@ -9,6 +9,7 @@ Small vectors (norm weights, conv taps, gate constants) always live on the devic
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import cuda
 
@@ -20,6 +21,10 @@ from .attention import gated_attention, kv_append
 from .gdn import conv1d_silu, gated_delta_rule
 from .matvec import matvec as device_matvec
 from .memory import THREADS, handoff, is_device
+
+# Decode-time launches are deliberately small (a few rows, one block per head): numba's
+# low-occupancy warning would fire on most of them and bury the user's output.
+numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 from .norm import gated_rms_norm, head_rms_norm, l2_norm_heads, rms_norm
 from .rope import rope_inv_freq, rope_neox
 
