@@ -26,7 +26,10 @@ from numba import njit, prange
 _FAST = {"reassoc", "contract", "nsz"}
 
 
-@njit(cache=True, nogil=True)
+_CONV_PARALLEL_ROWS = 16   # from this many tokens (prompt chunks) the conv runs on all cores
+_CONV_BLOCK = 512          # channels per parallel work item
+
+
 def conv1d_silu(mix, w, conv, out, ring_conv):
     """Causal depthwise conv over n tokens, then SiLU; advances the conv state.
 
@@ -34,31 +37,51 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
     current token; this is `ssm_conv1d` (C, K) transposed); conv (K−1, C) rolling state,
     updated in place; out (n, C) = SiLU(conv output). ring_conv (R, K−1, C): if R > 0,
     slot t receives the window after token t.
+
+    Channels are independent and each is computed in the same order either way, so the
+    parallel path (prompt chunks) gives the bits of the serial one (decode, verify), whose
+    few channels·tokens do not pay for waking the thread pool.
     """
-    n, C = mix.shape
+    if mix.shape[0] >= _CONV_PARALLEL_ROWS:
+        _conv1d_silu_parallel(mix, w, conv, out, ring_conv)
+    else:
+        _conv1d_silu_channels(mix, w, conv, out, ring_conv, 0, mix.shape[1])
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _conv1d_silu_parallel(mix, w, conv, out, ring_conv):
+    C = mix.shape[1]
+    for b in prange((C + _CONV_BLOCK - 1) // _CONV_BLOCK):
+        _conv1d_silu_channels(mix, w, conv, out, ring_conv, b * _CONV_BLOCK, min(C, (b + 1) * _CONV_BLOCK))
+
+
+@njit(cache=True, nogil=True)
+def _conv1d_silu_channels(mix, w, conv, out, ring_conv, c0, c1):
+    """conv1d_silu for channels c0..c1−1 only."""
+    n = mix.shape[0]
     K = w.shape[0]
     keep = K - 1
     snap = ring_conv.shape[0] > 0
     for t in range(n):
         o = out[t]
-        o[:] = np.float32(0.0)
+        o[c0:c1] = np.float32(0.0)
         for j in range(K):
             s = t - keep + j            # input index of tap j; < 0 reaches into the state
             x = conv[keep + s] if s < 0 else mix[s]
             wj = w[j]
-            for ch in range(C):
+            for ch in range(c0, c1):
                 o[ch] += wj[ch] * x[ch]
-        for ch in range(C):
+        for ch in range(c0, c1):
             o[ch] = o[ch] / (np.float32(1.0) + np.exp(-o[ch]))
         if snap:
             for r in range(keep):
                 s = t - keep + 1 + r
-                ring_conv[t, r, :] = conv[keep + s] if s < 0 else mix[s]
+                ring_conv[t, r, c0:c1] = conv[keep + s, c0:c1] if s < 0 else mix[s, c0:c1]
     # New state: the last K−1 inputs of concat(state, mix). Reading index r+n ≥ r, so the
     # forward in-place shift never overwrites a row it still needs.
     for r in range(keep):
         s = n - keep + r
-        conv[r, :] = conv[keep + s] if s < 0 else mix[s]
+        conv[r, c0:c1] = conv[keep + s, c0:c1] if s < 0 else mix[s, c0:c1]
 
 
 @njit(cache=True, nogil=True)

@@ -172,3 +172,23 @@ def test_delta_rule_n_tokens_equal_n_single_calls_and_ring_slots():
         np.testing.assert_array_equal(one[0], out_all[t])
         np.testing.assert_array_equal(ring[t], state_one)
     np.testing.assert_array_equal(state_all, state_one)
+
+
+def test_conv_parallel_path_matches_serial_bit_for_bit():
+    """Prompt chunks take the multi-threaded conv; it must give the serial kernel's bits."""
+    from cpu.gdn import _CONV_PARALLEL_ROWS, _conv1d_silu_channels, _conv1d_silu_parallel
+    rng = np.random.default_rng(7)
+    n, K, C = _CONV_PARALLEL_ROWS + 3, 4, 1100          # C not a multiple of the channel block
+    mix = rng.standard_normal((n, C)).astype(np.float32)
+    w = rng.standard_normal((K, C)).astype(np.float32)
+    state = rng.standard_normal((K - 1, C)).astype(np.float32)
+    outs, states, rings = [], [], []
+    for run in (_conv1d_silu_parallel, lambda *a: _conv1d_silu_channels(*a, 0, C)):
+        st, out = state.copy(), np.full((n, C), np.nan, np.float32)
+        ring = np.full((n, K - 1, C), np.nan, np.float32)
+        run(mix, w, st, out, ring)
+        outs.append(out), states.append(st), rings.append(ring)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(states[0], states[1])
+    np.testing.assert_array_equal(rings[0], rings[1])
+    assert not np.isnan(outs[0]).any() and not np.isnan(rings[0]).any()
