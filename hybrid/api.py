@@ -71,9 +71,12 @@ class Model:
         return self.forward.new_state(n_ctx or self.n_ctx)
 
     def warmup(self) -> None:
-        """Compile (or load from the on-disk cache) every kernel a decode step uses."""
-        state = self.new_state(8)
-        self.forward.forward(state, np.zeros(2, dtype=np.int32), logits="last")
+        """Compile (or load from the on-disk cache) the kernels of a prompt chunk and of a decode
+        step, so the first real prompt does not stall on compilation."""
+        from .generate import PREFILL_CHUNK
+        chunk = min(16, PREFILL_CHUNK)           # long enough for the multi-threaded prompt kernels
+        state = self.new_state(chunk + 2)
+        self.forward.forward(state, np.zeros(chunk, dtype=np.int32), logits="last")
         self.forward.forward(state, np.zeros(1, dtype=np.int32), logits="last")
 
     # --- evaluation -----------------------------------------------------------------------
