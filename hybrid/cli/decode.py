@@ -102,4 +102,4 @@ def decode(
         out = {"model": str(m.path), "tokens": tokens, "text": "".join(pieces), **final["stats"].to_dict()}
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
         return
-    LiveStream(Console()).run(events)
+    LiveStream(Console()).run(events, prompt="" if chat else text)

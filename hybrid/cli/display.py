@@ -58,10 +58,14 @@ class LiveStream:
         self.console = console or Console()
         self.interactive = self.console.is_terminal
 
-    def run(self, events) -> Stats:
+    def run(self, events, prompt: str = "") -> Stats:
+        """Show `prompt` (echoed like llama.cpp does for raw prompts), then the stream."""
         if not self.interactive:
-            return self._plain(events)
-        st = {"stats": Stats(), "prefill": None, "decoding": False, "partial": ""}
+            return self._plain(events, prompt)
+        *done, partial = prompt.split("\n")
+        for line in done:
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        st = {"stats": Stats(), "prefill": None, "decoding": False, "partial": partial}
         with Live(console=self.console, refresh_per_second=8, transient=True) as live:
             def handle(ev):
                 if isinstance(ev, Prefill):
@@ -81,8 +85,9 @@ class LiveStream:
         self.console.print(summary_text(st["stats"]), style="dim", highlight=False)
         return st["stats"]
 
-    def _plain(self, events) -> Stats:
+    def _plain(self, events, prompt: str) -> Stats:
         final = [Stats()]
+        sys.stdout.write(prompt)
 
         def handle(ev):
             if isinstance(ev, (Token, Done)):
