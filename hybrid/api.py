@@ -41,9 +41,8 @@ class Model:
                  overrides: Sequence[str] = (), cpu_only: bool = False):
         from .chat_template import ChatTemplate
         from .forward import Forward
-        from .tokenizer import Tokenizer
-
         from .placement import plan_for, ring_for_draft
+        from .tokenizer import Tokenizer
 
         if device not in DEVICES:
             raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
@@ -58,7 +57,7 @@ class Model:
         self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
         self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
-                             ring_for_draft(None, self.config.n_nextn > 0))
+                             ring_for_draft(None, self.has_mtp))
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side)
@@ -85,23 +84,15 @@ class Model:
         ids = np.asarray(token_ids, dtype=np.int32)
         if ids.ndim != 1 or len(ids) == 0:
             raise HybridError("logits() needs a non-empty 1-D sequence of token ids")
-        self._check_ids(ids)
         state = self.new_state(max(self.n_ctx, len(ids) + 1))
-        out, _ = self.forward.forward(state, ids, logits="all")
+        out, _ = self.forward.forward(state, ids, logits="all")      # checks the ids are in the vocabulary
         return out
-
-    def _check_ids(self, ids: np.ndarray) -> None:
-        bad = ids[(ids < 0) | (ids >= self.config.n_vocab)]
-        if len(bad):
-            raise HybridError(f"token id {int(bad[0])} is outside the vocabulary (0..{self.config.n_vocab - 1})")
 
     # --- generation -----------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], *, chat: bool = False,
                       system: str | None = None) -> list[int]:
         if not isinstance(prompt, str):
-            ids = [int(t) for t in prompt]
-            self._check_ids(np.asarray(ids, dtype=np.int64))
-            return ids
+            return [int(t) for t in prompt]          # the forward rejects ids outside the vocabulary
         if chat:
             messages = ([{"role": "system", "content": system}] if system else []) + \
                        [{"role": "user", "content": prompt}]
@@ -170,7 +161,6 @@ class Model:
         ids = np.asarray(token_ids, dtype=np.int32)
         if ids.ndim != 1 or len(ids) == 0:
             raise HybridError("mtp_logits() needs a non-empty 1-D sequence of token ids")
-        self._check_ids(ids)
         mtp = self.mtp
         state = self.new_state(max(self.n_ctx, len(ids) + 1))
         _, hidden = self.forward.forward(state, ids, logits="none")

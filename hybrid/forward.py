@@ -60,7 +60,7 @@ class Forward:
         "all", None for "none"; hidden float32 (n, D) after output_norm (the MTP input).
         snapshot=True writes each token's GDN/conv state into the ring (state.rollback).
         """
-        ids = self._check_tokens(token_ids)
+        ids = self.check_tokens(token_ids)
         if logits not in LOGITS_MODES:
             raise HybridError(f"logits must be one of {', '.join(LOGITS_MODES)}; got {logits!r}")
         n = len(ids)
@@ -163,7 +163,8 @@ class Forward:
             self.last_moe_stats.count(ffn, ops.moe_ffn(ffn, a, m))
 
     # --- helpers --------------------------------------------------------------------------------
-    def _check_tokens(self, token_ids) -> np.ndarray:
+    def check_tokens(self, token_ids) -> np.ndarray:
+        """The ids as a contiguous int64 array, or a HybridError naming the first bad one."""
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
             raise HybridError(f"token ids must be a non-empty 1-D integer array; got shape {ids.shape} "

@@ -36,7 +36,7 @@ class MTPHead:
         Returns (logits or None, post-norm hidden (n, D)) like Forward.forward.
         """
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
-        ids = fwd._check_tokens(token_ids)
+        ids = fwd.check_tokens(token_ids)
         n, D = len(ids), c.n_embd
         if hidden_prev.shape != (n, D):
             raise HybridError(f"MTP rows need one hidden row per token: got {hidden_prev.shape} for {n} tokens")

@@ -98,7 +98,7 @@ class ChatSession:
             ids = self.model.tokenizer.encode(prompt, add_special=None if not self._history else False)
         else:
             ids = [int(t) for t in prompt]
-            self.model._check_ids(np.asarray(ids, dtype=np.int64))
+            self.model.forward.check_tokens(ids)
         if not ids:
             raise HybridError("the prompt is empty")
         return self._turn(self._history + ids, sampling, None)
