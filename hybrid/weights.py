@@ -48,18 +48,9 @@ class DenseFFN:
 
 
 @dataclass(frozen=True)
-class Experts:
+class Experts(Matrix):
     """E stacked matrices of one kind: `data` is uint8 (E, rows, row_bytes) and data[e], expert
     e's (rows, cols) matrix, is C-contiguous (also for the halves of a fused gate_up tensor)."""
-    name: str
-    wtype: int
-    data: np.ndarray
-    rows: int
-    cols: int
-
-    @property
-    def location(self) -> str:
-        return _location(self.data)
 
 
 @dataclass(frozen=True)
@@ -181,7 +172,7 @@ def place_weights(weights: ModelWeights, on_gpu: Callable[[str], bool], upload) 
     def place(obj):
         if id(obj) in placed:
             return placed[id(obj)]
-        if isinstance(obj, (Matrix, Experts)):
+        if isinstance(obj, Matrix):
             new = replace(obj, data=upload(obj.data)) if on_gpu(obj.name) else obj
         elif isinstance(obj, np.ndarray):
             new = upload(obj)
@@ -204,7 +195,7 @@ def iter_matrices(weights: ModelWeights):
         if id(obj) in seen:
             return
         seen.add(id(obj))
-        if isinstance(obj, (Matrix, Experts)):
+        if isinstance(obj, Matrix):
             yield obj
         elif isinstance(obj, _RECORDS):
             for f in fields(obj):
