@@ -5,18 +5,25 @@ Per row x (llama.cpp's build_moe_ffn: softmax gating, renormalised top-k weights
     f = Σ_{e∈E} w_e · W_down,e(SiLU(W_gate,e x) ⊙ W_up,e x)  +  σ(w_sh · x) · SharedFFN(x)
 
 Expert grouping: for n rows (a k-token verify, a prompt chunk), each selected expert's weights
-are read ONCE: the rows routed to it are gathered into one contiguous block and run through the
-N-input kernels (`cpu.ffn.swiglu`, `cpu.matvec.matvec`). Those kernels give every input slot the
-bits of a one-row call, and each row's expert outputs are summed in its top-k rank order (not in
-group order), so row i of an n-row call is bit-identical to the 1-row call on x[i].
+are read ONCE, for all the rows routed to it. Quantised experts (what real models hold) run in one
+kernel call per layer (`cpu.moe_kernel.routed_experts`: per-call overhead, not bandwidth, bounded
+decode when each expert ran as its own swiglu + matvec calls); float experts keep that
+expert-by-expert path, which the fused kernel matches bit for bit. Each row's expert outputs are
+summed in its top-k rank order (not in group order), so row i of an n-row call is bit-identical
+to the 1-row call on x[i].
 """
 from __future__ import annotations
 
+import weakref
+
+import numba
 import numpy as np
 from numba import njit, prange
 
+from . import matvec as _matvec
 from .ffn import swiglu
-from .matvec import check_f32_matrix, matvec
+from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec, quantize_activations
+from .moe_kernel import routed_experts
 
 
 # ---- routing -----------------------------------------------------------------------------------
@@ -97,6 +104,78 @@ def _add_gated(out, shared, gate_logit):
             out[i, c] += g * shared[i, c]
 
 
+# ---- the routed experts ---------------------------------------------------------------------------
+
+def _run_expert_by_expert(ffn, x, experts, weights, out) -> None:
+    """The reference path (float expert weights): one swiglu + one matvec per selected expert."""
+    n, D = x.shape
+    y = np.empty((n, ffn.n_used, D), np.float32)     # y[i, rank] = row i's rank-th expert output
+    for e, rows, ranks in expert_groups(experts):
+        xe = np.ascontiguousarray(x[rows])           # the rows this expert serves, one block
+        h = np.empty((len(rows), ffn.gate.rows), np.float32)
+        swiglu(ffn.gate.wtype, ffn.gate.data[e], ffn.up.wtype, ffn.up.data[e], xe, h)
+        ye = np.empty((len(rows), D), np.float32)
+        matvec(ffn.down.wtype, ffn.down.data[e], h, ye)
+        y[rows, ranks] = ye
+    _weighted_sum(y, weights, out)
+
+
+def _expert_rows(stack: np.ndarray):
+    """A stack (E, rows, row_bytes) whose experts are each C-contiguous, evenly spaced (also the
+    halves of a fused gate_up tensor), as one read-only 2-D row array covering all of them, and
+    the row step from one expert to the next. None if the stack is not laid out that way."""
+    E, rows, row_bytes = stack.shape
+    step, rem = divmod(stack.strides[0], row_bytes) if row_bytes else (0, 1)
+    if rem or stack.strides[1:] != (row_bytes, 1) or (E > 1 and step < rows):
+        return None
+    span = (E - 1) * step + rows
+    return frozen(np.lib.stride_tricks.as_strided(stack, (span, row_bytes), (row_bytes, 1))), step
+
+
+_FUSED_WEIGHTS: dict[int, tuple] = {}   # id(ffn) → (weakref to it, its `_fused_weights`)
+
+
+def _fused_weights(ffn):
+    """The kernel's view of a layer's expert weights, made once per MoEFFN (checks and views
+    cost tens of µs, a real share of a small layer's time): (wtypes, gate, up, down rows,
+    expert_rows), or None where the fused kernel does not apply (float weights, odd layouts)."""
+    hit = _FUSED_WEIGHTS.get(id(ffn))
+    if hit is not None and hit[0]() is ffn:
+        return hit[1]
+    kinds = (ffn.gate, ffn.up, ffn.down)
+    prepared = None
+    if all(m.wtype in QUANT_TYPES for m in kinds):
+        n_ff, D = ffn.gate.rows, ffn.gate.cols
+        if (ffn.up.rows, ffn.up.cols, ffn.down.rows, ffn.down.cols) != (n_ff, D, D, n_ff):
+            raise ValueError(f"expert shapes disagree: gate {n_ff}×{D}, up {ffn.up.rows}×{ffn.up.cols}, "
+                             f"down {ffn.down.rows}×{ffn.down.cols}")
+        for m in kinds:
+            check_weights(m.wtype, m.data[0], m.cols, m.name)
+        mats = [_expert_rows(m.data) for m in kinds]
+        if all(v is not None for v in mats):
+            n_expert = ffn.gate.data.shape[0]
+            expert_rows = np.array([np.arange(n_expert) * step for _, step in mats], np.int64)
+            prepared = (tuple(m.wtype for m in kinds), *(w for w, _ in mats), expert_rows)
+    _FUSED_WEIGHTS[id(ffn)] = (weakref.ref(ffn), prepared)
+    weakref.finalize(ffn, _FUSED_WEIGHTS.pop, id(ffn), None)
+    return prepared
+
+
+def _run_fused(ffn, x, experts, weights, out) -> bool:
+    """All routed experts in one `routed_experts` call; False (nothing done) for float weights."""
+    prepared = _fused_weights(ffn)
+    if prepared is None:
+        return False
+    n, D = x.shape
+    if ffn.gate.cols != D:
+        raise ValueError(f"x has {D} columns but the experts take {ffn.gate.cols}")
+    xq, dx, bs = quantize_activations(x)
+    # a few (group, row tile) work items per thread: static scheduling stays balanced
+    routed_experts(*prepared, ffn.gate.rows, xq, dx, bs, experts, weights, out,
+                   4 * numba.get_num_threads(), _matvec.PREFETCH_BYTES)
+    return True
+
+
 # ---- the FFN -------------------------------------------------------------------------------------
 
 def moe_ffn(ffn, x: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -111,15 +190,8 @@ def moe_ffn(ffn, x: np.ndarray, out: np.ndarray) -> np.ndarray:
     matvec(ffn.router.wtype, ffn.router.data, x, logits)
     experts, weights = route(logits, ffn.n_used)
 
-    y = np.empty((n, ffn.n_used, D), np.float32)     # y[i, rank] = row i's rank-th expert output
-    for e, rows, ranks in expert_groups(experts):
-        xe = np.ascontiguousarray(x[rows])           # the rows this expert serves, one block
-        h = np.empty((len(rows), ffn.gate.rows), np.float32)
-        swiglu(ffn.gate.wtype, ffn.gate.data[e], ffn.up.wtype, ffn.up.data[e], xe, h)
-        ye = np.empty((len(rows), D), np.float32)
-        matvec(ffn.down.wtype, ffn.down.data[e], h, ye)
-        y[rows, ranks] = ye
-    _weighted_sum(y, weights, out)
+    if not _run_fused(ffn, x, experts, weights, out):
+        _run_expert_by_expert(ffn, x, experts, weights, out)
 
     if ffn.shared is not None:
         sh = ffn.shared

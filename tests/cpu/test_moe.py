@@ -1,10 +1,12 @@
 """cpu.moe: router top-k + renormalised softmax against numpy, the expert-grouped MoE FFN against
-a per-row numpy float64 reference (weights dequantised by gguf-py), and per-row bit identity."""
+a per-row numpy float64 reference (weights dequantised by gguf-py), per-row bit identity, and the
+one-call fused kernel against the expert-by-expert path, bit for bit."""
 import numpy as np
 import pytest
 
 import cpu.moe
 from cpu.moe import expert_groups, moe_ffn, route
+from cpu.moe_kernel import _group_slots
 from hybrid.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
@@ -169,8 +171,9 @@ def test_each_row_has_the_bits_of_a_one_row_call(gate_up, down):
 
 
 def test_each_selected_expert_is_run_once_over_all_its_rows(monkeypatch):
+    # float experts take the expert-by-expert path: one swiglu per distinct selected expert
     rng = np.random.default_rng(5)
-    ffn = make_ffn("Q8_0", "Q8_0", fused=False, shared=False, rng=rng)
+    ffn = make_ffn("F16", "F16", fused=False, shared=False, rng=rng)
     x = rng.standard_normal((12, D)).astype(np.float32)
     calls = []
     real = cpu.moe.swiglu
@@ -184,6 +187,61 @@ def test_each_selected_expert_is_run_once_over_all_its_rows(monkeypatch):
     chosen, counts = np.unique(experts, return_counts=True)
     assert sorted(calls) == sorted(counts.tolist()) and sum(calls) == 12 * K
     assert len(calls) == len(chosen) < 12 * K
+
+
+def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
+    rng = np.random.default_rng(5)
+    ffn = make_ffn("Q4_K", "Q6_K", fused=True, shared=True, rng=rng)
+    fused, per_expert = [], []
+    real_fused, real_swiglu = cpu.moe.routed_experts, cpu.moe.swiglu
+    monkeypatch.setattr(cpu.moe, "routed_experts", lambda *a: (fused.append(1), real_fused(*a)))
+    monkeypatch.setattr(cpu.moe, "swiglu", lambda *a: (per_expert.append(1), real_swiglu(*a)))
+    moe_ffn(ffn, rng.standard_normal((6, D)).astype(np.float32), np.empty((6, D), np.float32))
+    assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert
+
+
+FUSED_CASES = [("Q4_K", "Q6_K", True), ("Q8_0", "Q4_0", False), ("Q5_K", "Q8_0", True), ("Q6_K", "Q4_K", False)]
+
+
+@pytest.mark.parametrize("gate_up, down, fused", FUSED_CASES)
+@pytest.mark.parametrize("threads", [1, 3, 64])
+def test_one_call_kernel_has_the_bits_of_expert_by_expert_calls(gate_up, down, fused, threads, monkeypatch):
+    """The fused kernel against the swiglu + matvec per expert path, bit for bit, for any split
+    of the work into (group, row tile) items (the tile count follows the thread count)."""
+    rng = np.random.default_rng(11)
+    ffn = make_ffn(gate_up, down, fused, shared=False, rng=rng)
+    x = rng.standard_normal((13, D)).astype(np.float32)
+    x[3] = x[1]                                   # two rows with the same experts share every group
+    logits = x @ ffn.router.data.view(np.float32).T
+    experts, weights = route(np.ascontiguousarray(logits), K)
+    want = np.full((13, D), np.nan, np.float32)
+    cpu.moe._run_expert_by_expert(ffn, x, experts, weights, want)
+    monkeypatch.setattr(cpu.moe.numba, "get_num_threads", lambda: threads)
+    got = np.full((13, D), np.nan, np.float32)
+    assert cpu.moe._run_fused(ffn, x, experts, weights, got)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.abs(got).max() > 0
+
+
+def test_group_slots_order_pairs_by_expert_rows_ascending():
+    experts = np.array([[3, 1], [1, 0], [0, 3], [1, 2], [5, 3]])
+    slot_row, slot_of, group_start, group_expert = _group_slots(experts, 7)
+    np.testing.assert_array_equal(group_expert, [0, 1, 2, 3, 5])
+    np.testing.assert_array_equal(group_start, [0, 2, 5, 6, 9, 10])
+    np.testing.assert_array_equal(slot_row, [1, 2, 0, 1, 3, 3, 0, 2, 4, 4])
+    for i in range(5):
+        for rank in range(2):
+            s = slot_of[i * 2 + rank]
+            assert slot_row[s] == i
+            g = np.searchsorted(group_start, s, side="right") - 1
+            assert group_expert[g] == experts[i, rank]
+
+
+def test_float_experts_are_left_to_the_per_expert_path():
+    ffn = make_ffn("F32", "Q8_0", fused=False, shared=False, rng=np.random.default_rng(2))
+    x = np.ones((1, D), np.float32)
+    assert not cpu.moe._run_fused(ffn, x, np.zeros((1, K), np.int64), np.full((1, K), 0.5, np.float32),
+                                  np.empty((1, D), np.float32))
 
 
 def test_moe_ffn_rejects_mismatched_buffers():
