@@ -17,22 +17,22 @@ _FAST = {"reassoc", "contract", "nsz"}
 
 
 @njit(cache=True, nogil=True)
-def kv_append(k, v, k_cache, v_cache, start):
-    """Write k, v (n, n_head_kv, d_h) into cache positions start..start+n−1."""
+def kv_append(k, v, k_cache, v_cache, pos):
+    """Write row t of k, v (n, n_head_kv, d_h) into cache position pos[t] (pos: int64 (n,))."""
     n, n_kv_heads, d = k.shape
     for g in range(n_kv_heads):
         for t in range(n):
             for i in range(d):
-                k_cache[g, start + t, i] = k[t, g, i]
-                v_cache[g, start + t, i] = v[t, g, i]
+                k_cache[g, pos[t], i] = k[t, g, i]
+                v_cache[g, pos[t], i] = v[t, g, i]
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
-def gated_attention(q, qg, k_cache, v_cache, n_before, out):
+def gated_attention(q, qg, k_cache, v_cache, pos, out):
     """Causal GQA attention for n query rows, gated by σ(gate), written to out (n, H·d_h).
 
-    q: (n, H, d_h) normed and rotated queries. Row t sits at position n_before + t and sees
-    cache positions 0..n_before+t (the cache already holds this call's keys).
+    q: (n, H, d_h) normed and rotated queries. Row t sits at position pos[t] (int64 (n,)) and
+    sees cache positions 0..pos[t] (the cache already holds this call's keys).
     qg: (n, H, 2·d_h) the packed `attn_q` output; the second half of each head is the gate.
     Query head h reads KV head h // (H / n_head_kv) (consecutive groups, HF repeat_kv).
     Scale 1/sqrt(d_h).
@@ -46,7 +46,7 @@ def gated_attention(q, qg, k_cache, v_cache, n_before, out):
         t = item // H
         h = item - t * H
         g = h // group
-        n_kv = n_before + t + 1
+        n_kv = pos[t] + 1
         qh = q[t, h]
         keys = k_cache[g]
         values = v_cache[g]

@@ -178,8 +178,9 @@ def _run_fused(ffn, x, experts, weights, out) -> bool:
 
 # ---- the FFN -------------------------------------------------------------------------------------
 
-def moe_ffn(ffn, x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out (n, D) = the MoE FFN of rows x (n, D) float32; returns the selected experts (n, k).
+def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:
+    """out (n, D) = the MoE FFN of rows x (n, D) float32; returns the selected experts (n, k),
+    also counted into stats (a hybrid.forward.MoEStats) when given.
 
     `ffn` is a `hybrid.weights.MoEFFN`: router (F32 matrix), gate/up/down expert stacks
     (`data[e]` = expert e's matrix), n_used = k, optional shared expert and its gate."""
@@ -189,6 +190,8 @@ def moe_ffn(ffn, x: np.ndarray, out: np.ndarray) -> np.ndarray:
     logits = np.empty((n, ffn.router.rows), np.float32)
     matvec(ffn.router.wtype, ffn.router.data, x, logits)
     experts, weights = route(logits, ffn.n_used)
+    if stats is not None:
+        stats.count(ffn, experts)
 
     if not _run_fused(ffn, x, experts, weights, out):
         _run_expert_by_expert(ffn, x, experts, weights, out)

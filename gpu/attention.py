@@ -6,7 +6,7 @@ Same ops, arguments and cache layout as `cpu/attention.py`: k_cache, v_cache are
 Attention: one block per (query row, head). Each warp takes every WARPS-th group of POSITIONS
 cache positions, lanes split d_h (coalesced reads of a key/value row), and keeps an online
 softmax (running max, sum and weighted value sum). The warps' partial results are then merged in warp order. Row t's
-result depends only on its own query and the n_before + t + 1 positions it sees, so the slots
+result depends only on its own query and the pos[t] + 1 positions it sees, so the slots
 of a k-row verify keep the bits of one-row calls.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hybrid.errors import HybridError
 
 from .device import simulated
 from .intrinsics import warp_reduce
-from .memory import THREADS
+from .memory import THREADS, stream
 
 WARPS = 1 if simulated() else 4
 MAX_HEAD_DIM = 256                    # qwen35/qwen3next use 256; local arrays need a bound
@@ -29,7 +29,7 @@ NEG_INF = float32(-math.inf)
 
 
 @cuda.jit(cache=True)
-def _kv_append(k, v, k_cache, v_cache, start):
+def _kv_append(k, v, k_cache, v_cache, pos):
     n, n_kv_heads, d = k.shape
     e = cuda.grid(1)
     if e >= n * n_kv_heads * d:
@@ -38,25 +38,25 @@ def _kv_append(k, v, k_cache, v_cache, start):
     rest = e - t * n_kv_heads * d
     g = rest // d
     i = rest - g * d
-    k_cache[g, start + t, i] = k[t, g, i]
-    v_cache[g, start + t, i] = v[t, g, i]
+    k_cache[g, pos[t], i] = k[t, g, i]
+    v_cache[g, pos[t], i] = v[t, g, i]
 
 
-def kv_append(k, v, k_cache, v_cache, start):
-    """Write k, v (n, n_head_kv, d_h) into cache positions start..start+n−1."""
+def kv_append(k, v, k_cache, v_cache, pos):
+    """Write row t of k, v (n, n_head_kv, d_h) into cache position pos[t] (pos: int64 (n,))."""
     size = k.shape[0] * k.shape[1] * k.shape[2]
-    _kv_append[-(-size // THREADS), THREADS](k, v, k_cache, v_cache, int(start))
+    _kv_append[-(-size // THREADS), THREADS, stream()](k, v, k_cache, v_cache, pos)
 
 
 @cuda.jit(cache=True)
-def _gated_attention(q, qg, k_cache, v_cache, n_before, out):
+def _gated_attention(q, qg, k_cache, v_cache, pos, out):
     n, H, d = q.shape
     t = cuda.blockIdx.x // H
     h = cuda.blockIdx.x - t * H
     g = h // (H // k_cache.shape[0])
     warp = cuda.threadIdx.x >> 5
     lane = cuda.threadIdx.x & 31
-    n_kv = n_before + t + 1
+    n_kv = pos[t] + 1
     scale = float32(1.0 / math.sqrt(d))
 
     qv = cuda.local.array(PER_LANE, float32)
@@ -126,14 +126,15 @@ def _gated_attention(q, qg, k_cache, v_cache, n_before, out):
                 out[t, h * d + i] = o / norm / (float32(1.0) + math.exp(-gate))
 
 
-def gated_attention(q, qg, k_cache, v_cache, n_before, out):
+def gated_attention(q, qg, k_cache, v_cache, pos, out):
     """Causal GQA attention for n query rows, gated by σ(gate), into out (n, H·d_h).
 
-    q (n, H, d_h) normed, rotated queries; row t sits at position n_before + t and sees cache
-    positions 0..n_before+t (the cache already holds this call's keys). qg (n, H, 2·d_h) is the
+    q (n, H, d_h) normed, rotated queries; row t sits at position pos[t] (int64 (n,), on the
+    device, so a captured graph reads each step's positions) and sees cache positions
+    0..pos[t] (the cache already holds this call's keys). qg (n, H, 2·d_h) is the
     packed `attn_q` output whose second half per head is the gate. Head h reads KV head
     h // (H / n_head_kv). Scale 1/sqrt(d_h)."""
     n, H, d = q.shape
     if d > MAX_HEAD_DIM:
         raise HybridError(f"GPU attention supports head_dim ≤ {MAX_HEAD_DIM}; this model has {d}")
-    _gated_attention[n * H, 32 * WARPS](q, qg, k_cache, v_cache, int(n_before), out)
+    _gated_attention[n * H, 32 * WARPS, stream()](q, qg, k_cache, v_cache, pos, out)

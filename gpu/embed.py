@@ -17,6 +17,7 @@ from hybrid import ggml_types as gt
 from hybrid.errors import HybridError
 
 from .matvec import SOURCE_STAMP, _specialise
+from .memory import stream
 from .quants import UNITS, LaneUnit
 
 # Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
@@ -88,4 +89,4 @@ def dequantize_rows(wtype: int, w_dev, ids_dev, cols: int, out_dev) -> None:
                           f"do not hold {cols} columns")
     n = ids_dev.shape[0]
     if n:
-        kernel(unit.type.id)[n, 32](w_dev.view(unit.word), w_dev, ids_dev, out_dev, int(cols))
+        kernel(unit.type.id)[n, 32, stream()](w_dev.view(unit.word), w_dev, ids_dev, out_dev, int(cols))

@@ -20,8 +20,8 @@ from numba import cuda, float32
 
 from cpu.moe import expert_groups, route
 
-from . import memory
-from .memory import THREADS
+from . import graphs, memory
+from .memory import THREADS, stream
 from .matvec import matvec as device_matvec
 
 
@@ -43,7 +43,7 @@ def _silu_times(g, u):
 def silu_times(g, u) -> None:
     """g ← SiLU(g) ⊙ u, both (n, F) on the device."""
     if g.size:
-        _silu_times[_blocks(g.size), THREADS](g, u)
+        _silu_times[_blocks(g.size), THREADS, stream()](g, u)
 
 
 def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out, matvec=device_matvec) -> None:
@@ -100,12 +100,15 @@ def _add_gated(out, shared, gate_logit):
         out[i, c] += g * shared[i, c]
 
 
-def moe_ffn(ffn, x, out, matvec, swiglu) -> np.ndarray:
-    """out (n, D) = the MoE FFN of device rows x (n, D); returns the chosen experts (n, k) on the host."""
+def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
+    """out (n, D) = the MoE FFN of device rows x (n, D); the chosen experts go to stats.count."""
+    graphs.require_eager("the device MoE FFN picks its expert launches on the host")
     n, D = x.shape
     logits = memory.scratch("moe_logits", (n, ffn.router.rows))
     matvec(ffn.router.wtype, ffn.router.data, x, logits)
-    experts, weights = route(logits.copy_to_host(), ffn.n_used)
+    experts, weights = route(memory.to_host(logits), ffn.n_used)
+    if stats is not None:
+        stats.count(ffn, experts)
 
     # every (row, rank) slot, grouped by expert: one upload for all the gathers and scatters
     groups = list(expert_groups(experts))
@@ -116,14 +119,14 @@ def moe_ffn(ffn, x, out, matvec, swiglu) -> np.ndarray:
     for e, group_rows, _ in groups:
         m = len(group_rows)
         xe = memory.scratch("moe_xe", (m, D))
-        _gather_rows[_blocks(m * D), THREADS](x, rows, first, xe)
+        _gather_rows[_blocks(m * D), THREADS, stream()](x, rows, first, xe)
         h = memory.scratch("moe_h", (m, ffn.gate.rows))
         swiglu(ffn.gate.wtype, ffn.gate.data[e], ffn.up.wtype, ffn.up.data[e], xe, h)
         ye = memory.scratch("moe_ye", (m, D))
         matvec(ffn.down.wtype, ffn.down.data[e], h, ye)
-        _scatter_rows[_blocks(m * D), THREADS](ye, rows, ranks, first, y)
+        _scatter_rows[_blocks(m * D), THREADS, stream()](ye, rows, ranks, first, y)
         first += m
-    _weighted_sum[_blocks(n * D), THREADS](y, memory.upload(weights), out)
+    _weighted_sum[_blocks(n * D), THREADS, stream()](y, memory.upload(weights), out)
 
     if ffn.shared is not None:
         sh = ffn.shared
@@ -133,5 +136,4 @@ def moe_ffn(ffn, x, out, matvec, swiglu) -> np.ndarray:
         matvec(sh.down.wtype, sh.down.data, h, shared)
         gate_logit = memory.scratch("moe_shared_gate", (n, 1))
         matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
-        _add_gated[_blocks(n * D), THREADS](out, shared, gate_logit)
-    return experts
+        _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)

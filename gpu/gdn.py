@@ -17,7 +17,7 @@ from hybrid.errors import HybridError
 
 from .device import simulated
 from .intrinsics import warp_reduce
-from .memory import THREADS
+from .memory import THREADS, stream
 
 MAX_CONV_KERNEL = 8            # the window lives in registers (every released model has K = 4)
 WARPS = 1 if simulated() else 4
@@ -62,7 +62,7 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
     if w.shape[0] > MAX_CONV_KERNEL:
         raise HybridError(f"GPU conv1d supports kernels ≤ {MAX_CONV_KERNEL}; this model has {w.shape[0]}")
     C = mix.shape[1]
-    _conv1d_silu[-(-C // THREADS), THREADS](mix, w, conv, out, ring_conv)
+    _conv1d_silu[-(-C // THREADS), THREADS, stream()](mix, w, conv, out, ring_conv)
 
 
 @cuda.jit(cache=True)
@@ -150,5 +150,5 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
     if d_k > MAX_STATE:
         raise HybridError(f"GPU delta rule supports state size ≤ {MAX_STATE}; this model has {d_k}")
     blocks = -(-(n_v * -(-d_v // ROWS)) // WARPS)
-    _gated_delta_rule[blocks, 32 * WARPS](u, int(n_k_heads), bool(grouped), b, alpha, ssm_a, dt_bias,
+    _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), b, alpha, ssm_a, dt_bias,
                                           ssm, out, ring_ssm)

@@ -32,6 +32,7 @@ from hybrid import ggml_types as gt
 from hybrid.errors import HybridError
 
 from .device import simulated
+from . import memory
 from .intrinsics import device_function, fma, warp_reduce
 from .quants import UNITS, LaneUnit
 
@@ -247,12 +248,12 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     """out_dev[s, :] = W @ x_dev[s, :] for every slot s; W is `wtype` rows of raw GGUF blocks.
 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
-    (n, rows). Asynchronous on `stream` (default stream when None). `rows_per_warp` is a
+    (n, rows). Asynchronous on `stream` (gpu.memory's stream when None). `rows_per_warp` is a
     tuning knob for benchmarks; it never changes the result.
     """
     unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
     w = w_dev.view(unit.word)
-    launch_stream = 0 if stream is None else stream
+    launch_stream = memory.stream() if stream is None else stream
     for s0 in range(0, n, MAX_SLOTS):
         k = min(MAX_SLOTS, n - s0)
         r = min(rows_per_warp, max(1, MAX_ROWS_X_SLOTS // k)) if rows_per_warp else default_rows_per_warp(k, rows)

@@ -4,17 +4,17 @@
   strides), `fill_zero`, `is_device`.
 * Scratch: `scratch(key, shape)` is a device buffer reused by every call that asks for the same
   key and shape (temporaries inside one op: never held across ops).
-* Staging: `handoff(x, out)` copies the device rows x into pinned host memory and hands
-  (x_host, out_host) to a CPU kernel; on exit out_host goes up into `out`. Pinned memory makes
-  both copies plain DMA (no bounce through a pageable buffer), and the buffers only grow, so
-  steady-state decoding allocates nothing.
+* Staging: `host_call(inputs, outputs, fn)` copies device arrays into pinned host memory, runs
+  a CPU function on them and sends its outputs back up. Pinned memory makes both copies plain
+  DMA (no bounce through a pageable buffer), and the buffers only grow, so steady-state
+  decoding allocates nothing.
 
-Everything runs on the default stream: each copy to or from the host returns once it is done,
-so a CPU kernel never reads rows the GPU is still writing.
+Everything of gpu/ runs in order on ONE stream (`stream()`): kernels and copies are queued
+there, and the host waits for it (`synchronize`) only where it reads device data. One
+explicit stream, not the legacy default one, because CUDA can capture a stream's work into a
+graph (gpu/graphs.py) and cannot capture the legacy default stream.
 """
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 from numba import cuda
@@ -23,6 +23,22 @@ from .device import simulated
 
 # Threads per block of the elementwise kernels (the simulator runs each as a Python thread).
 THREADS = 32 if simulated() else 128
+
+
+_stream = None
+
+
+def stream():
+    """The stream every kernel launch and copy of gpu/ goes to (created on first use)."""
+    global _stream
+    if _stream is None:
+        _stream = cuda.stream()
+    return _stream
+
+
+def synchronize() -> None:
+    """Wait until everything queued on the stream has run."""
+    stream().synchronize()
 
 
 def is_device(a) -> bool:
@@ -40,16 +56,20 @@ def upload(host: np.ndarray):
     """A C-contiguous device copy of a host array. A strided stack (one half of a fused expert
     tensor) goes up slice by slice, so no host copy of the whole stack is made."""
     if host.flags.c_contiguous or host.ndim < 3:
-        return cuda.to_device(np.ascontiguousarray(host))
+        return cuda.to_device(np.ascontiguousarray(host), stream=stream())
     dev = cuda.device_array(host.shape, host.dtype)
     for i in range(host.shape[0]):
-        dev[i].copy_to_device(np.ascontiguousarray(host[i]))
+        dev[i].copy_to_device(np.ascontiguousarray(host[i]), stream=stream())
     return dev
 
 
 def to_host(a) -> np.ndarray:
     """A fresh host ndarray with a's contents (host arrays are returned as they are)."""
-    return a if isinstance(a, np.ndarray) else a.copy_to_host()
+    if isinstance(a, np.ndarray):
+        return a
+    host = a.copy_to_host(stream=stream())
+    synchronize()
+    return host
 
 
 @cuda.jit(cache=True)
@@ -62,7 +82,7 @@ def _fill_zero_kernel(flat):
 def fill_zero(a) -> None:
     if a.size:
         flat = a.reshape(a.size)
-        _fill_zero_kernel[-(-a.size // THREADS), THREADS](flat)
+        _fill_zero_kernel[-(-a.size // THREADS), THREADS, stream()](flat)
 
 
 @cuda.jit(cache=True)
@@ -78,7 +98,8 @@ def copy(dst, src) -> None:
     """dst[...] = src for a device dst; src on the device or the host, same shape.
 
     Contiguous pairs are one memcpy; strided 2-D views (a column block, a KV prefix row) one
-    small kernel; higher ranks go slice by slice along the first axis."""
+    small kernel; higher ranks go slice by slice along the first axis. Asynchronous: a host
+    src is staged by the driver before this returns, so the caller may reuse it at once."""
     if tuple(dst.shape) != tuple(src.shape):
         raise ValueError(f"copy: shapes differ: {dst.shape} vs {src.shape}")
     if dst.size == 0:
@@ -86,11 +107,11 @@ def copy(dst, src) -> None:
     if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)
     if _contiguous(dst) and _contiguous(src):
-        dst.copy_to_device(src)
+        dst.copy_to_device(src, stream=stream())
     elif isinstance(src, np.ndarray):
         copy(dst, upload(src))
     elif dst.ndim == 2:
-        _copy_2d_kernel[-(-dst.size // THREADS), THREADS](dst, src)
+        _copy_2d_kernel[-(-dst.size // THREADS), THREADS, stream()](dst, src)
     else:
         for i in range(dst.shape[0]):
             copy(dst[i], src[i])
@@ -115,33 +136,46 @@ def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
 
 
 class _Pinned:
-    """A growable pinned host buffer; `view(shape)` is a C-contiguous float32 view of its start."""
+    """A growable pinned host buffer; `view(shape, dtype)` is a C-contiguous view of its start."""
 
     def __init__(self):
-        self.flat = np.empty(0, np.float32)
+        self.raw = np.empty(0, np.uint8)
 
-    def view(self, shape: tuple[int, ...]) -> np.ndarray:
-        size = int(np.prod(shape))
-        if size > self.flat.size:
+    def view(self, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape)) * dtype.itemsize
+        if size > self.raw.size:
             # the simulator has no page-locked memory; a plain array behaves the same there
-            self.flat = np.empty(size, np.float32) if simulated() else cuda.pinned_array(size, np.float32)
-        return self.flat[:size].reshape(shape)
+            self.raw = np.empty(size, np.uint8) if simulated() else cuda.pinned_array(size, np.uint8)
+        return self.raw[:size].view(dtype).reshape(shape)
 
 
-_staging = {"in": _Pinned(), "out": _Pinned(), "ffn_hidden": _Pinned()}
+_staging: dict[object, _Pinned] = {}
 
 
-def host_buffer(key: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Pinned float32 host scratch ("in" and "out" are `handoff`'s; "ffn_hidden" is free)."""
-    return _staging[key].view(shape)
+def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+    """Pinned host scratch for `key` (contents undefined; valid until the next request of it)."""
+    return _staging.setdefault(key, _Pinned()).view(tuple(shape), dtype)
 
 
-@contextlib.contextmanager
-def handoff(x, out):
-    """Run a CPU kernel on device rows: yields (x_host, out_host) in pinned memory; on a clean
-    exit out_host is copied into the device array `out`."""
-    x_host = _staging["in"].view(tuple(x.shape))
-    out_host = _staging["out"].view(tuple(out.shape))
-    x.copy_to_host(x_host)
-    yield x_host, out_host
-    out.copy_to_device(out_host)
+def host_call(inputs, outputs, fn) -> None:
+    """Run a CPU function on device arrays: fn(*inputs_host, *outputs_host) gets pinned host
+    copies of the device arrays `inputs` and fills `outputs_host`, which then go up into the
+    device arrays `outputs`.
+
+    This is the one place where a forward waits for the device (the CPU FFN hand-off). Inside
+    a CUDA-graph capture (gpu/graphs.py) it ends one captured segment and starts the next, and
+    fn runs at replay: fn must not keep the host arrays or rely on anything but them."""
+    from . import graphs
+    recorder = graphs.recording()
+    if recorder is not None:
+        recorder.host_call(inputs, outputs, fn)
+        return
+    host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
+    host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]
+    for dev, host in zip(inputs, host_in):
+        dev.copy_to_host(host, stream=stream())
+    synchronize()
+    fn(*host_in, *host_out)
+    for dev, host in zip(outputs, host_out):
+        dev.copy_to_device(host, stream=stream())

@@ -14,6 +14,7 @@ from numba import cuda, float32
 
 from .device import simulated
 from .intrinsics import warp_reduce
+from .memory import stream
 
 # The simulator runs every thread as a Python thread: one warp per block keeps it quick.
 WARPS = 1 if simulated() else 4
@@ -47,7 +48,7 @@ def _rms_norm(x, w, eps, out):
 def rms_norm(x, w, eps, out):
     """out[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps), rows of x (n, D); out may be x."""
     n = x.shape[0]
-    _rms_norm[warp_blocks(n), THREADS](x, w, float(eps), out)
+    _rms_norm[warp_blocks(n), THREADS, stream()](x, w, float(eps), out)
 
 
 @cuda.jit(cache=True)
@@ -76,7 +77,7 @@ def head_rms_norm(x, w, eps, out):
     """Per-head RMSNorm over the first len(w) entries of each head slot of x (n, H, S) into
     out (n, H, d): S = 2·d reads the query half of the packed [query | gate] in place."""
     n, H, _ = x.shape
-    _head_rms_norm[warp_blocks(n * H), THREADS](x, w, float(eps), out)
+    _head_rms_norm[warp_blocks(n * H), THREADS, stream()](x, w, float(eps), out)
 
 
 @cuda.jit(cache=True)
@@ -107,7 +108,7 @@ def _gated_rms_norm(o, z, w, eps, out):
 def gated_rms_norm(o, z, w, eps, out):
     """GDN output norm: per v-head RMSNorm(o_j; w) over d_v, then ⊙ SiLU(z_j); o, z, out (n, H_v·d_v)."""
     n, width = o.shape
-    _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS](o, z, w, float(eps), out)
+    _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS, stream()](o, z, w, float(eps), out)
 
 
 @cuda.jit(cache=True)
@@ -134,4 +135,4 @@ def _l2_norm_heads(x, n_heads, d, eps):
 def l2_norm_heads(x, n_heads, d, eps):
     """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row."""
     n = x.shape[0]
-    _l2_norm_heads[warp_blocks(n * n_heads), THREADS](x, int(n_heads), int(d), float(eps))
+    _l2_norm_heads[warp_blocks(n * n_heads), THREADS, stream()](x, int(n_heads), int(d), float(eps))

@@ -4,7 +4,7 @@ Activations, states and scratch are device arrays. Weights are wherever the plac
 (`hybrid.weights.bind_weights`): the matrix ops look at each weight and run
 * on the device when it is a device array, or
 * on the CPU when it is a host array: the activation rows go down to pinned host memory, the CPU
-  kernel (`cpu.ops`, nogil) runs there, and its result comes back up (`gpu.memory.handoff`).
+  kernel (`cpu.ops`, nogil) runs there, and its result comes back up (`gpu.memory.host_call`).
 Small vectors (norm weights, conv taps, gate constants) always live on the device.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from . import embed, ffn, memory
 from .attention import gated_attention, kv_append
 from .gdn import conv1d_silu, gated_delta_rule
 from .matvec import matvec as device_matvec
-from .memory import THREADS, handoff, is_device
+from .memory import THREADS, host_call, is_device, stream
 
 # Decode-time launches are deliberately small (a few rows, one block per head): numba's
 # low-occupancy warning would fire on most of them and bury the user's output.
@@ -36,26 +36,26 @@ def matvec(wtype: int, w, x, out) -> None:
     if is_device(w):
         device_matvec(wtype, w, x, out)
     else:
-        with handoff(x, out) as (x_host, out_host):
-            host_ops.matvec(wtype, w, x_host, out_host)
+        host_call((x,), (out,), lambda x_host, out_host: host_ops.matvec(wtype, w, x_host, out_host))
 
 
 def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out) -> None:
     """h_out = SiLU(x · W_gateᵀ) · (x · W_upᵀ): the fused CPU kernel when both are on the host."""
     if not is_device(w_gate) and not is_device(w_up):
-        with handoff(x, h_out) as (x_host, h_host):
-            host_ops.swiglu(wtype_gate, w_gate, wtype_up, w_up, x_host, h_host)
+        host_call((x,), (h_out,),
+                  lambda x_host, h_host: host_ops.swiglu(wtype_gate, w_gate, wtype_up, w_up, x_host, h_host))
     else:
         ffn.swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out, matvec=matvec)
 
 
-def moe_ffn(moe, x, out) -> np.ndarray:
-    """The MoE FFN of device rows x into out; returns the chosen experts (n, k) on the host.
-    Wholly on the host when all its weights are there (one hand-off), else on the device."""
+def moe_ffn(moe, x, out, stats=None) -> None:
+    """The MoE FFN of device rows x into out; the chosen experts go to stats.count (a
+    hybrid.forward.MoEStats) when given. Wholly on the host when all its weights are there
+    (one hand-off), else on the device."""
     if not any(is_device(m.data) for m in _matrices(moe)):
-        with handoff(x, out) as (x_host, out_host):
-            return host_ops.moe_ffn(moe, x_host, out_host)
-    return ffn.moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu)
+        host_call((x,), (out,), lambda x_host, out_host: host_ops.moe_ffn(moe, x_host, out_host, stats))
+        return
+    ffn.moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
 
 
 def _matrices(moe):
@@ -86,7 +86,7 @@ def _add_inplace(x, y):
 def add_inplace(x, y) -> None:
     """The residual add: x += y, both (n, D) on the device."""
     if x.size:
-        _add_inplace[-(-x.size // THREADS), THREADS](x, y)
+        _add_inplace[-(-x.size // THREADS), THREADS, stream()](x, y)
 
 
 __all__ = [
@@ -115,8 +115,8 @@ def ptx_targets():
         ("gated_rms_norm", norm._gated_rms_norm, (m2, m2, m1, f64, m2)),
         ("l2_norm_heads", norm._l2_norm_heads, (m2, i64, i64, f64)),
         ("rope_neox", rope._rope_neox, (m3, a(i64, 1), a(f64, 1))),
-        ("kv_append", attention._kv_append, (m3, m3, m3, m3, i64)),
-        ("gated_attention", attention._gated_attention, (m3, m3, m3, m3, i64, m2)),
+        ("kv_append", attention._kv_append, (m3, m3, m3, m3, a(i64, 1))),
+        ("gated_attention", attention._gated_attention, (m3, m3, m3, m3, a(i64, 1), m2)),
         ("conv1d_silu", gdn._conv1d_silu, (m2, m2, m2, m2, m3)),
         ("gated_delta_rule", gdn._gated_delta_rule, (m2, i64, types.boolean, m2, m2, m1, m1, m3, m2, m4)),
         ("add_inplace", _add_inplace, (m2, m2)),

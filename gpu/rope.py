@@ -12,7 +12,7 @@ from numba import cuda, float32, float64
 
 import cpu.rope
 
-from .memory import THREADS, upload
+from .memory import THREADS, stream, upload
 
 
 def rope_inv_freq(n_rot: int, theta: float):
@@ -43,4 +43,4 @@ def rope_neox(x, pos, inv_freq):
     """Rotate x (n, H, d) in place: row t at position pos[t] (int64, device), pairs (i, i + n_rot/2)."""
     items = x.shape[0] * inv_freq.shape[0]
     if items:
-        _rope_neox[-(-items // THREADS), THREADS](x, pos, inv_freq)
+        _rope_neox[-(-items // THREADS), THREADS, stream()](x, pos, inv_freq)

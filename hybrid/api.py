@@ -38,7 +38,7 @@ class Model:
 
     def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
                  threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
-                 overrides: Sequence[str] = (), cpu_only: bool = False):
+                 overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True):
         from .chat_template import ChatTemplate
         from .forward import Forward
         from .placement import plan_for, ring_for_draft
@@ -60,7 +60,7 @@ class Model:
                              ring_for_draft(None, self.has_mtp))
         self.device = self.plan.device
         if self.device == "cuda":
-            self.forward = Forward(self.file, backend="gpu", placement=self.plan.side)
+            self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs)
         else:
             self.forward = Forward(self.file)
         self._mtp = None
@@ -186,11 +186,12 @@ def parse_draft(draft: int | str) -> int:
 
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
          n_ctx: int | None = None, vram: str | int | None = None, overrides: Sequence[str] = (),
-         cpu_only: bool = False) -> Model:
+         cpu_only: bool = False, cuda_graphs: bool = True) -> Model:
     """Open a GGUF model (the bundled tiny model when `path` is None).
 
     device "auto" uses a GPU when one is present (trunk and lm_head there, FFN streamed on the
     CPU as the VRAM budget `vram` allows); `overrides` are llama.cpp-style "REGEX=CPU|GPU" rules.
+    cuda_graphs=False launches every GPU kernel from Python instead of replaying captured steps.
     """
     return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,
-                 cpu_only=cpu_only)
+                 cpu_only=cpu_only, cuda_graphs=cuda_graphs)

@@ -63,6 +63,9 @@ class CPUBackend:
     def ffn_on_host(self, ffn) -> bool:
         return False
 
+    def run_step(self, key, body) -> None:
+        body()
+
     def place_weights(self, weights, model_file, placement: Placement):
         if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
                                          for m in _all_matrices(weights)):
@@ -74,16 +77,18 @@ class CPUBackend:
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, ops=None):
+    def __init__(self, ops=None, cuda_graphs: bool = True):
         from gpu.device import require_cuda
         require_cuda()
         import cpu.ops
+        import gpu.graphs
         import gpu.memory
         if ops is None:
             import gpu.ops as ops
         self.ops = ops
         self.host_ops = cpu.ops
         self.memory = gpu.memory
+        self.graphs = gpu.graphs.StepGraphs(enabled=cuda_graphs)
 
     def zeros(self, shape, dtype=np.float32):
         return self.memory.zeros(shape, dtype)
@@ -109,9 +114,13 @@ class GPUBackend:
         """True when every matrix of this FFN stayed in host memory: run it there in one hand-off."""
         return not any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn))
 
-    def handoff(self, x, out):
-        """Context manager: (x_host, out_host) pinned copies of device rows x; out_host goes up to out."""
-        return self.memory.handoff(x, out)
+    def host_call(self, inputs, outputs, fn) -> None:
+        """fn(*inputs_host, *outputs_host) on pinned host copies of device arrays; the outputs go back up."""
+        self.memory.host_call(inputs, outputs, fn)
+
+    def run_step(self, key, body) -> None:
+        """Run body (GPU work and host calls); a step seen before replays as a CUDA graph."""
+        self.graphs.run(key, body)
 
     def host_scratch(self, shape) -> np.ndarray:
         """Pinned float32 host scratch for the FFN hidden of a hand-off."""
@@ -123,14 +132,14 @@ class GPUBackend:
         return place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
 
 
-def make_backend(backend="cpu", ops=None):
+def make_backend(backend="cpu", ops=None, cuda_graphs: bool = True):
     """A backend object from its name ("cpu" | "gpu"), or the object itself."""
     if not isinstance(backend, str):
         return backend
     if backend == "cpu":
         return CPUBackend(ops)
     if backend == "gpu":
-        return GPUBackend(ops)
+        return GPUBackend(ops, cuda_graphs)
     raise HybridError(f"unknown backend {backend!r}; choose 'cpu' or 'gpu'")
 
 

@@ -18,6 +18,7 @@ forward() returns host arrays.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -31,14 +32,16 @@ from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, 
                       lm_head)
 
 LOGITS_MODES = ("last", "all", "none")
+_identities = itertools.count()
 _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k, prompt chunk, last chunk
 
 
 class Forward:
-    def __init__(self, model_file, ops=None, backend="cpu", placement=None):
+    def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
-        own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py)."""
-        self.backend = make_backend(backend, ops)
+        own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
+        cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py)."""
+        self.backend = make_backend(backend, ops, cuda_graphs)
         self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
         self.config: ModelConfig = model_file.config
@@ -67,28 +70,32 @@ class Forward:
         state.check_fits(n)
         if snapshot:
             state.check_ring(n)
-        ops, c, w, b = self.ops, self.config, self.weights, self.backend
+        c, w, b = self.config, self.weights, self.backend
         s = self._scratch_for(n)
         b.copy(s.pos, np.arange(state.n_past, state.n_past + n))
-        self.last_moe_stats = MoEStats()
-        x = s.x
-        b.copy(x, embed_tokens(w, ids, ops))
+        self.last_moe_stats.reset()
+        b.copy(s.x, embed_tokens(w, ids, self.ops))
+        hidden = b.result("hidden", (n, c.n_embd))
+        out = None if logits == "none" else b.result("logits", (n if logits == "all" else 1, c.n_vocab))
+        # Everything from here to the logits reads only device buffers that stay put for this
+        # (call size, state): the GPU backend may capture it once as a CUDA graph and replay it.
+        b.run_step((n, snapshot, logits, state.identity, s.identity),
+                   lambda: self._layers_and_head(state, s, snapshot, hidden, out))
+        state.advance(n, snapshot)
+        return (None if out is None else b.to_host(out)), b.to_host(hidden)
+
+    def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out) -> None:
+        ops, c, w = self.ops, self.config, self.weights
         for layer in w.layers:
-            ops.rms_norm(x, layer.attn_norm, c.rms_eps, s.a)
+            ops.rms_norm(s.x, layer.attn_norm, c.rms_eps, s.a)
             if isinstance(layer, GDNLayer):
                 self._gdn(layer, state, s, snapshot)
             else:
-                self._attention(layer, state.kv[layer.index], state.n_past, s)
+                self._attention(layer, state.kv[layer.index], s)
             self._residual_ffn(layer, s)
-        hidden = b.result("hidden", (n, c.n_embd))
-        ops.rms_norm(x, w.output_norm, c.rms_eps, hidden)
-        state.advance(n, snapshot)
-        if logits == "none":
-            return None, b.to_host(hidden)
-        rows = hidden if logits == "all" else hidden[n - 1:]
-        out = b.result("logits", (rows.shape[0], c.n_vocab))
-        lm_head(w, rows, out, ops)
-        return b.to_host(out), b.to_host(hidden)
+        ops.rms_norm(s.x, w.output_norm, c.rms_eps, hidden)
+        if out is not None:
+            lm_head(w, hidden[hidden.shape[0] - out.shape[0]:], out, ops)
 
     def attention_block(self, layer: AttentionLayer, x: np.ndarray, kv, n_before: int) -> None:
         """One full-attention block on rows x (n, D) in place, at positions n_before.., over the
@@ -97,10 +104,10 @@ class Forward:
         b = self.backend
         s = self._scratch_for(x.shape[0])
         b.copy(s.pos, np.arange(n_before, n_before + x.shape[0]))
-        self.last_moe_stats = MoEStats()
+        self.last_moe_stats.reset()
         b.copy(s.x, x)
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
-        self._attention(layer, kv, n_before, s)
+        self._attention(layer, kv, s)
         self._residual_ffn(layer, s)
         b.copy(x, s.x)
 
@@ -113,7 +120,7 @@ class Forward:
         self._ffn(layer.ffn, s)
         ops.add_inplace(s.x, s.m)
 
-    def _attention(self, layer: AttentionLayer, kv, n_before: int, s: "_Scratch") -> None:
+    def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config
         mv = ops.matvec
         mv(layer.q.wtype, layer.q.data, s.a, s.qg)
@@ -124,8 +131,8 @@ class Forward:
         ops.rope_neox(s.q, s.pos, self.inv_freq)
         ops.rope_neox(s.k3, s.pos, self.inv_freq)
         k_cache, v_cache = kv
-        ops.kv_append(s.k3, s.v3, k_cache, v_cache, n_before)
-        ops.gated_attention(s.q, s.qg3, k_cache, v_cache, n_before, s.attn)
+        ops.kv_append(s.k3, s.v3, k_cache, v_cache, s.pos)
+        ops.gated_attention(s.q, s.qg3, k_cache, v_cache, s.pos, s.attn)
         mv(layer.o.wtype, layer.o.data, s.attn, s.m)
 
     def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool) -> None:
@@ -150,8 +157,8 @@ class Forward:
         sends the rows down, runs the CPU op set on them, and sends the result back up."""
         b = self.backend
         if b.ffn_on_host(ffn):
-            with b.handoff(s.a, s.m) as (a, m):
-                self._run_ffn(b.host_ops, ffn, a, b.host_scratch(s.h.shape), m)
+            host_ops, h_shape = b.host_ops, s.h.shape
+            b.host_call((s.a,), (s.m,), lambda a, m: self._run_ffn(host_ops, ffn, a, b.host_scratch(h_shape), m))
         else:
             self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
 
@@ -160,7 +167,7 @@ class Forward:
             ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, a, h)
             ops.matvec(ffn.down.wtype, ffn.down.data, h, m)
         else:
-            self.last_moe_stats.count(ffn, ops.moe_ffn(ffn, a, m))
+            ops.moe_ffn(ffn, a, m, self.last_moe_stats)
 
     # --- helpers --------------------------------------------------------------------------------
     def check_tokens(self, token_ids) -> np.ndarray:
@@ -195,6 +202,10 @@ class MoEStats:
     expert_bytes_read: int = 0      # distinct selected experts' bytes, summed over layers
     expert_bytes_per_row: int = 0   # n × k × one expert's bytes, summed over layers
 
+    def reset(self) -> None:
+        """Start counting a new call (in place: a captured step's host calls hold this object)."""
+        self.rows = self.expert_bytes_read = self.expert_bytes_per_row = 0
+
     def count(self, ffn: MoEFFN, experts: np.ndarray) -> None:
         self.rows += experts.shape[0]
         self.expert_bytes_read += len(np.unique(experts)) * ffn.expert_bytes
@@ -209,7 +220,8 @@ class MoEStats:
 @dataclass
 class _Scratch:
     """Activation buffers for one call size n (float32, n rows; backend arrays); 3-D names are
-    views of 2-D ones."""
+    views of 2-D ones. `identity` tells a captured step which buffers it was recorded with."""
+    identity: int
     pos: np.ndarray            # (n,) int64 token positions
     x: np.ndarray              # (n, D) the residual stream
     a: np.ndarray              # (n, D) normed input of the mixer / FFN
@@ -238,6 +250,7 @@ class _Scratch:
         D, H, Hkv, dh = c.n_embd, c.n_head, c.n_head_kv, c.head_dim
         qg, k, v = buf(2 * H * dh), buf(Hkv * dh), buf(Hkv * dh)
         return cls(
+            identity=next(_identities),
             pos=zeros(n, np.int64),
             x=buf(D), a=buf(D), m=buf(D), h=buf(max(c.n_ff, 1)),
             qg=qg, qg3=qg.reshape(n, H, 2 * dh), q=buf(H, dh), k=k, k3=k.reshape(n, Hkv, dh),

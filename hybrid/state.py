@@ -14,6 +14,7 @@ CPU, device arrays on the GPU); save/load go through host copies either way.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import zipfile
@@ -25,6 +26,7 @@ from .errors import HybridError
 
 DEFAULT_N_CTX = 4096
 STATE_FORMAT = 1                # bump when the saved layout changes
+_identities = itertools.count()
 
 
 class SessionState:
@@ -39,6 +41,7 @@ class SessionState:
         self.config, self.n_ctx, self.n_ring = c, int(n_ctx), int(n_ring)
         self.n_past = 0
         self.mtp_n_past = 0
+        self.identity = next(_identities)     # buffers never move: a captured step may key on this
         kv_shape = (c.n_head_kv, self.n_ctx, c.head_dim)
         attn_layers = [i for i in range(c.n_layer) if not c.is_recurrent(i)]
         gdn_layers = [i for i in range(c.n_layer) if c.is_recurrent(i)]

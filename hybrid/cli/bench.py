@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ..errors import HybridError
 from . import app
-from .common import (CpuOnlyOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt, VramOpt,
+from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt, VramOpt,
                      load_model, pick_model)
 
 FORMATS = ("md", "csv", "json")
@@ -33,6 +33,7 @@ def bench(
     vram: Optional[str] = VramOpt,
     cpu_only: bool = CpuOnlyOpt,
     overrides: List[str] = OverrideTensorOpt,
+    cuda_graphs: bool = CudaGraphsOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
@@ -49,7 +50,7 @@ def bench(
         parse_draft(d)                      # reject bad depths before loading anything
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
-                   vram=vram, cpu_only=cpu_only, overrides=overrides)
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
     rows = []
     for n in n_prompt:
         if n > 0:

@@ -12,7 +12,7 @@ from rich.console import Console
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (CpuOnlyOpt, CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
+from .common import (CpuOnlyOpt, CudaGraphsOpt, CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
                      OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
                      load_model, pick_model)
 from .display import LiveStream, drive
@@ -71,6 +71,7 @@ def decode(
     vram: Optional[str] = VramOpt,
     cpu_only: bool = CpuOnlyOpt,
     overrides: List[str] = OverrideTensorOpt,
+    cuda_graphs: bool = CudaGraphsOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
 ) -> None:
     """Generate text from a prompt, streaming it with live prefill and decode speed.
@@ -83,7 +84,7 @@ def decode(
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
-                   vram=vram, cpu_only=cpu_only, overrides=overrides)
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,

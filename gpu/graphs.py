@@ -1,0 +1,200 @@
+"""CUDA graphs for the forward's GPU work: capture a step's launches once, replay them after.
+
+Launching a Numba kernel from Python costs tens of microseconds (argument marshalling), and a
+decode step launches ~15 kernels per layer: on a 64-layer model that is tens of milliseconds of
+Python per token, more than the GPU work itself. A CUDA graph records the launches of one step
+and replays them with one driver call, with the arguments (device pointers, sizes) baked in.
+
+So a step may only be captured when every argument is the same at each replay: the same
+activation and state buffers (the caller keys a graph by call size and the state it steps),
+and no host value that changes per step — positions are read from a device array on the
+device. The CPU FFN hand-off (`memory.host_call`) cannot be inside a graph: the host must wait
+for the rows, run the CPU kernel and send its result back. A step is therefore a list of
+segments: graph, host call, graph, host call, ..., graph. The host call's copies are part
+of the graphs (the D2H at the end of one segment, the H2D at the start of the next) through
+pinned buffers that are never reallocated, so their addresses stay valid.
+
+Recording does not run anything: launches and copies are only captured, host calls only
+remembered, then the step is replayed. An op that cannot be captured (one that reads device
+data on the host mid-step, like the MoE FFN with experts on the device) makes the capture
+fail before anything ran; that step then stays eager (`run` falls back and remembers it).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+from numba import cuda
+
+from . import memory
+from .device import simulated
+
+_KEPT = 16          # step graphs kept per cache: decode, a few verify sizes, prompt chunks
+
+
+class NotCapturable(RuntimeError):
+    """Raised inside a capture by an op that needs the host mid-step."""
+
+
+def _check(result):
+    """cuda.bindings calls return (error, *values): raise on an error, return the values."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        from cuda.bindings import driver as cu
+        raise NotCapturable(f"CUDA graph call failed: {cu.cuGetErrorName(err)[1].decode()}")
+    return values[0] if len(values) == 1 else values
+
+
+class StepGraph:
+    """A captured step: segments (executable graph, host call or None), run in order."""
+
+    def __init__(self):
+        self.segments: list[tuple[object, Callable[[], None] | None]] = []
+
+    def replay(self) -> None:
+        from cuda.bindings import driver as cu
+        handle = memory.stream().handle
+        for graph_exec, host_call in self.segments:
+            _check(cu.cuGraphLaunch(graph_exec, handle))
+            if host_call is not None:
+                memory.synchronize()
+                host_call()
+
+    def close(self) -> None:
+        from cuda.bindings import driver as cu
+        for graph_exec, _ in self.segments:
+            cu.cuGraphExecDestroy(graph_exec)
+        self.segments.clear()
+
+
+class _Recorder:
+    """Captures the stream into consecutive graphs, cutting at each host call."""
+
+    def __init__(self):
+        self.step = StepGraph()
+
+    def begin(self) -> None:
+        from cuda.bindings import driver as cu
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        _check(cu.cuStreamBeginCapture(memory.stream().handle, mode))
+
+    def end(self, host_call) -> None:
+        from cuda.bindings import driver as cu
+        graph = _check(cu.cuStreamEndCapture(memory.stream().handle))
+        try:
+            graph_exec = _check(cu.cuGraphInstantiate(graph, 0))
+        finally:
+            cu.cuGraphDestroy(graph)
+        self.step.segments.append((graph_exec, host_call))
+
+    def abort(self) -> None:
+        """End a capture that failed; whatever it recorded is dropped."""
+        from cuda.bindings import driver as cu
+        status = cu.cuStreamIsCapturing(memory.stream().handle)
+        if int(status[0]) == 0 and int(status[1]) != 0:      # still capturing (or invalidated)
+            result = cu.cuStreamEndCapture(memory.stream().handle)
+            if int(result[0]) == 0 and result[1] is not None:
+                cu.cuGraphDestroy(result[1])
+        self.step.close()
+
+    def host_call(self, inputs, outputs, fn) -> None:
+        stream = memory.stream()
+        host_in = [self._pinned("in", i, a) for i, a in enumerate(inputs)]
+        host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
+        for dev, host in zip(inputs, host_in):
+            dev.copy_to_host(host, stream=stream)
+        self.end(lambda: fn(*host_in, *host_out))
+        self.begin()
+        for dev, host in zip(outputs, host_out):
+            dev.copy_to_device(host, stream=stream)
+
+    @staticmethod
+    def _pinned(kind: str, i: int, a) -> np.ndarray:
+        """Staging for a captured copy. Host calls run one after another, so all steps share it;
+        keyed by exact shape, so it is never regrown (a graph keeps its address)."""
+        shape, dtype = tuple(a.shape), np.dtype(a.dtype)
+        return memory.host_buffer(("graph", kind, i, shape, dtype.str), shape, dtype)
+
+
+_recorder: _Recorder | None = None
+
+
+def recording() -> _Recorder | None:
+    """The capture in progress, if any (memory.host_call asks)."""
+    return _recorder
+
+
+def require_eager(why: str) -> None:
+    """Called by an op that cannot run inside a graph: fails the capture in progress."""
+    if _recorder is not None:
+        raise NotCapturable(why)
+
+
+def capture(body: Callable[[], None]) -> StepGraph:
+    """Record body's GPU work (and host calls) as a StepGraph without running any of it."""
+    global _recorder
+    rec = _Recorder()
+    _recorder = rec
+    try:
+        with cuda.defer_cleanup():           # no frees while the stream is being captured
+            rec.begin()
+            body()
+            rec.end(None)
+    except Exception as e:       # any failure inside a capture: nothing ran, so stay eager
+        rec.abort()
+        raise e if isinstance(e, NotCapturable) else NotCapturable(str(e)) from e
+    except BaseException:
+        rec.abort()
+        raise
+    finally:
+        _recorder = None
+    return rec.step
+
+
+class StepGraphs:
+    """A cache of captured steps by key. `run(key, body)`: the first call of a key runs body
+    eagerly (it compiles kernels and allocates scratch, neither of which may happen inside a
+    capture); the second captures it; later ones replay. Steps that cannot be captured stay
+    eager. With enabled=False (or under the CUDA simulator, which has no graphs) body always
+    runs eagerly."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled and not simulated()
+        self._graphs: OrderedDict[object, StepGraph] = OrderedDict()
+        self._seen: set = set()
+        self._eager: set = set()
+        self.captures = 0            # how many steps were captured (tests, benchmarks)
+        self.replays = 0
+
+    def run(self, key, body: Callable[[], None]) -> None:
+        if not self.enabled or key in self._eager:
+            body()
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            if key not in self._seen:
+                self._seen.add(key)
+                body()
+                return
+            try:
+                graph = capture(body)
+            except NotCapturable:
+                self._eager.add(key)
+                body()
+                return
+            self.captures += 1
+            self._graphs[key] = graph
+            while len(self._graphs) > _KEPT:
+                self._graphs.popitem(last=False)[1].close()
+        else:
+            self._graphs.move_to_end(key)
+        graph.replay()
+        self.replays += 1
+
+    def clear(self) -> None:
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        self._seen.clear()
+
