@@ -21,6 +21,7 @@ fail before anything ran; that step then stays eager (`run` falls back and remem
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -52,14 +53,24 @@ class StepGraph:
     def __init__(self):
         self.segments: list[tuple[object, Callable[[], None] | None]] = []
 
-    def replay(self) -> None:
+    def replay(self, seconds: dict[str, float]) -> None:
+        """Run the step; adds to seconds["gpu"] the time the host waited for the graphs (GPU
+        work and the hand-off copies) and to seconds["cpu"] the host calls' time."""
         from cuda.bindings import driver as cu
         handle = memory.stream().handle
+        t0 = time.perf_counter()
         for graph_exec, host_call in self.segments:
             _check(cu.cuGraphLaunch(graph_exec, handle))
             if host_call is not None:
                 memory.synchronize()
+                t1 = time.perf_counter()
                 host_call()
+                t2 = time.perf_counter()
+                seconds["gpu"] += t1 - t0
+                seconds["cpu"] += t2 - t1
+                t0 = t2
+        memory.synchronize()
+        seconds["gpu"] += time.perf_counter() - t0
 
     def close(self) -> None:
         from cuda.bindings import driver as cu
@@ -166,6 +177,9 @@ class StepGraphs:
         self._eager: set = set()
         self.captures = 0            # how many steps were captured (tests, benchmarks)
         self.replays = 0
+        # where replayed steps spent their time: waiting for the GPU (kernels and hand-off
+        # copies), in host calls (the CPU FFN), and in all (the rest is Python between them)
+        self.seconds = {"gpu": 0.0, "cpu": 0.0, "all": 0.0}
 
     def run(self, key, body: Callable[[], None]) -> None:
         if not self.enabled or key in self._eager:
@@ -189,7 +203,9 @@ class StepGraphs:
                 self._graphs.popitem(last=False)[1].close()
         else:
             self._graphs.move_to_end(key)
-        graph.replay()
+        t0 = time.perf_counter()
+        graph.replay(self.seconds)
+        self.seconds["all"] += time.perf_counter() - t0
         self.replays += 1
 
     def clear(self) -> None:

@@ -76,7 +76,7 @@ class FakeStep:
     def __init__(self, body):
         self.body, self.closed = body, False
 
-    def replay(self):
+    def replay(self, seconds):
         self.body()
 
     def close(self):

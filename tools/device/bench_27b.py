@@ -19,6 +19,7 @@ verify step reads the same bytes as one token, so its roofline is the same time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -116,19 +117,28 @@ def _timed_parts(forward, totals: dict[str, float]):
 
 
 def time_split(model, k: int, reps: int) -> dict[str, float]:
-    """Share of one k-token verify step spent in FFN, GDN, attention, lm_head and the rest."""
+    """Share of one k-token verify step spent in FFN, GDN, attention, lm_head and the rest; for
+    steps replayed as CUDA graphs (their layer loop does not run in Python): waiting for the GPU
+    (kernels + hand-off copies), the CPU FFN host calls, and the rest (Python, embedding, logits)."""
     state = model.forward.new_state(reps + k + 8, n_ring=k)
     ids = np.arange(1, k + 1, dtype=np.int32) % model.config.n_vocab
-    model.forward.forward(state, ids, logits="all", snapshot=True)      # scratch sized, kernels warm
-    state.rollback(1)
+    for _ in range(2):                 # scratch sized, kernels warm, the step captured if it can be
+        model.forward.forward(state, ids, logits="all", snapshot=True)
+        state.rollback(1)
+    graphs = getattr(model.forward.backend, "graphs", None)
+    replayed = graphs is not None and graphs.enabled and graphs.replays > 0
     totals: dict[str, float] = {}
+    before = dict(graphs.seconds) if replayed else {}
     wall = 0.0
-    with _timed_parts(model.forward, totals):
+    with (contextlib.nullcontext() if replayed else _timed_parts(model.forward, totals)):
         for _ in range(reps):
             t0 = time.perf_counter()
             model.forward.forward(state, ids, logits="all", snapshot=True)
             wall += time.perf_counter() - t0
             state.rollback(1)
+    if replayed:
+        totals = {"gpu+copies": graphs.seconds["gpu"] - before["gpu"],
+                  "cpu ffn": graphs.seconds["cpu"] - before["cpu"]}
     totals["other"] = max(wall - sum(totals.values()), 0.0)
     return {name: t / wall for name, t in totals.items()}
 
@@ -140,6 +150,12 @@ def measure(model, mode: str, roof_ffn: float, roof_all: float, args) -> tuple[l
         return Row(mode, test, seconds, tokens / seconds, 100 * roof_ffn / seconds, 100 * roof_all / seconds, note)
 
     rows = [row(f"plain tg{args.n_gen}", time_plain(model, args.n_gen, args.reps), 1)]
+    graphs = getattr(model.forward.backend, "graphs", None)
+    if graphs is not None and graphs.enabled:          # the same decode launching every kernel from Python
+        graphs.enabled = False
+        rows.append(row(f"no-graphs tg{args.n_gen}", time_plain(model, args.n_gen, args.reps), 1,
+                        "--no-cuda-graphs"))
+        graphs.enabled = True
     step1 = None
     for k in VERIFY_KS:
         step = time_verify(model, k, args.reps)
