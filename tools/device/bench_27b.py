@@ -219,6 +219,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--threads", "-t", type=int, default=None)
     p.add_argument("--bandwidth-bytes", default=None, help="probe buffer (default max(1GiB, 8x LLC))")
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
+    p.add_argument("--hybrid-only", action="store_true", help="skip the CPU-only rows")
     args = p.parse_args(argv)
 
     import hybrid
@@ -246,9 +247,11 @@ def main(argv: list[str]) -> int:
             "bytes_ffn_hybrid": format_size(hybrid_plan.ffn_per_token(CPU)),
             "roof_all_cpu": every_cpu.per_token(CPU) / bw, "roof_ffn_cpu": every_cpu.ffn_per_token(CPU) / bw,
             "roof_ffn_hybrid": hybrid_plan.ffn_per_token(CPU) / bw}
-    print("measuring CPU-only decode…", flush=True)
-    rows, split = measure(model, "cpu", info["roof_ffn_cpu"], info["roof_all_cpu"], args)
-    splits = {"cpu": split}
+    rows, splits = [], {}
+    if not args.hybrid_only:
+        print("measuring CPU-only decode…", flush=True)
+        rows, splits["cpu"] = measure(model, "cpu", info["roof_ffn_cpu"], info["roof_all_cpu"], args)
+    del model
 
     # ==== HYBRID (GPU) ROWS: filled in by the GPU backend; skipped while it is missing ====
     gpu_model, why = load_hybrid(args.model, args.vram, threads)
