@@ -63,16 +63,16 @@ def time_plain(model, n_gen: int, reps: int) -> float:
 def time_verify(model, k: int, reps: int) -> float:
     """Median seconds of one k-token verify forward (all logits, snapshotting), as speculative
     decoding runs it; each step is rolled back to one kept token, so positions barely move."""
-    state = model.forward.new_state(reps + k + 8, n_ring=max(k, 1))
+    state = model.forward.new_state(reps + k + 9, n_ring=max(k, 1))
     model.forward.forward(state, np.zeros(1, np.int32), logits="last")
     ids = np.arange(1, k + 1, dtype=np.int32) % model.config.n_vocab
     times = []
-    for _ in range(reps + 1):                      # the first call sizes the scratch: not timed
+    for _ in range(reps + 2):      # the first call sizes the scratch, the second captures a graph
         t0 = time.perf_counter()
         model.forward.forward(state, ids, logits="all", snapshot=True)
         times.append(time.perf_counter() - t0)
         state.rollback(1)
-    return statistics.median(times[1:])
+    return statistics.median(times[2:])
 
 
 def time_draft(model, n_gen: int, depth: int, reps: int) -> tuple[float, float, dict]:
