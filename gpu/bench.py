@@ -1,4 +1,8 @@
-"""GPU memory bandwidth and matvec throughput, timed on the device with CUDA events.
+"""GPU memory bandwidth, matvec and GEMM throughput, host→device copy rate, timed on the device
+with CUDA events.
+
+    python -m gpu.bench --gemm [--quick]    # prompt-chunk GEMMs of a dense 27B's FFN, every tile
+    python -m gpu.bench --h2d               # host→device GB/s: pinned, registered, pageable
 
 Timing trick: a one-thread kernel first sleeps for a few milliseconds on the stream while Python
 enqueues the start event, the timed launches and the end event behind it. The events then measure
@@ -7,6 +11,7 @@ fuse separately). A result is flagged when enqueueing outlasted the sleep.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -15,6 +20,7 @@ from numba import cuda, uint32
 
 from hybrid import ggml_types as gt
 
+from . import gemm as gemm_module
 from .intrinsics import load_u32x4
 from .matvec import MAX_ROWS_X_SLOTS, default_rows_per_warp, kernel, matvec
 
@@ -164,3 +170,109 @@ def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
             results.append(MatvecResult(t.name, rows, cols, n, r, used,
                                         nbytes / timing.seconds / 1e9, timing.flagged, regs))
     return results
+
+
+# --- prompt-chunk GEMMs ---------------------------------------------------------------------------
+
+# (type, rows, cols): a dense 27B's FFN gate/up and down (Q4_K_M stores down as Q6_K or Q4_K)
+GEMM_SHAPES = [(gt.Q4_K, 17408, 5120), (gt.Q6_K, 5120, 17408), (gt.Q4_K, 5120, 17408)]
+GEMM_ROWS = (256, 2048)      # the prefill chunk now, and a whole 2048-token prompt in one call
+
+
+@dataclass
+class GemmResult:
+    type: str
+    rows: int
+    cols: int
+    n: int
+    tile: str
+    chosen: bool            # the tile gpu.gemm.choose_tile picks for this shape
+    seconds: float
+    tflops: float           # 2·rows·cols·n / seconds
+    flagged: bool
+    registers: int
+
+
+def bench_gemm(t: gt.GGMLType, rows: int, cols: int, n_rows=GEMM_ROWS) -> list[GemmResult]:
+    """Every tile of gpu.gemm on one weight shape, for each row count."""
+    w = random_weights(t, rows, cols)
+    rng = np.random.default_rng(0)
+    results = []
+    for n in n_rows:
+        x = cuda.to_device(rng.standard_normal((n, cols)).astype(np.float32))
+        out = cuda.device_array((n, rows), np.float32)
+        chosen = gemm_module.choose_tile(rows, n)
+        for tile in gemm_module.TILES:
+            timing = time_launches(lambda: gemm_module.gemm(t.id, w, x, out, tile=tile), repeats=5)
+            regs = max(gemm_module.kernel(t.id, tile).get_regs_per_thread().values())
+            results.append(GemmResult(t.name, rows, cols, n, tile.name, tile == chosen, timing.seconds,
+                                      2 * rows * cols * n / timing.seconds / 1e12, timing.flagged, regs))
+    return results
+
+
+def print_gemm(quick: bool = False) -> None:
+    shapes = [(t, r // 4, c) for t, r, c in GEMM_SHAPES] if quick else GEMM_SHAPES
+    print(f"{'type':5s} {'rows x cols':>12s} {'n':>5s} {'tile':>8s} {'ms':>8s} {'TFLOPS':>7s} regs")
+    best: dict[tuple, float] = {}
+    for t, rows, cols in shapes:
+        for res in bench_gemm(t, rows, cols):
+            mark = "<" if res.chosen else " "
+            print(f"{res.type:5s} {f'{rows}x{cols}':>12s} {res.n:5d} {res.tile:>8s} {res.seconds * 1e3:8.3f} "
+                  f"{res.tflops:7.2f} {res.registers:4d} {mark}{'*' if res.flagged else ''}")
+            if res.chosen:
+                best[(t.name, rows, cols, res.n)] = res.seconds
+    # one dense layer's FFN at each n: gate + up (the first shape twice) + down (Q6_K)
+    gate, down = shapes[0], shapes[1]
+    for n in GEMM_ROWS:
+        layer = 2 * best[(gate[0].name, gate[1], gate[2], n)] + best[(down[0].name, down[1], down[2], n)]
+        print(f"FFN layer, n={n}: {layer * 1e3:.2f} ms (chosen tiles) -> 64 such layers: "
+              f"{n / (64 * layer):.0f} tokens/s for the FFN GEMMs alone")
+    print("'<' the tile gpu.gemm.choose_tile picks; '*' time may include idle gaps")
+
+
+# --- host→device copies -----------------------------------------------------------------------------
+
+def host_to_device(nbytes: int = 1 << 30) -> dict[str, float]:
+    """GB/s of one nbytes host→device copy from a pinned buffer, from a pageable buffer
+    registered with cuMemHostRegister (what gpu.weight_stream does with the mapped file) and
+    from plain pageable memory."""
+    from .weight_stream import register_host_ranges, unregister_host_ranges
+    dev = cuda.device_array(nbytes, np.uint8)
+    stream = cuda.stream()
+
+    def rate(host) -> float:
+        dev.copy_to_device(host, stream=stream)       # warm
+        stream.synchronize()
+        start, end = cuda.event(timing=True), cuda.event(timing=True)
+        start.record(stream)
+        dev.copy_to_device(host, stream=stream)
+        end.record(stream)
+        end.synchronize()
+        return nbytes / (start.elapsed_time(end) / 1e3) / 1e9
+
+    result = {"pinned": rate(cuda.pinned_array(nbytes, np.uint8))}
+    pageable = np.ones(nbytes, np.uint8)
+    bases, why = register_host_ranges([pageable])
+    result["registered"] = rate(pageable) if why is None else float("nan")
+    unregister_host_ranges(bases)
+    result["pageable"] = rate(pageable)
+    if why is not None:
+        print(f"registration failed: {why}")
+    return result
+
+
+def main(argv: list[str]) -> int:
+    from .device import require_cuda
+    require_cuda()
+    if "--gemm" in argv:
+        print_gemm(quick="--quick" in argv)
+    if "--h2d" in argv:
+        rates = host_to_device()
+        print("host->device GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
+    if not {"--gemm", "--h2d"} & set(argv):
+        print(__doc__)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -250,8 +250,18 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
     (n, rows). Asynchronous on `stream` (gpu.memory's stream when None). `rows_per_warp` is a
     tuning knob for benchmarks; it never changes the result.
+
+    Calls of gpu.gemm.GEMM_MIN_ROWS rows or more (prompt chunks) go to the tiled GEMM, which
+    reads each weight once per tile of rows instead of once per 8 slots: its rows have the
+    GEMM's bits (the same in every GEMM call), not a one-slot call's. A `rows_per_warp`
+    (benchmarks) keeps any call on this kernel.
     """
     unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
+    if rows_per_warp is None:
+        from . import gemm       # imported here: gpu.gemm builds on this module
+        if n >= gemm.GEMM_MIN_ROWS:
+            gemm.gemm(wtype, w_dev, x_dev, out_dev, stream)
+            return
     w = w_dev.view(unit.word)
     launch_stream = memory.stream() if stream is None else stream
     for s0 in range(0, n, MAX_SLOTS):

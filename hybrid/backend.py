@@ -6,7 +6,9 @@ arrays, and places weights. Two of them:
 * `CPUBackend`: numpy arrays, the `cpu.ops` kernels; every method is the plain numpy idiom.
 * `GPUBackend`: device arrays and the `gpu.ops` kernels for the trunk; the FFN of a layer whose
   weights stay in host memory runs on the CPU through one hand-off (its input rows go down to
-  pinned host memory, `cpu.ops` runs there, the result goes back up: DESIGN.md §3).
+  pinned host memory, `cpu.ops` runs there, the result goes back up: DESIGN.md §3), except in
+  calls of many rows (prompt chunks): there the layer's weights are copied to the device and
+  the FFN runs there (`gpu.weight_stream`), one transfer instead of n rows of CPU work.
 
 Placement: which matrices a GPU backend uploads. `placement` is a function tensor name →
 "gpu" | "cpu" (e.g. `hybrid.placement.Plan.side`), a mapping name → side (missing: "cpu"), a
@@ -16,6 +18,7 @@ FFN matrices (role "ffn" in `hybrid.layout`) goes to the GPU. Small vectors
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 
 import numpy as np
@@ -77,18 +80,30 @@ class CPUBackend:
 class GPUBackend:
     name = "gpu"
 
-    def __init__(self, ops=None, cuda_graphs: bool = True):
+    def __init__(self, ops=None, cuda_graphs: bool = True, stream_weights: bool = True,
+                 stream_min_rows: int | None = None, register_host_memory: bool = True):
+        """stream_weights: run the host FFNs of calls with ≥ stream_min_rows rows on the device on
+        streamed weights (None: gpu.weight_stream.STREAM_MIN_ROWS); register_host_memory=False
+        stages those copies through pinned buffers instead of page-locking the mapped file."""
         from gpu.device import require_cuda
         require_cuda()
         import cpu.ops
         import gpu.graphs
         import gpu.memory
+        from gpu.weight_stream import STREAM_MIN_ROWS, WeightStreamer
         if ops is None:
             import gpu.ops as ops
         self.ops = ops
         self.host_ops = cpu.ops
         self.memory = gpu.memory
         self.graphs = gpu.graphs.StepGraphs(enabled=cuda_graphs)
+        min_rows = (STREAM_MIN_ROWS if stream_min_rows is None else stream_min_rows) if stream_weights else None
+        self.streamer = WeightStreamer(min_rows, register=register_host_memory)
+
+    @property
+    def stream_stats(self):
+        """gpu.weight_stream.StreamStats: copy / device FFN / CPU FFN time of the calls so far."""
+        return self.streamer.stats
 
     def zeros(self, shape, dtype=np.float32):
         return self.memory.zeros(shape, dtype)
@@ -111,12 +126,30 @@ class GPUBackend:
         self.memory.fill_zero(a)
 
     def ffn_on_host(self, ffn) -> bool:
-        """True when every matrix of this FFN stayed in host memory: run it there in one hand-off."""
+        """True when every matrix of this FFN stayed in host memory: run it there in one hand-off
+        (or, for many rows, on streamed weights: `streams_ffn`)."""
         return not any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn))
 
+    def streams_ffn(self, ffn, n_rows: int) -> bool:
+        """True when a call of n_rows should copy this host FFN's weights to the device and run
+        it there (`stream_ffn`) rather than hand the rows to the CPU."""
+        return self.streamer.wants(ffn, n_rows)
+
+    def stream_ffn(self, ffn, x, h, out) -> None:
+        """out = FFN(x) on the device, its weights streamed from host memory; h: hidden scratch."""
+        self.streamer.run(ffn, x, h, out)
+
     def host_call(self, inputs, outputs, fn) -> None:
-        """fn(*inputs_host, *outputs_host) on pinned host copies of device arrays; the outputs go back up."""
-        self.memory.host_call(inputs, outputs, fn)
+        """fn(*inputs_host, *outputs_host) on pinned host copies of device arrays; the outputs go
+        back up. The forward's CPU FFN hand-off: fn's time counts as CPU FFN time in stream_stats."""
+        stats = self.stream_stats
+
+        def timed(*arrays):
+            t0 = time.perf_counter()
+            fn(*arrays)
+            stats.cpu_ffn_seconds += time.perf_counter() - t0
+            stats.cpu_ffn_calls += 1
+        self.memory.host_call(inputs, outputs, timed)
 
     def run_step(self, key, body) -> None:
         """Run body (GPU work and host calls); a step seen before replays as a CUDA graph."""
@@ -129,7 +162,12 @@ class GPUBackend:
     def place_weights(self, weights, model_file, placement: Placement):
         from .weights import place_weights
         rule = _rule(placement, model_file)
-        return place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
+        placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
+        # the FFNs a prompt chunk may stream: the trunk's in the order a forward runs them, the MTP block's
+        streamable = self.streamer.streamable
+        self.streamer.set_order([layer.ffn for layer in placed.layers if streamable(layer.ffn)],
+                                [placed.mtp.block.ffn] if placed.mtp and streamable(placed.mtp.block.ffn) else [])
+        return placed
 
 
 def make_backend(backend="cpu", ops=None, cuda_graphs: bool = True):

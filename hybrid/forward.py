@@ -153,14 +153,18 @@ class Forward:
         mv(layer.out.wtype, layer.out.data, s.y, s.m)
 
     def _ffn(self, ffn, s: "_Scratch") -> None:
-        """m = FFN(a), where the FFN's weights live: a backend whose FFN stayed in host memory
-        sends the rows down, runs the CPU op set on them, and sends the result back up."""
+        """m = FFN(a), where the FFN's weights live. A backend whose FFN stayed in host memory
+        either streams its weights to the device for a call of many rows (a prompt chunk: one
+        transfer beats n rows of CPU work) or sends the rows down, runs the CPU op set on them,
+        and sends the result back up."""
         b = self.backend
-        if b.ffn_on_host(ffn):
+        if not b.ffn_on_host(ffn):
+            self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
+        elif b.streams_ffn(ffn, s.a.shape[0]):
+            b.stream_ffn(ffn, s.a, s.h, s.m)
+        else:
             host_ops, h_shape = b.host_ops, s.h.shape
             b.host_call((s.a,), (s.m,), lambda a, m: self._run_ffn(host_ops, ffn, a, b.host_scratch(h_shape), m))
-        else:
-            self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
 
     def _run_ffn(self, ops, ffn, a, h, m) -> None:
         if isinstance(ffn, DenseFFN):

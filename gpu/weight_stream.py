@@ -1,0 +1,356 @@
+"""FFN weights streamed from host memory to the GPU for prompt chunks (hybrid prefill).
+
+In hybrid mode most FFN matrices stay in host memory (the mapped GGUF file) and a decode step
+hands its few rows to the CPU. A prompt chunk of n rows would make the CPU read every weight
+byte for n rows; copying the layer's weights to the GPU once and running the chunk's FFN there
+as a GEMM (gpu/gemm.py) costs one transfer instead. `WeightStreamer.run` does that:
+
+* two device slots, each big enough for one layer's gate, up and down matrices, filled on a
+  copy stream of their own; layer i computes from one slot while layer i+1's weights copy into
+  the other (double buffering). Events order it: a copy into a slot waits for the last FFN
+  that read it, and an FFN waits for its slot's copy;
+* the next layer is prefetched as soon as this one is queued: the next one in layer order at
+  first, then whatever FFN really followed this one last time (say the MTP block's);
+* the copies read pinned memory: the mapped file ranges of every streamed matrix are
+  registered with the driver once (cuMemHostRegister, read-only), so each copy is a plain DMA
+  straight from the mapping. Where that fails (no support, limits) each copy is staged through
+  two pinned buffers instead (a parallel CPU copy into one while the other is in flight);
+* the step cannot be a CUDA graph (it waits on events and copies host data per call): it
+  calls graphs.require_eager first.
+
+`StreamStats` splits a prefill's time: transfer time on the copy stream, the streamed FFNs'
+device time, the time they waited for their weights, and the CPU FFN time of the hand-offs.
+"""
+from __future__ import annotations
+
+import mmap
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit, prange
+
+from . import ffn as device_ffn
+from . import graphs, memory
+from .device import simulated
+from .matvec import matvec as device_matvec
+
+# Stream a host FFN's weights when a call has at least this many rows. Streaming costs the
+# layer's bytes / host→device bandwidth once (27B shape, Q4_K_M: ~160 MB per layer, ~55 GB/s
+# pinned: ~3 ms, overlapped with the previous layer's work by the double buffer); the CPU
+# hand-off costs n rows × the same bytes at the CPU prompt kernels' rate (measured on the GPU
+# machine's 16 cores: ~230 GB of weight-bytes × rows per second, i.e. ~0.7 ms per row per
+# layer). Break-even is ~5 rows; 32 leaves room for the GPU's own FFN time and a copy that is
+# not fully hidden, and keeps decode (1 row) and drafting verify steps (≤ 8 rows) on the CPU.
+STREAM_MIN_ROWS = 32
+SLOT_ALIGN = 256             # byte offset of each matrix in a slot (Q4_K/Q5_K need 16)
+STAGE_BYTES = 32 << 20       # pinned staging buffer size, when the mapping cannot be registered
+
+
+@dataclass
+class StreamStats:
+    """Where a prefill's FFN time went (seconds). Device times come from CUDA events, recorded
+    only while `timing` is on (a tool turns it on; events cost a little per layer) and read by
+    `resolve`, which waits for the recorded work. `reset` starts a new measurement."""
+    timing: bool = False
+    calls: int = 0              # FFN calls run on streamed weights
+    rows: int = 0               # their rows, summed
+    copies: int = 0             # layers copied (a layer still in its slot is not copied again)
+    bytes_copied: int = 0
+    copy_seconds: float = 0.0   # device time of the host→device copies (copy stream)
+    ffn_seconds: float = 0.0    # device time of the streamed FFNs' kernels
+    wait_seconds: float = 0.0   # device time an FFN waited for its weights to arrive
+    cpu_ffn_seconds: float = 0.0  # host time of CPU FFN hand-offs (rows too few to stream)
+    cpu_ffn_calls: int = 0
+    pinning: str = "not yet"    # "registered" (DMA from the mapping) or "staged: <why>"
+    pin_seconds: float = 0.0    # one-time registration of the mapped ranges
+    _pending: list = field(default_factory=list, repr=False)
+
+    def reset(self) -> None:
+        """Zero the counters; timing and the pinning facts stay."""
+        self.resolve()
+        fresh = StreamStats(timing=self.timing, pinning=self.pinning, pin_seconds=self.pin_seconds)
+        self.__dict__.update(fresh.__dict__)
+
+    def resolve(self) -> "StreamStats":
+        """Add the recorded event pairs' device time (waits for them to complete)."""
+        for kind, start, end in self._pending:
+            end.synchronize()
+            seconds = 0.0 if simulated() else start.elapsed_time(end) / 1e3
+            setattr(self, kind, getattr(self, kind) + seconds)
+        self._pending.clear()
+        return self
+
+    def as_dict(self) -> dict:
+        self.resolve()
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def mark(self, stream):
+        """A timing event recorded on `stream` now; None while timing is off."""
+        if not self.timing:
+            return None
+        event = _event(timing=True)
+        event.record(stream)
+        return event
+
+    def span(self, kind: str, start, end) -> None:
+        """Count the device time between two marks as `kind` (when `resolve` reads it)."""
+        if start is not None and end is not None:
+            self._pending.append((kind, start, end))
+
+
+def _event(timing: bool = False):
+    """A CUDA event (the simulator's take no arguments and time nothing)."""
+    from numba import cuda
+    return cuda.event() if simulated() else cuda.event(timing=timing)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _copy_bytes(dst, src):
+    """dst[:] = src[:] (uint8), in 1 MiB pieces over all cores: one core copies ~10 GB/s."""
+    piece = 1 << 20
+    for p in prange((src.shape[0] + piece - 1) // piece):
+        lo = p * piece
+        hi = min(lo + piece, src.shape[0])
+        dst[lo:hi] = src[lo:hi]
+
+
+def _flat(host: np.ndarray) -> np.ndarray:
+    return host.reshape(host.size)
+
+
+# --- pinning the mapped file ----------------------------------------------------------------------
+
+def _page_ranges(arrays) -> list[tuple[int, int]]:
+    """The host arrays' address ranges rounded out to whole pages, overlapping ones merged
+    (the driver refuses to register a page twice)."""
+    page = mmap.PAGESIZE
+    spans = sorted((a.ctypes.data // page * page, -(-(a.ctypes.data + a.nbytes) // page) * page)
+                   for a in arrays)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi - lo) for lo, hi in merged]
+
+
+def register_host_ranges(arrays) -> tuple[list[int], str | None]:
+    """Page-lock the memory of host arrays for direct DMA: (registered base addresses, None),
+    or ([], why not) with nothing left registered."""
+    if simulated():
+        return [], "the CUDA simulator has no page-locked memory"
+    from cuda.bindings import driver as cu
+    done: list[int] = []
+    for start, size in _page_ranges(arrays):
+        (err,) = cu.cuMemHostRegister(start, size, cu.CU_MEMHOSTREGISTER_READ_ONLY)
+        if int(err) != 0:
+            unregister_host_ranges(done)
+            return [], f"cuMemHostRegister: {cu.cuGetErrorName(err)[1].decode()}"
+        done.append(start)
+    return done, None
+
+
+def unregister_host_ranges(bases: list[int]) -> None:
+    from cuda.bindings import driver as cu
+    for base in bases:
+        cu.cuMemHostUnregister(base)       # errors ignored: the mapping may already be gone
+    bases.clear()
+
+
+# --- the streamer ---------------------------------------------------------------------------------
+
+class _Slot:
+    """A device buffer holding one FFN's three matrices, and the events that order its use."""
+
+    def __init__(self):
+        self.buffer = None
+        self.holds = None            # the FFN record whose weights are (or will be) here
+        self.last_used = -1
+        self.ready = _event()        # recorded on the copy stream after the copy into it
+        self.released = _event()     # recorded on the compute stream after the FFN reading it
+        self.views: dict[int, tuple] = {}
+
+
+class WeightStreamer:
+    """Runs dense FFNs whose weights are in host memory on the GPU, streaming the weights in."""
+
+    def __init__(self, min_rows: int = STREAM_MIN_ROWS, register: bool = True,
+                 stage_bytes: int = STAGE_BYTES, stats: StreamStats | None = None):
+        """min_rows: the fewest rows a call must have to be streamed; register=False skips the
+        page-locking of the mapping (always stage: tests, comparisons); stage_bytes: the size of
+        each pinned staging buffer."""
+        self.min_rows = min_rows
+        self.stats = stats or StreamStats()
+        self.register = register              # read at the first copy
+        self._stage_bytes = stage_bytes
+        self._order: list = []
+        self._others: list = []
+        self._next: dict[int, object] = {}
+        self._previous = None
+        self._slots = [_Slot(), _Slot()]
+        self._uses = 0
+        self._copy_stream = None
+        self._pinned: list[tuple[int, int]] | None = None    # registered (start, size); None: not tried
+        self._finalizer = None
+        self._stage_free = [_event(), _event()]
+        self._stage_turn = 0
+
+    # --- which FFNs -----------------------------------------------------------------------------
+    def set_order(self, ffns, others=()) -> None:
+        """The host-resident dense FFNs in the order a forward runs them (the trunk's layers):
+        the first guess of which one comes next (after the last: the first). `others` may be
+        streamed too (the MTP block's); the mapping of both gets registered."""
+        self._order = list(ffns)
+        self._others = list(others)
+        self._next = {id(f): self._order[(i + 1) % len(self._order)] for i, f in enumerate(self._order)}
+
+    @property
+    def order(self) -> list:
+        return list(self._order)
+
+    @property
+    def host_bytes(self) -> int:
+        """Weight bytes of the FFNs that may be streamed (trunk order and others)."""
+        return sum(m.data.nbytes for f in self._order + self._others for m in (f.gate, f.up, f.down))
+
+    @property
+    def slot_bytes(self) -> int:
+        """Device bytes of one slot (two are allocated, at the first streamed call)."""
+        return max((_layout((f.gate, f.up, f.down))[1] for f in self._order + self._others), default=0)
+
+    @staticmethod
+    def streamable(ffn) -> bool:
+        """A dense FFN with all three matrices in host memory (MoE experts are not streamed)."""
+        from hybrid.weights import DenseFFN
+        return isinstance(ffn, DenseFFN) and not any(memory.is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down))
+
+    def wants(self, ffn, n_rows: int) -> bool:
+        """Stream this call: a streamable FFN, and enough rows (streaming on)."""
+        return self.min_rows is not None and n_rows >= self.min_rows and self.streamable(ffn)
+
+    # --- running one --------------------------------------------------------------------------
+    def run(self, ffn, x, h, out) -> None:
+        """out (n, D) = SwiGLU FFN of device rows x (n, D) on weights copied from the host;
+        h (n, n_ff) is its hidden scratch."""
+        graphs.require_eager("streamed FFN weights are copied from the host per call")
+        compute = memory.stream()
+        if self._previous is not None and self._previous is not ffn:
+            self._next[id(self._previous)] = ffn      # learn what really follows
+        self._previous = ffn
+        slot = self._acquire(ffn)
+        gate, up, down = self._views(slot, ffn)
+
+        stats = self.stats
+        before = stats.mark(compute)
+        slot.ready.wait(compute)                      # the weights have arrived
+        start = stats.mark(compute)
+        device_ffn.swiglu(ffn.gate.wtype, gate, ffn.up.wtype, up, x, h, matvec=device_matvec)
+        device_matvec(ffn.down.wtype, down, h, out)   # both GEMMs for a prompt chunk (gpu.gemm)
+        stats.span("wait_seconds", before, start)
+        stats.span("ffn_seconds", start, stats.mark(compute))
+        slot.released.record(compute)
+        self._uses += 1
+        slot.last_used = self._uses
+        stats.calls += 1
+        stats.rows += x.shape[0]
+
+        following = self._next.get(id(ffn))
+        if following is not None:
+            self._acquire(following)                  # prefetch into the other slot
+
+    def _acquire(self, ffn) -> _Slot:
+        """The slot holding ffn's weights, after queueing their copy if none does."""
+        for slot in self._slots:
+            if slot.holds is ffn:
+                return slot
+        slot = min(self._slots, key=lambda s: s.last_used)   # not the one just computed from
+        self._copy_in(slot, ffn)
+        return slot
+
+    # --- copies ---------------------------------------------------------------------------------
+    def _copy_in(self, slot: _Slot, ffn) -> None:
+        self._ensure_pinning()
+        matrices = (ffn.gate, ffn.up, ffn.down)
+        offsets, size = _layout(matrices)
+        if slot.buffer is None or slot.buffer.size < size:
+            from numba import cuda
+            slot.buffer = cuda.device_array(max(size, self.slot_bytes), np.uint8)
+            slot.views.clear()
+        stream = self._stream()
+        slot.released.wait(stream)                    # the FFN that read this slot is done
+        start = self.stats.mark(stream)
+        for m, off in zip(matrices, offsets):
+            dst = slot.buffer[off:off + m.data.nbytes]
+            if self._is_pinned(m.data):
+                dst.copy_to_device(_flat(m.data), stream=stream)    # DMA straight from the mapping
+            else:
+                self._copy_staged(dst, _flat(m.data), stream)
+        self.stats.span("copy_seconds", start, self.stats.mark(stream))
+        slot.ready.record(stream)
+        slot.holds = ffn
+        self.stats.copies += 1
+        self.stats.bytes_copied += sum(m.data.nbytes for m in matrices)
+
+    def _copy_staged(self, dst, src: np.ndarray, stream) -> None:
+        """dst (device) = src (pageable host) through two pinned buffers taken in turn: the
+        CPU fills one while the other's DMA runs."""
+        for lo in range(0, src.size, self._stage_bytes):
+            hi = min(lo + self._stage_bytes, src.size)
+            k = self._stage_turn
+            self._stage_turn ^= 1
+            stage = memory.host_buffer(("weight_stream", k), (self._stage_bytes,), np.uint8)[:hi - lo]
+            self._stage_free[k].synchronize()         # its previous DMA has read it
+            _copy_bytes(stage, src[lo:hi])
+            dst[lo:hi].copy_to_device(stage, stream=stream)
+            self._stage_free[k].record(stream)
+
+    def _ensure_pinning(self) -> None:
+        """Register the mapped ranges of every FFN in the order, once (the first copy)."""
+        if self._pinned is not None:
+            return
+        arrays = [m.data for f in self._order + self._others for m in (f.gate, f.up, f.down)]
+        t0 = time.perf_counter()
+        bases, why = register_host_ranges(arrays) if self.register else ([], "registration turned off")
+        self.stats.pin_seconds = time.perf_counter() - t0
+        self.stats.pinning = "registered" if why is None else f"staged: {why}"
+        self._pinned = _page_ranges(arrays) if bases else []
+        if bases:
+            import weakref
+            self._finalizer = weakref.finalize(self, unregister_host_ranges, bases)
+
+    def _is_pinned(self, host: np.ndarray) -> bool:
+        start = host.ctypes.data
+        return any(lo <= start and start + host.nbytes <= lo + size for lo, size in self._pinned)
+
+    def _stream(self):
+        if self._copy_stream is None:
+            from numba import cuda
+            self._copy_stream = cuda.stream()
+        return self._copy_stream
+
+    def _views(self, slot: _Slot, ffn) -> tuple:
+        """The three (rows, row_bytes) device matrices of ffn inside slot (cached per FFN)."""
+        views = slot.views.get(id(ffn))
+        if views is None:
+            offsets, _ = _layout((ffn.gate, ffn.up, ffn.down))
+            views = slot.views[id(ffn)] = tuple(
+                slot.buffer[off:off + m.data.nbytes].reshape(m.data.shape)
+                for m, off in zip((ffn.gate, ffn.up, ffn.down), offsets))
+        return views
+
+    def close(self) -> None:
+        """Unregister the pinned mapping (also done when the streamer is collected)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._pinned = []
+
+
+def _layout(matrices) -> tuple[list[int], int]:
+    """Byte offsets of the matrices in a slot, and the bytes the slot needs."""
+    offsets, size = [], 0
+    for m in matrices:
+        offsets.append(size)
+        size += -(-m.data.nbytes // SLOT_ALIGN) * SLOT_ALIGN
+    return offsets, size
