@@ -276,6 +276,19 @@ def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
     return (rows * per_row + logits + scores) * F32_BYTES
 
 
+def streaming_bytes(c: ModelConfig, groups: Mapping[str, str], size: Mapping[str, int]) -> int:
+    """Two device slots, each the largest dense FFN layer: a prompt chunk runs a host FFN layer
+    on the GPU from one while the next layer's weights arrive in the other (gpu/weight_stream.py).
+    MoE experts are not streamed."""
+    if c.is_moe:
+        return 0
+    per_layer: dict[int, int] = {}
+    for n, g in groups.items():
+        if g == "ffn":
+            per_layer[layer_of(n)] = per_layer.get(layer_of(n), 0) + size[n]
+    return 2 * max(per_layer.values(), default=0)
+
+
 def safety_margin(budget: int) -> int:
     return max(int(budget * MARGIN_FRACTION), MARGIN_MIN)
 
@@ -331,6 +344,8 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
     n_attn = c.n_layer - sum(c.is_recurrent(i) for i in range(c.n_layer))
     vram = {"weights": 0, "kv_cache": kv_bytes(c, n_ctx, n_attn), "gdn_state": gdn_state_bytes(c, n_ring),
             "scratch": scratch_bytes(c, n_ctx, n_ring), "margin": margin}
+    if sum(size.values()) + sum(vram.values()) > budget:     # some FFN will stay on the CPU
+        vram["weight_streaming"] = streaming_bytes(c, groups, size)
     must = [unit("trunk", (n for n, g in groups.items() if g == "trunk")),
             unit("lm_head", (n for n, g in groups.items() if g == "lm_head")),
             _Unit("pinned by -ot", [n for n, s in forced.items() if s == GPU],
@@ -427,6 +442,8 @@ def _too_small(budget: int, must: list[_Unit], vram: dict[str, int], n_ctx: int,
     parts += [f"KV cache {format_size(vram['kv_cache'])} (n_ctx {n_ctx})",
               f"GDN state {format_size(vram['gdn_state'])} (ring of {n_ring})",
               f"scratch {format_size(vram['scratch'])}", f"safety margin {format_size(vram['margin'])}"]
+    if vram.get("weight_streaming"):
+        parts.append(f"prompt weight streaming {format_size(vram['weight_streaming'])}")
     need = sum(u.nbytes for u in must) + sum(vram.values())
     return (f"not enough GPU memory: the part that must live on the GPU needs {format_size(need)} "
             f"({' + '.join(parts)}) but the budget is {format_size(budget)}. "

@@ -80,6 +80,8 @@ def test_27b_accounting_adds_up(m27b):
     gdn_one = (c.ssm_n_v_heads * c.ssm_d_state ** 2 + (c.ssm_conv_kernel - 1) * c.ssm_conv_channels) * 4
     assert p.vram["gdn_state"] == 48 * gdn_one * (1 + 5)
     assert p.vram["margin"] >= 12 * GiB // 20
+    one_ffn_layer = sum(m27b.tensors[n].nbytes for n in ffn_layers(m27b, 0))
+    assert p.vram["weight_streaming"] == 2 * one_ffn_layer   # two slots for streaming prompt FFNs
     assert p.vram_used == sum(p.vram.values()) <= p.budget
     assert p.vram_left == p.budget - p.vram_used
     # maximal: the smallest FFN layer still on the CPU would not fit in what is left
@@ -296,3 +298,8 @@ def test_info_plan_too_small_is_a_clean_error():
 def test_decode_rejects_a_bad_vram_before_loading():
     r = runner.invoke(app, ["decode", "-p", "x", "--vram", "lots"])
     assert isinstance(r.exception, HybridError) and "cannot read 'lots'" in str(r.exception)
+
+
+def test_no_streaming_slots_when_every_weight_fits(m27b):
+    p = plan_placement(m27b, 64 * GiB, n_ctx=4096, n_ring=5)
+    assert not p.ffn_layers(CPU) and "weight_streaming" not in p.vram
