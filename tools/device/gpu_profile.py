@@ -43,29 +43,43 @@ def main(argv: list[str]) -> int:
     calls: dict[str, int] = defaultdict(int)
     host_s: dict[str, float] = defaultdict(float)
 
+    depth = [0]                # ops call ops (swiglu calls matvec): time the outermost call only
+
     def device_timed(name, fn):
         def run(*a, **kw):
-            stream = memory.stream()
-            start, end = cuda.event(), cuda.event()
-            spin[1, 32, stream](200)                     # 200 µs: longer than enqueueing one op
-            start.record(stream)
-            result = fn(*a, **kw)
-            end.record(stream)
-            end.synchronize()
-            device_s[name] += cuda.event_elapsed_time(start, end) / 1e3
-            calls[name] += 1
-            return result
+            if depth[0]:
+                return fn(*a, **kw)
+            depth[0] += 1
+            try:
+                return timed_on_device(name, fn, *a, **kw)
+            finally:
+                depth[0] -= 1
         return run
+
+    def timed_on_device(name, fn, *a, **kw):
+        stream = memory.stream()
+        start, end = cuda.event(), cuda.event()
+        spin[1, 32, stream](200)                     # 200 µs: longer than enqueueing one op
+        start.record(stream)
+        result = fn(*a, **kw)
+        end.record(stream)
+        end.synchronize()
+        device_s[name] += cuda.event_elapsed_time(start, end) / 1e3
+        calls[name] += 1
+        return result
 
     def host_timed(name, fn):
         def run(*a, **kw):
             memory.synchronize()
+            depth[0] += 1
             t0 = time.perf_counter()
-            result = fn(*a, **kw)
-            memory.synchronize()
-            host_s[name] += time.perf_counter() - t0
-            calls[name] += 1
-            return result
+            try:
+                return fn(*a, **kw)
+            finally:
+                memory.synchronize()
+                host_s[name] += time.perf_counter() - t0
+                calls[name] += 1
+                depth[0] -= 1
         return run
 
     for name in ops.__all__:
