@@ -11,6 +11,9 @@ decode when each expert ran as its own swiglu + matvec calls); float experts kee
 expert-by-expert path, which the fused kernel matches bit for bit. Each row's expert outputs are
 summed in its top-k rank order (not in group order), so row i of an n-row call is bit-identical
 to the 1-row call on x[i].
+
+`routed_ffn` is the routed half alone (routing from given logits, stats, the experts): the GPU
+backend's one host hand-off per layer when only the routed experts stayed in host memory.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from numba import njit, prange
 
 from . import matvec as _matvec
 from .ffn import swiglu
-from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec, quantize_activations
+from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec
 from .moe_kernel import routed_experts
 
 
@@ -166,17 +169,41 @@ def _run_fused(ffn, x, experts, weights, out) -> bool:
     prepared = _fused_weights(ffn)
     if prepared is None:
         return False
-    n, D = x.shape
-    if ffn.gate.cols != D:
-        raise ValueError(f"x has {D} columns but the experts take {ffn.gate.cols}")
-    xq, dx, bs = quantize_activations(x)
-    # a few (group, row tile) work items per thread: static scheduling stays balanced
-    routed_experts(*prepared, ffn.gate.rows, xq, dx, bs, experts, weights, out,
+    if ffn.gate.cols != x.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns but the experts take {ffn.gate.cols}")
+    # a few items per thread and parallel region: static scheduling stays balanced
+    routed_experts(*prepared, ffn.gate.rows, x, experts, weights, out,
                    4 * numba.get_num_threads(), _matvec.PREFETCH_BYTES)
     return True
 
 
 # ---- the FFN -------------------------------------------------------------------------------------
+
+def router_logits(ffn, x: np.ndarray) -> np.ndarray:
+    """The router's logits (n, E) float32 for rows x (n, D)."""
+    logits = np.empty((x.shape[0], ffn.router.rows), np.float32)
+    matvec(ffn.router.wtype, ffn.router.data, x, logits)
+    return logits
+
+
+def routed_ffn(ffn, x: np.ndarray, logits: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:
+    """out (n, D) = the routed experts' part of the MoE FFN of rows x (n, D), given the router's
+    logits (n, E): route, count into stats (a hybrid.forward.MoEStats) when given, run every
+    selected expert. Returns the selected experts (n, k).
+
+    The GPU backend's hand-off calls this on the host with logits computed on the device; it
+    touches nothing but its arguments and the weights (it may run at a CUDA-graph replay)."""
+    check_f32_matrix(x, "x")
+    n, D = x.shape
+    check_f32_matrix(logits, "logits", (n, ffn.router.rows))
+    check_f32_matrix(out, "out", (n, D), writeable=True)
+    experts, weights = route(logits, ffn.n_used)
+    if stats is not None:
+        stats.count(ffn, experts)
+    if not _run_fused(ffn, x, experts, weights, out):
+        _run_expert_by_expert(ffn, x, experts, weights, out)
+    return experts
+
 
 def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:
     """out (n, D) = the MoE FFN of rows x (n, D) float32; returns the selected experts (n, k),
@@ -187,14 +214,7 @@ def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:
     check_f32_matrix(x, "x")
     n, D = x.shape
     check_f32_matrix(out, "out", (n, D), writeable=True)
-    logits = np.empty((n, ffn.router.rows), np.float32)
-    matvec(ffn.router.wtype, ffn.router.data, x, logits)
-    experts, weights = route(logits, ffn.n_used)
-    if stats is not None:
-        stats.count(ffn, experts)
-
-    if not _run_fused(ffn, x, experts, weights, out):
-        _run_expert_by_expert(ffn, x, experts, weights, out)
+    experts = routed_ffn(ffn, x, router_logits(ffn, x), out, stats)
 
     if ffn.shared is not None:
         sh = ffn.shared

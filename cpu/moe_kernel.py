@@ -2,33 +2,49 @@
 
 Why: run expert by expert from Python, a decode step pays ~5 kernel calls per selected expert per
 layer (tens of µs each); with top-8 of small experts that overhead, not the weight stream, sets
-the speed. Here one call does every (row, selected expert) pair:
+the speed. Here one call does every (row, selected expert) pair; a decode step wakes the thread
+pool twice (a few µs each on 16 cores) and allocates nothing:
 
-  1. group the (row, rank) pairs by expert (a counting sort) and gather the int8 activations of x
-     (quantised once) in that order: group g holds the m rows routed to expert e_g as one
-     contiguous block (the layout the row-dot helpers read);
-  2. h = SiLU(W_gate,e x) ⊙ (W_up,e x) for every group, a prange over (group, row tile) items, so
-     one pass over an expert's rows serves all the rows routed to it;
-  3. quantise h row by row; 4. y = W_down,e h, again over (group, row tile) items;
-  5. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order.
+  0. serially: group the (row, rank) slots by expert (a counting sort) and quantise each row of x
+     to int8 once (a parallel region of its own only for prompt-sized calls);
+  A. per (group, tile of whole 256-row activation blocks of h): copy the group's m rows of int8
+     x into this thread's bank (the contiguous (m, D) block the row dots read), then
+     h = SiLU(W_gate,e x) ⊙ (W_up,e x) and its int8 activations — the tile owns whole activation
+     blocks, so quantising them needs nothing from another item;
+  B. per (group, tile of output rows): y = W_down,e h;
+  C. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
+     a decode step, where a region would cost more than the sum).
 
 Every step is the same arithmetic, on the same bytes, as the one-expert-at-a-time path
 (`cpu.ffn.swiglu` then `cpu.matvec.matvec` on the gathered rows, then the rank-order sum): the
 activation quantisation is per row, the row dots give each slot the bits of a one-slot call, and
 the sum order per row is fixed. So the result has exactly that path's bits, and row i of an n-row
-call has exactly the bits of the 1-row call on x[i].
+call has exactly the bits of the 1-row call on x[i] (lossless drafting relies on it).
 
 Expert matrices arrive as one 2-D row array per kind plus the first row of each expert in it
 (`expert_rows`), so a fused gate_up tensor (gate and up interleaved per expert) needs no copy
-and every kernel sees the same array type (one compiled specialisation).
+and every kernel sees the same array type (one compiled specialisation). Temporaries live in a
+`Workspace` that only grows; per-thread scratch sits in banks a whole number of cache lines
+apart (threads writing one line — false sharing — halved the speed).
+
+Numba trap kept out of here: in a parallel function a slice assignment (`a[j, :] = b[r]`) becomes
+a parallel region of its own, even in serial code; copies are written as element loops.
 """
 from __future__ import annotations
 
+import threading
+
+import numba
 import numpy as np
-from numba import njit, prange
+from numba import get_thread_id, njit, prange
 
 from .ffn import _silu_times
 from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
+
+# Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
+# parallel region costs more than they do (decode); above, they get one region each.
+_PARALLEL_MIN = 1 << 15
+_LINE = 64                       # bytes of a cache line
 
 
 @njit(inline="always")
@@ -43,124 +59,212 @@ def _scales(flat, start, m, n_blocks):
     return flat[n_blocks * start:n_blocks * (start + m)].reshape((n_blocks, m))
 
 
+@njit(inline="always")
+def _lines(n_elements, itemsize):
+    """n_elements rounded up to whole cache lines, plus one spare line."""
+    per_line = _LINE // itemsize
+    return (n_elements + per_line - 1) // per_line * per_line + per_line
+
+
 @njit(cache=True, nogil=True)
-def _group_slots(experts, n_expert):
+def _layout(n, k, D, n_ff, n_expert, n_banks):
+    """Workspace sizes (elements of int8, float32, int16, int64) and per-thread bank strides
+    (int8, float32, int16) for `_routed_experts`."""
+    n_slots = n * k
+    x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
+    x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
+    bank_i8 = _lines(n * x_cols, 1)                  # a group's int8 x (m ≤ n rows: an expert
+    bank_f32 = _lines(x_blocks * n + 2 * n, 4)       # appears once per row), its scales, dots
+    bank_i16 = _lines(n * x_cols // ACT_SUM, 2)
+    sizes = (n * x_cols + n_slots * h_cols + n_banks * bank_i8,
+             x_blocks * n + n_slots * (n_ff + h_blocks + D) + n_banks * bank_f32,
+             (n * x_cols + n_slots * h_cols) // ACT_SUM + n_banks * bank_i16,
+             n_expert + 2 + 4 * n_slots)
+    return sizes, (bank_i8, bank_f32, bank_i16)
+
+
+@njit(cache=True, nogil=True)
+def _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert):
     """Slots = the n·k (row, rank) pairs, ordered by expert (a stable counting sort: rows ascend
-    within a group). Returns slot_row (row of each slot), slot_of (slot of pair i·k + rank),
-    group_start (n_groups + 1 slot bounds) and group_expert (the expert of each group)."""
+    within a group). Fills slot_row (row of each slot), slot_of (slot of pair i·k + rank),
+    group_start (n_groups + 1 slot bounds) and group_expert (the expert of each group), using
+    `first` (≥ n_expert + 1 int64) as the counter; returns n_groups."""
     n, k = experts.shape
-    first = np.zeros(n_expert + 1, np.int64)       # first[e + 1] counts pairs routed to e, then sums
+    for e in range(n_expert + 1):                  # first[e + 1] counts pairs routed to e, then sums
+        first[e] = 0
     for i in range(n):
         for rank in range(k):
             first[experts[i, rank] + 1] += 1
     n_groups = 0
     for e in range(n_expert):
-        n_groups += first[e + 1] > 0
+        if first[e + 1] > 0:
+            group_start[n_groups], group_expert[n_groups] = first[e], e
+            n_groups += 1
         first[e + 1] += first[e]
-    group_start = np.empty(n_groups + 1, np.int64)
-    group_expert = np.empty(n_groups, np.int64)
-    g = 0
-    for e in range(n_expert):
-        if first[e + 1] > first[e]:
-            group_start[g], group_expert[g] = first[e], e
-            g += 1
     group_start[n_groups] = n * k
-    slot_row = np.empty(n * k, np.int64)
-    slot_of = np.empty(n * k, np.int64)
     for i in range(n):
         for rank in range(k):
             s = first[experts[i, rank]]
             first[experts[i, rank]] += 1
             slot_row[s], slot_of[i * k + rank] = i, s
-    return slot_row, slot_of, group_start, group_expert
+    return n_groups
+
+
+def group_slots(experts: np.ndarray, n_expert: int):
+    """`_group_slots_into` with fresh arrays: (slot_row, slot_of, group_start, group_expert)."""
+    n_slots = experts.size
+    first = np.empty(n_expert + 1, np.int64)
+    slot_row, slot_of = np.empty(n_slots, np.int64), np.empty(n_slots, np.int64)
+    group_start, group_expert = np.empty(n_slots + 1, np.int64), np.empty(n_slots, np.int64)
+    g = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
+    return slot_row, slot_of, group_start[:g + 1], group_expert[:g]
+
+
+@njit(inline="always")
+def _rank_sum(y, slot_of, weights, out, i):
+    """out[i] = Σ_rank weights[i, rank] · y[slot of (i, rank)], ranks in order (as
+    cpu.moe._weighted_sum)."""
+    k, D = weights.shape[1], out.shape[1]
+    s = slot_of[i * k]
+    w = weights[i, 0]
+    for c in range(D):
+        out[i, c] = w * y[s, c]
+    for rank in range(1, k):
+        s = slot_of[i * k + rank]
+        w = weights[i, rank]
+        for c in range(D):
+            out[i, c] += w * y[s, c]
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, xq, dx, bs, experts, weights,
-                   out, work_items, pf):
-    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]).
-
-    wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
-    expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
-    xq, dx, bs: `cpu.matvec.quantize_activations(x)`; experts, weights: `cpu.moe.route`.
-    work_items: how many (group, row tile) items to aim for per projection (a few per thread)."""
+def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
+                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, work_items, pf):
     n, D = out.shape
     k = weights.shape[1]
-    slot_row, slot_of, group_start, group_expert = _group_slots(experts, expert_rows.shape[1])
-    n_slots = slot_row.shape[0]
-    n_groups = group_expert.shape[0]
-    tiles_up = max(1, min(n_ff, -(-work_items // n_groups)))
-    tiles_down = max(1, min(D, -(-work_items // n_groups)))
-    x_cols, x_blocks = xq.shape[1], dx.shape[0]
-    h_blocks = -(-n_ff // ACT_BLOCK)
-    h_cols = h_blocks * ACT_BLOCK
+    n_expert = expert_rows.shape[1]
+    n_slots = n * k
+    x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
+    x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
+    xs, hs = x_cols // ACT_SUM, h_cols // ACT_SUM
     gate_up = (w_gate, w_up)
 
-    # 1. the activations of x in group order
-    gxq = np.empty(n_slots * x_cols, np.int8)
-    gdx = np.empty(n_slots * x_blocks, np.float32)
-    gbs = np.empty(n_slots * (x_cols // ACT_SUM), np.int16)
-    for g in prange(n_groups):
-        s0, m = group_start[g], group_start[g + 1] - group_start[g]
-        q, d, b = _block(gxq, s0, m, x_cols), _scales(gdx, s0, m, x_blocks), _block(gbs, s0, m, x_cols // ACT_SUM)
-        for j in range(m):
-            row = slot_row[s0 + j]
-            q[j, :] = xq[row]
-            b[j, :] = bs[row]
-            for blk in range(x_blocks):
-                d[blk, j] = dx[blk, row]
+    # carve the workspace (`_layout`): shared arrays first, then the per-thread banks
+    _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks)
+    xq = ws_i8[:n * x_cols].reshape((n, x_cols))
+    hq = ws_i8[n * x_cols:n * x_cols + n_slots * h_cols]
+    banks_i8 = ws_i8[n * x_cols + n_slots * h_cols:]
+    bs = ws_i16[:n * xs].reshape((n, xs))
+    hbs = ws_i16[n * xs:n * xs + n_slots * hs]
+    banks_i16 = ws_i16[n * xs + n_slots * hs:]
+    dx = ws_f32[:x_blocks * n].reshape((x_blocks, n))
+    o = x_blocks * n
+    h = ws_f32[o:o + n_slots * n_ff]
+    o += n_slots * n_ff
+    hdx = ws_f32[o:o + n_slots * h_blocks]
+    o += n_slots * h_blocks
+    y = ws_f32[o:o + n_slots * D].reshape((n_slots, D))
+    banks_f32 = ws_f32[o + n_slots * D:]
+    first = ws_i64[:n_expert + 1]
+    slot_row = ws_i64[n_expert + 1:n_expert + 1 + n_slots]
+    slot_of = ws_i64[n_expert + 1 + n_slots:n_expert + 1 + 2 * n_slots]
+    group_start = ws_i64[n_expert + 1 + 2 * n_slots:n_expert + 2 + 3 * n_slots]
+    group_expert = ws_i64[n_expert + 2 + 3 * n_slots:n_expert + 2 + 4 * n_slots]
 
-    # 2. h = SiLU(gate) ⊙ up, per (group, row tile)
-    h = np.empty(n_slots * n_ff, np.float32)
-    per_tile = -(-n_ff // tiles_up)
-    for item in prange(n_groups * tiles_up):
-        g, t = item // tiles_up, item % tiles_up
+    # 0. group the slots; quantise x once per row
+    n_groups = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
+    if n * x_cols >= _PARALLEL_MIN:
+        for task in prange(n * x_blocks):
+            _quantize_block(x, xq, dx, bs, task // x_blocks, task % x_blocks)
+    else:
+        for i in range(n):
+            for blk in range(x_blocks):
+                _quantize_block(x, xq, dx, bs, i, blk)
+
+    # A. per (group, tile of whole h blocks): the group's x block, h = SiLU(gate) ⊙ up, its int8
+    tiles_a = max(1, min(h_blocks, -(-work_items // n_groups)))
+    blocks_per_tile = -(-h_blocks // tiles_a)
+    for item in prange(n_groups * tiles_a):
+        g, t = item // tiles_a, item % tiles_a
+        b0, b1 = t * blocks_per_tile, min(h_blocks, (t + 1) * blocks_per_tile)
         s0, m = group_start[g], group_start[g + 1] - group_start[g]
         e = group_expert[g]
-        q, d, b = _block(gxq, s0, m, x_cols), _scales(gdx, s0, m, x_blocks), _block(gbs, s0, m, x_cols // ACT_SUM)
+        me = get_thread_id()
+        q = _block(banks_i8[me * bank_i8:], 0, m, x_cols)
+        b = _block(banks_i16[me * bank_i16:], 0, m, xs)
+        f32 = banks_f32[me * bank_f32:]
+        d = _scales(f32, 0, m, x_blocks)
+        gu = f32[x_blocks * m:x_blocks * m + 2 * m].reshape((2, m))   # gate and up of one row
+        for j in range(m):
+            row = slot_row[s0 + j]
+            for c in range(x_cols):
+                q[j, c] = xq[row, c]
+            for c in range(xs):
+                b[j, c] = bs[row, c]
+            for blk in range(x_blocks):
+                d[blk, j] = dx[blk, row]
         hg = _block(h, s0, m, n_ff)
-        gu = np.empty((2, m), np.float32)   # gate and up of one row, all the group's slots
-        for r in range(t * per_tile, min(n_ff, (t + 1) * per_tile)):
+        for r in range(b0 * ACT_BLOCK, min(n_ff, b1 * ACT_BLOCK)):
             for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
                 row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, q, d, b, gu[kind], pf)
             for j in range(m):
                 hg[j, r] = _silu_times(gu[0, j], gu[1, j])
-
-    # 3. int8 activations of h, per (slot, activation block); each group's scales block-major
-    hq = np.empty(n_slots * h_cols, np.int8)
-    hdx = np.empty(n_slots * h_blocks, np.float32)
-    hbs = np.empty(n_slots * (h_cols // ACT_SUM), np.int16)
-    for task in prange(n_groups * h_blocks):
-        g, blk = task // h_blocks, task % h_blocks
-        s0, m = group_start[g], group_start[g + 1] - group_start[g]
-        hg = _block(h, s0, m, n_ff)
-        q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, h_cols // ACT_SUM)
+        hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
         for j in range(m):
-            _quantize_block(hg, q, d, b, j, blk)
+            for blk in range(b0, b1):
+                _quantize_block(hg, hqg, hdg, hbg, j, blk)
 
-    # 4. y = W_down h, per (group, row tile)
-    y = np.empty(n_slots * D, np.float32)
-    per_tile = -(-D // tiles_down)
-    for item in prange(n_groups * tiles_down):
-        g, t = item // tiles_down, item % tiles_down
+    # B. y = W_down h per (group, tile of output rows)
+    tiles_b = max(1, min(D, -(-work_items // n_groups)))
+    per_tile = -(-D // tiles_b)
+    for item in prange(n_groups * tiles_b):
+        g, t = item // tiles_b, item % tiles_b
         s0, m = group_start[g], group_start[g + 1] - group_start[g]
         e = group_expert[g]
-        q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, h_cols // ACT_SUM)
-        yg = _block(y, s0, m, D)
-        acc = np.empty(m, np.float32)
+        q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+        me = get_thread_id()
+        acc = banks_f32[me * bank_f32:me * bank_f32 + m]
         for r in range(t * per_tile, min(D, (t + 1) * per_tile)):
             row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, q, d, b, acc, pf)
             for j in range(m):
-                yg[j, r] = acc[j]
+                y[s0 + j, r] = acc[j]
 
-    # 5. the weighted sum, ranks in order (as cpu.moe._weighted_sum)
-    y2 = y.reshape((n_slots, D))
-    for i in prange(n):
-        s = slot_of[i * k]
-        for c in range(D):
-            out[i, c] = weights[i, 0] * y2[s, c]
-        for rank in range(1, k):
-            w = weights[i, rank]
-            s = slot_of[i * k + rank]
-            for c in range(D):
-                out[i, c] += w * y2[s, c]
+    # C. the weighted sum, ranks in order
+    if n_slots * D >= _PARALLEL_MIN:
+        for i in prange(n):
+            _rank_sum(y, slot_of, weights, out, i)
+    else:
+        for i in range(n):
+            _rank_sum(y, slot_of, weights, out, i)
+
+
+class Workspace(threading.local):
+    """The kernel's scratch, grown on demand and then reused: per calling thread, so two threads
+    running MoE layers at once (nogil kernels) never share it."""
+
+    def __init__(self):
+        self.buffers = tuple(np.empty(0, t) for t in (np.int8, np.float32, np.int16, np.int64))
+
+    def get(self, sizes) -> tuple:
+        if any(buf.size < size for buf, size in zip(self.buffers, sizes)):
+            # at least double: the few call sizes of a run (decode, verify, prompt chunk) settle fast
+            self.buffers = tuple(np.empty(max(size, 2 * buf.size), buf.dtype)
+                                 for buf, size in zip(self.buffers, sizes))
+        return self.buffers
+
+
+_workspace = Workspace()
+
+
+def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
+                   weights: np.ndarray, out: np.ndarray, work_items: int, pf: int) -> None:
+    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]).
+
+    wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
+    expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
+    x: (n, D) float32; experts, weights: `cpu.moe.route`. work_items: how many items to aim for
+    per parallel region (a few per thread); pf: prefetch distance in bytes."""
+    n, D = out.shape
+    n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
+    sizes, _ = _layout(n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks)
+    _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
+                    *_workspace.get(sizes), n_banks, work_items, pf)

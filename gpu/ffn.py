@@ -3,13 +3,21 @@
 Both are built from the device matvec (`gpu.matvec`, slot-for-slot bit identical) plus small
 elementwise kernels, so every row keeps the bits of a one-row call, as on the CPU:
 * swiglu: gate and up products, then h = SiLU(g) · u;
-* MoE (same algorithm as `cpu/moe.py`): router logits come to the host (n × E floats) for the
-  top-k choice, the rows routed to each chosen expert are gathered into one block on the device
-  and run through that expert once, and each row's expert outputs are summed in top-k rank order.
+* MoE, two placements (gpu/ops.py picks):
+  - `hybrid_moe_ffn`, routed experts in host memory (the planner's placement): router logits on
+    the device, then ONE hand-off per layer (`memory.host_call`) in which the host routes,
+    counts and runs every selected expert with the fused CPU kernel (`cpu.moe.routed_ffn`);
+    the shared expert and its sigmoid gate are added on the device. Nothing is read back
+    outside the hand-off, so a step with such layers can be captured as a CUDA graph;
+  - `moe_ffn`, experts uploaded (same algorithm as `cpu/moe.py`): router logits come to the
+    host (n × E floats) for the top-k choice, the rows routed to each chosen expert are
+    gathered into one block on the device and run through that expert once, and each row's
+    expert outputs are summed in top-k rank order. Its launches depend on the routing, so it
+    stays eager (`graphs.require_eager`).
 
-`moe_ffn` takes the matvec/swiglu to use as arguments: the op set passes its dispatching ones,
-so an FFN whose parts are placed apart (say experts on the host, shared expert on the device)
-still runs, each product where its weights live.
+Both take the matvec/swiglu to use as arguments: the op set passes its dispatching ones, so an
+FFN whose parts are placed apart (an -ot rule moving one matrix) still runs, each product
+where its weights live.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from cpu.moe import expert_groups, route
+from cpu.moe import expert_groups, route, router_logits, routed_ffn
 
 from . import graphs, memory
 from .memory import THREADS, stream
@@ -101,7 +109,8 @@ def _add_gated(out, shared, gate_logit):
 
 
 def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
-    """out (n, D) = the MoE FFN of device rows x (n, D); the chosen experts go to stats.count."""
+    """out (n, D) = the MoE FFN of device rows x (n, D) with the experts uploaded (eager: see the
+    module docstring); the chosen experts go to stats.count."""
     graphs.require_eager("the device MoE FFN picks its expert launches on the host")
     n, D = x.shape
     logits = memory.scratch("moe_logits", (n, ffn.router.rows))
@@ -128,12 +137,35 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         first += m
     _weighted_sum[_blocks(n * D), THREADS, stream()](y, memory.upload(weights), out)
 
-    if ffn.shared is not None:
-        sh = ffn.shared
-        h = memory.scratch("moe_shared_h", (n, sh.gate.rows))
-        swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
-        shared = memory.scratch("moe_shared", (n, D))
-        matvec(sh.down.wtype, sh.down.data, h, shared)
-        gate_logit = memory.scratch("moe_shared_gate", (n, 1))
-        matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
-        _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+    add_shared_expert(ffn, x, out, matvec, swiglu)
+
+
+def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
+    """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
+    one hand-off for routing and all routed experts, the shared expert on the device."""
+    n = x.shape[0]
+    if memory.is_device(ffn.router.data):
+        logits = memory.scratch("moe_logits", (n, ffn.router.rows))
+        matvec(ffn.router.wtype, ffn.router.data, x, logits)
+        # runs at a graph's replay too: it may only use its arguments, ffn's host weights and stats
+        memory.host_call((x, logits), (out,),
+                         lambda x_host, logits_host, out_host: routed_ffn(ffn, x_host, logits_host, out_host, stats))
+    else:    # the router left in host memory (an -ot rule): its product joins the same hand-off
+        memory.host_call((x,), (out,),
+                         lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats))
+    add_shared_expert(ffn, x, out, matvec, swiglu)
+
+
+def add_shared_expert(ffn, x, out, matvec, swiglu) -> None:
+    """out += σ(w_sh · x) · SharedFFN(x), on the device (a no-op for MoE FFNs without one)."""
+    if ffn.shared is None:
+        return
+    n, D = x.shape
+    sh = ffn.shared
+    h = memory.scratch("moe_shared_h", (n, sh.gate.rows))
+    swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
+    shared = memory.scratch("moe_shared", (n, D))
+    matvec(sh.down.wtype, sh.down.data, h, shared)
+    gate_logit = memory.scratch("moe_shared_gate", (n, 1))
+    matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
+    _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)

@@ -50,15 +50,23 @@ def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out) -> None:
 
 def moe_ffn(moe, x, out, stats=None) -> None:
     """The MoE FFN of device rows x into out; the chosen experts go to stats.count (a
-    hybrid.forward.MoEStats) when given. Wholly on the host when all its weights are there
-    (one hand-off), else on the device."""
+    hybrid.forward.MoEStats) when given. By where its weights are:
+    * all in host memory: wholly on the host, one hand-off;
+    * routed experts in host memory, router and shared expert on the device (the planner's
+      placement): one hand-off for routing and every routed expert, the rest on the device
+      (`gpu.ffn.hybrid_moe_ffn`; capturable as a CUDA graph);
+    * experts on the device (all of them, or some kinds by an -ot rule): on the device, each
+      product where its weights live (`gpu.ffn.moe_ffn`; eager)."""
     if not any(is_device(m.data) for m in _matrices(moe)):
         host_call((x,), (out,), lambda x_host, out_host: host_ops.moe_ffn(moe, x_host, out_host, stats))
-        return
-    ffn.moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
+    elif not any(is_device(m.data) for m in (moe.gate, moe.up, moe.down)):
+        ffn.hybrid_moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
+    else:
+        ffn.moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
 
 
 def _matrices(moe):
+    """Every matrix of a MoE FFN: router, the routed expert stacks, the shared expert and its gate."""
     shared = (moe.shared.gate, moe.shared.up, moe.shared.down, moe.shared_gate) if moe.shared else ()
     return (moe.router, moe.gate, moe.up, moe.down, *shared)
 
@@ -131,3 +139,5 @@ def ptx_targets():
     for name, kernel, argtypes in kernels:
         yield name, kernel.py_func, argtypes
     yield from embed.ptx_targets()
+    from . import gemm
+    yield from gemm.ptx_targets()        # prompt-chunk products (matvec calls of many rows)

@@ -6,7 +6,7 @@ import pytest
 
 import cpu.moe
 from cpu.moe import expert_groups, moe_ffn, route
-from cpu.moe_kernel import _group_slots
+from cpu.moe_kernel import group_slots
 from hybrid.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
@@ -225,7 +225,7 @@ def test_one_call_kernel_has_the_bits_of_expert_by_expert_calls(gate_up, down, f
 
 def test_group_slots_order_pairs_by_expert_rows_ascending():
     experts = np.array([[3, 1], [1, 0], [0, 3], [1, 2], [5, 3]])
-    slot_row, slot_of, group_start, group_expert = _group_slots(experts, 7)
+    slot_row, slot_of, group_start, group_expert = group_slots(experts, 7)
     np.testing.assert_array_equal(group_expert, [0, 1, 2, 3, 5])
     np.testing.assert_array_equal(group_start, [0, 2, 5, 6, 9, 10])
     np.testing.assert_array_equal(slot_row, [1, 2, 0, 1, 3, 3, 0, 2, 4, 4])

@@ -1,0 +1,67 @@
+"""cpu.moe_kernel: the one-call routed-expert kernel against the expert-by-expert path, bit for
+bit, for every row count a decode / verify step uses (1..9), for a prompt-sized call (parallel
+quantisation and sum), and with its reused workspace shrinking and growing between calls.
+Also `cpu.moe.routed_ffn`, the hand-off half the GPU backend calls."""
+import numpy as np
+import pytest
+
+import cpu.moe
+import cpu.moe_kernel
+from cpu.moe import route, routed_ffn, router_logits
+
+from .test_moe import D, K, make_ffn
+
+CASES = [("Q4_K", "Q6_K", True), ("Q8_0", "Q4_0", False), ("Q5_K", "Q8_0", True)]
+
+
+@pytest.fixture(scope="module")
+def ffns():
+    rng = np.random.default_rng(21)
+    return [make_ffn(gate_up, down, fused, shared=False, rng=rng) for gate_up, down, fused in CASES]
+
+
+def both_paths(ffn, x):
+    """(fused kernel, expert-by-expert) outputs for rows x, routed alike."""
+    experts, weights = route(router_logits(ffn, x), K)
+    want = np.full(x.shape, np.nan, np.float32)
+    cpu.moe._run_expert_by_expert(ffn, x, experts, weights, want)
+    got = np.full(x.shape, np.nan, np.float32)
+    assert cpu.moe._run_fused(ffn, x, experts, weights, got)
+    return got, want
+
+
+def same_bits(a, b):
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
+def test_one_to_nine_rows_have_the_bits_of_the_expert_by_expert_path(ffns, case):
+    ffn = ffns[case]
+    x = np.random.default_rng(case).standard_normal((9, D)).astype(np.float32)
+    for n in (9, 1, 2, 3, 4, 5, 6, 7, 8):        # the workspace shrinks, then grows again
+        got, want = both_paths(ffn, x[:n])
+        assert same_bits(got, want), n
+        assert np.abs(got).max() > 0
+
+
+def test_a_prompt_sized_call_takes_the_parallel_branches_and_keeps_the_bits(ffns):
+    ffn = ffns[0]
+    n = cpu.moe_kernel._PARALLEL_MIN // D + 3     # x quantised and rows summed in parallel regions
+    x = np.random.default_rng(5).standard_normal((n, D)).astype(np.float32)
+    got, want = both_paths(ffn, x)
+    assert same_bits(got, want)
+    one, _ = both_paths(ffn, x[n - 1:])
+    assert same_bits(one[0], got[n - 1])
+
+
+def test_routed_ffn_is_the_routed_part_of_moe_ffn():
+    rng = np.random.default_rng(8)
+    ffn = make_ffn("Q4_K", "Q4_K", fused=False, shared=False, rng=rng)
+    x = rng.standard_normal((4, D)).astype(np.float32)
+    want = np.empty_like(x)
+    want_experts = cpu.moe.moe_ffn(ffn, x, want)
+    got = np.empty_like(x)
+    experts = routed_ffn(ffn, x, router_logits(ffn, x), got)
+    assert np.array_equal(experts, want_experts) and same_bits(got, want)
+    with pytest.raises(ValueError, match="logits"):
+        routed_ffn(ffn, x, np.zeros((4, 3), np.float32), got)

@@ -1,0 +1,125 @@
+"""A tiny qwen35moe model (with MTP) on the GPU backend in hybrid placement — routed experts in
+host memory, router (and on a real GPU the trunk and shared expert) on the device: the forward
+agrees with the CPU forward, hands each MoE layer to the host exactly once, keeps every row's
+bits in a multi-row call, and greedy drafting equals plain decoding.
+
+Under the CUDA simulator a device matvec costs ~1 s, so there only the routers are uploaded and
+the model has one (attention) layer and no shared expert; the shared expert on the device is
+covered op by op in tests/gpu/test_moe.py. On a real GPU the planner's placement is used."""
+import numpy as np
+import pytest
+
+import gpu.memory
+import gpu.ops
+from gpu.device import simulated
+from hybrid.forward import Forward
+from hybrid.generate import generate_tokens
+from hybrid.model_file import open_model
+from hybrid.mtp import MTPHead
+from hybrid.placement import plan_placement
+from hybrid.speculative import generate_speculative
+from hybrid.synth import preset, write_model
+from hybrid.synth.vocab import MIN_VOCAB
+from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
+from tests.hybrid.test_speculative import KnownFutureHead, LetterTokenizer, greedy
+
+SIMULATED = simulated()
+SHAPE = dict(n_embd=32, n_vocab=MIN_VOCAB + 8, n_head=2, n_head_kv=1, head_dim=16, n_rot=8, ssm_n_k_heads=1,
+             ssm_n_v_heads=2, ssm_d_state=16, context_length=256, n_expert=4, n_expert_used=2, n_ff_exp=32)
+SHAPE.update(dict(n_layer=1, full_attention_interval=1, n_ff_shexp=0) if SIMULATED else
+             dict(n_layer=2, full_attention_interval=2, n_ff_shexp=32))
+PROMPT = [3, 141, 59, 26, 53, 5]
+N_TOKENS = 6 if SIMULATED else 24
+LOGIT_TOL = 0.5            # the device router keeps float activations (tests/gpu/test_forward_gpu.py)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moe-hybrid") / "tiny-moe.gguf"
+    write_model(path, preset("tiny", arch="qwen35moe", **SHAPE), types="Q8_0", seed=5)
+    with open_model(path) as mf:
+        yield mf
+
+
+def hybrid_forward(model_file, cuda_graphs=True) -> Forward:
+    if SIMULATED:
+        placement = lambda name: "gpu" if name.endswith(".ffn_gate_inp.weight") else "cpu"  # noqa: E731
+    else:
+        placement = plan_placement(model_file, 1 << 30, n_ring=3).side
+    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs)
+    for layer in (*fw.weights.layers, fw.weights.mtp.block):
+        assert layer.ffn.router.location == "gpu" and layer.ffn.gate.location == "cpu"
+    return fw
+
+
+@pytest.fixture(scope="module")
+def hybrid(model_file):
+    return hybrid_forward(model_file)
+
+
+def test_forward_matches_the_cpu_with_one_hand_off_per_moe_layer(hybrid, model_file, monkeypatch):
+    ids = np.array(PROMPT[:3])
+    cpu_fw = Forward(model_file)
+    want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")
+
+    hand_offs, calls_in_moe = [], []
+    real_host_call, real_moe = gpu.memory.host_call, gpu.ops.moe_ffn
+
+    def counting_host_call(inputs, outputs, fn):
+        hand_offs.append(1)
+        real_host_call(inputs, outputs, fn)
+
+    def counting_moe(moe, x, out, stats=None):
+        before = len(hand_offs)
+        real_moe(moe, x, out, stats)
+        calls_in_moe.append(len(hand_offs) - before)
+
+    monkeypatch.setattr(gpu.memory, "host_call", counting_host_call)
+    monkeypatch.setattr(gpu.ops, "host_call", counting_host_call)
+    monkeypatch.setattr(gpu.ops, "moe_ffn", counting_moe)
+    got, _ = hybrid.forward(hybrid.new_state(32), ids, logits="all")
+    assert calls_in_moe == [1] * SHAPE["n_layer"]
+    assert np.abs(got - want).max() < LOGIT_TOL and (got.argmax(1) == want.argmax(1)).all()
+    assert hybrid.last_moe_stats == cpu_fw.last_moe_stats        # the same experts were read
+
+
+def test_rows_of_one_call_have_the_bits_of_token_by_token_calls(hybrid):
+    ids = np.array(PROMPT[:3])
+    whole, hidden = hybrid.forward(hybrid.new_state(32), ids, logits="all")
+    state = hybrid.new_state(32)
+    parts = [hybrid.forward(state, ids[t:t + 1], logits="all") for t in range(len(ids))]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), whole)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), hidden)
+
+
+def test_greedy_drafting_equals_plain_decoding(hybrid):
+    n_ctx = len(PROMPT) + N_TOKENS + 8
+    plain = [e.id for e in generate_tokens(hybrid, hybrid.new_state(n_ctx), LetterTokenizer(), PROMPT,
+                                           max_tokens=N_TOKENS, sampler=greedy(), n_ctx=n_ctx, ignore_eos=True)
+             if hasattr(e, "id")]
+    head = KnownFutureHead(MTPHead(hybrid), PROMPT + plain, hybrid.config.n_vocab)
+    events = list(generate_speculative(hybrid, head, hybrid.new_state(n_ctx, n_ring=3), LetterTokenizer(), PROMPT,
+                                       max_tokens=N_TOKENS, sampler=greedy(), depth=2, n_ctx=n_ctx, ignore_eos=True))
+    assert [e.id for e in events if hasattr(e, "id")] == plain and len(plain) == N_TOKENS
+    stats = events[-1].stats.draft
+    assert 0 < stats["accepted"] < stats["drafted"]           # both outcomes happened
+
+
+@pytest.mark.skipif(SIMULATED, reason="CUDA graphs need a real GPU (the simulator has none)")
+def test_hybrid_moe_steps_are_captured_and_replay_the_bits_of_eager_steps(model_file):
+    eager, replayed = hybrid_forward(model_file, cuda_graphs=False), hybrid_forward(model_file)
+    results = []
+    for fw in (eager, replayed):
+        state, steps = fw.new_state(32, n_ring=4), []
+        steps.append(fw.forward(state, PROMPT[:2], logits="all"))
+        for t in PROMPT[2:]:
+            steps.append(fw.forward(state, [t], logits="all"))
+        for _ in range(3):                            # a verify step, rolled back, three times
+            steps.append(fw.forward(state, [7, 8, 9], logits="all", snapshot=True))
+            state.rollback(1)
+        results.append(steps)
+    for (a, ha), (b, hb) in zip(*results):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(ha, hb)
+    assert replayed.backend.graphs.captures == 2      # the decode step and the verify step
+    assert replayed.backend.graphs.replays >= len(PROMPT) - 2
