@@ -47,14 +47,8 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
 
     Weights as for `matvec` (raw GGUF rows, (n_ff, row_bytes) uint8); x: (n, D) float32;
     h_out: (n, n_ff) float32, overwritten."""
-    check_f32_matrix(x, "x")
-    n, cols = x.shape
-    check_weights(wtype_gate, w_gate, cols, "w_gate")
-    check_weights(wtype_up, w_up, cols, "w_up")
-    if w_gate.shape[0] != w_up.shape[0]:
-        raise ValueError(f"w_gate has {w_gate.shape[0]} rows but w_up has {w_up.shape[0]}")
+    check_swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
     rows = w_gate.shape[0]
-    check_f32_matrix(h_out, "h_out", (n, rows), writeable=True)
     if rows == 0:
         return
     if wtype_gate in QUANT_TYPES and wtype_up in QUANT_TYPES:
@@ -67,3 +61,15 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
     run_matvec(wtype_gate, w_gate, x, h_out)
     run_matvec(wtype_up, w_up, x, up)
     _silu_times_inplace(h_out, up)
+
+
+def check_swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
+                 x: np.ndarray, h_out: np.ndarray) -> None:
+    """Raise ValueError unless these are valid `swiglu` arguments."""
+    check_f32_matrix(x, "x")
+    n, cols = x.shape
+    check_weights(wtype_gate, w_gate, cols, "w_gate")
+    check_weights(wtype_up, w_up, cols, "w_up")
+    if w_gate.shape[0] != w_up.shape[0]:
+        raise ValueError(f"w_gate has {w_gate.shape[0]} rows but w_up has {w_up.shape[0]}")
+    check_f32_matrix(h_out, "h_out", (n, w_gate.shape[0]), writeable=True)

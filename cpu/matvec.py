@@ -302,11 +302,16 @@ def matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 
     wtype: ggml type id; w: (rows, row_bytes) uint8, C-contiguous; x: (n, cols) float32;
     out: (n, rows) float32, overwritten. Releases the GIL while it runs."""
+    check_matvec(wtype, w, x, out)
+    run_matvec(wtype, w, x, out)
+
+
+def check_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """Raise ValueError unless (wtype, w, x, out) are valid `matvec` arguments."""
     check_f32_matrix(x, "x")
     n, cols = x.shape
     check_weights(wtype, w, cols)
     check_f32_matrix(out, "out", (n, w.shape[0]), writeable=True)
-    run_matvec(wtype, w, x, out)
 
 
 def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=None) -> None:

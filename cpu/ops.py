@@ -9,16 +9,35 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpu import matmul as _matmul
 from cpu.attention import gated_attention, kv_append
-from cpu.ffn import swiglu
+from cpu.ffn import swiglu as _swiglu
 from cpu.gdn import conv1d_silu, gated_delta_rule, l2_norm_heads
-from cpu.matvec import matvec
+from cpu.matvec import matvec as _matvec
 from cpu.moe import moe_ffn
 from cpu.norm import gated_rms_norm, head_rms_norm, rms_norm
 from cpu.quants import dequantize_rows
 from cpu.rope import rope_inv_freq, rope_neox
 
 NAME = "cpu"
+
+
+def matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """`cpu.matvec.matvec`; a prompt chunk (≥ cpu.matmul.MIN_SLOTS rows) of a quantised type goes
+    through `cpu.matmul`, which gives the same bits, tiled for many rows."""
+    if _matmul.takes(wtype, x):
+        _matmul.matmul(wtype, w, x, out)
+    else:
+        _matvec(wtype, w, x, out)
+
+
+def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
+           x: np.ndarray, h_out: np.ndarray) -> None:
+    """`cpu.ffn.swiglu`, routed like `matvec` (both weight types must be covered)."""
+    if _matmul.takes(wtype_gate, x) and _matmul.takes(wtype_up, x):
+        _matmul.swiglu_matmul(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
+    else:
+        _swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
 
 
 def add_inplace(x: np.ndarray, y: np.ndarray) -> None:

@@ -15,7 +15,7 @@ elements of the array they index; no bounds are checked here (the Python entry p
 shapes first).
 
 Numba's on-disk cache does not notice edits to this file in the kernels that inline these
-intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py): after changing it, delete
+intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py): after changing it, delete
 cpu/__pycache__/*.nbi and *.nbc.
 
 Block layouts: ../shared/docs/MODEL_FORMAT.md §6.
@@ -478,3 +478,149 @@ def _q4_0_weights(v: _Vec, blk, at: int):
 
 dot_q8_0 = intrinsic(_small_block_intrinsic(34, _q8_0_weights))
 dot_q4_0 = intrinsic(_small_block_intrinsic(18, _q4_0_weights))
+
+
+# ---- decoded K-quant tiles (the many-row path, `cpu.matmul`) -----------------------------------
+#
+# When hundreds of input slots share a weight row, the row is decoded once into a record that the
+# dot product only has to load: no nibble unpacking, no scale extraction, no shuffles per use.
+# Record of one super-block (TILE_RECORD bytes):
+#   [0, 256)    the 256 unsigned codes, in element order (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63)
+#   [256, 512)  per 32-element chunk c, the 16 i16 multipliers of `vpmaddwd` after `vpmaddubsw`
+#               (pair lanes 0..7 cover elements 32c..32c+15, lanes 8..15 the next 16): a K4 scale
+#               repeated, or Q6_K's two 16-element scales
+#   [512, 544)  16 i16 "aux" weights, lane t meeting the activation sum of elements 16t..16t+15:
+#               the min of its 32-element sub-block (Q4_K/Q5_K) or its scale (Q6_K)
+#   [544, 552)  d, dmin as float32 (exact copies of the fp16 fields; dmin = 0 for Q6_K)
+# The dot computes the same integers as `dot_q4_k`/`dot_q5_k`/`dot_q6_k` (main = Σ sc·q·x,
+# aux = Σ aux·(x sums)) and combines them with the same float operations, in the same order, so
+# each output has the bits of the N-input kernels.
+
+TILE_RECORD = 552
+_REC_SCALES, _REC_AUX, _REC_D = 256, 512, 544
+
+
+def _k4_codes(v: _Vec, blk, qs_at: int, qh_at):
+    """The 8 chunks of 32 unsigned Q4_K (qh_at None) or Q5_K codes, element order."""
+    qh = v.load(blk, qh_at, _U8X32) if qh_at is not None else None
+    chunks = []
+    for c in range(4):
+        q = v.load(blk, qs_at + 32 * c, _U8X32)
+        lo, hi = v.and8(q, 0x0F), v.shr8(q, 4)
+        if qh is not None:
+            lo = v.b.or_(lo, v.bits8(qh, 2 * c, 1, 4))
+            hi = v.b.or_(hi, v.bits8(qh, 2 * c + 1, 1, 4))
+        chunks += [lo, hi]
+    return chunks
+
+
+def _decode_k4(v: _Vec, blk, qh_at):
+    """Q4_K/Q5_K record fields: codes, each chunk's scale repeated, the mins paired with the x
+    sums per 16 (as in `_k4_dot`), d and dmin."""
+    scm = _k4_scales(v, blk, 4)
+    codes = _k4_codes(v, blk, 48 if qh_at is not None else 16, qh_at)
+    chunk_scales = [v.pick16(scm, [c] * 16) for c in range(8)]
+    aux = v.pick16(scm, [8 + t // 2 for t in range(16)])
+    return codes, chunk_scales, aux, v.f16s(blk, [0, 2])
+
+
+def _decode_q6k(v: _Vec, blk):
+    """Q6_K record fields, the unpacking of `_unpack_q6k` stored in element order (its part with
+    16-element sub-block t is chunk t/2)."""
+    b = v.b
+    sc = b.sext(v.load(blk, 192, ir.VectorType(_I8, 16)), _I16X16)
+    codes = [None] * 8
+    for h in range(2):
+        ql_a = v.load(blk, 64 * h, _U8X32)
+        ql_b = v.load(blk, 64 * h + 32, _U8X32)
+        qh = v.load(blk, 128 + 32 * h, _U8X32)
+        codes[4 * h + 0] = b.or_(v.and8(ql_a, 0x0F), v.bits8(qh, 0, 3, 4))
+        codes[4 * h + 1] = b.or_(v.and8(ql_b, 0x0F), v.bits8(qh, 2, 3, 4))
+        codes[4 * h + 2] = b.or_(v.shr8(ql_a, 4), v.bits8(qh, 4, 3, 4))
+        codes[4 * h + 3] = b.or_(v.shr8(ql_b, 4), v.bits8(qh, 6, 3, 4))
+    chunk_scales = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+    return codes, chunk_scales, sc, v.f16s(blk, [208])
+
+
+def _decode_k_intrinsic(decode):
+    """Intrinsic factory: decode the super-block at byte w_off of w into the record at byte
+    rec_off of `tile` (a uint8 array)."""
+
+    def typer(typingctx, w, w_off, tile, rec_off):
+        def codegen(context, builder, sig, args):
+            v = _Vec(builder)
+            blk = v.byte_ptr(context, sig.args[0], args[0], args[1])
+            rec = v.byte_ptr(context, sig.args[2], args[2], args[3])
+            codes, chunk_scales, aux, ds = decode(v, blk)
+
+            def store(value, at):
+                builder.store(value, builder.bitcast(builder.gep(rec, [_I64(at)]), value.type.as_pointer()), align=1)
+
+            for c in range(8):
+                store(codes[c], 32 * c)
+                store(chunk_scales[c], _REC_SCALES + 32 * c)
+            store(aux, _REC_AUX)
+            store(v.lanes(ds, [0, 1]), _REC_D)   # lane 1 is 0 where the type has no dmin
+            return context.get_dummy_value()
+
+        return types.none(w, types.intp, tile, types.intp), codegen
+
+    return typer
+
+
+decode_q4_k_block = intrinsic(_decode_k_intrinsic(lambda v, blk: _decode_k4(v, blk, None)))
+decode_q5_k_block = intrinsic(_decode_k_intrinsic(lambda v, blk: _decode_k4(v, blk, 16)))
+decode_q6_k_block = intrinsic(_decode_k_intrinsic(_decode_q6k))
+
+
+@intrinsic
+def tile_dot_k(typingctx, tile, rec_off, xq, b, bs_t, dx, acc, i, MINS):
+    """One decoded super-block (record at byte rec_off of `tile`, activation block b) against 8
+    slots, lanes = slots: xq (8, cols) int8, dx (blocks, 8) f32, acc (rows, 8) f32, row i:
+        MINS (Q4_K, Q5_K): acc[i, g] += (d·dx[b, g])·main − (dmin·dx[b, g])·aux
+        else (Q6_K):       acc[i, g] += (d·dx[b, g])·(main − 32·aux)
+    as in `dot_q4_k` / `dot_q6_k`. bs_t (blocks·8, 8) int32 holds the activation sums per 16 as
+    dword pairs, slots innermost: bs_t[8b + k, g] = (sum 2k, sum 2k+1) of slot g in block b, so
+    the aux term of all 8 slots is 8 `vpmaddwd` with no horizontal sum; the main sums of the 8
+    slots are reduced together (`_Vec.sums`)."""
+    if not isinstance(MINS, types.BooleanLiteral):
+        return None
+
+    def codegen(context, builder, sig, args):
+        tile_v, rec_off_v, _, b_v, _, _, _, i_v, _ = args
+        v = _Vec(builder)
+        rec = v.byte_ptr(context, sig.args[0], tile_v, rec_off_v)
+        xty, xv, xs = _rows_of(context, builder, sig, args, 2)
+        block = builder.mul(b_v, _I64(256))
+        slots = [v.byte_ptr(context, xty, xv, builder.add(builder.mul(_I64(g), xs), block)) for g in range(8)]
+        mains = [None] * 8
+        for c in range(8):
+            q = v.load(rec, 32 * c, _U8X32)
+            s = v.load(rec, _REC_SCALES + 32 * c, _I16X16)
+            for g in range(8):
+                p = v.madd(v.maddubs(q, v.load(slots[g], 32 * c, _U8X32)), s)
+                mains[g] = p if mains[g] is None else builder.add(mains[g], p)
+        main = v.sums(mains, builder.add)
+        aux_w = v.load(rec, _REC_AUX, _I32X8)
+        bs = v.byte_ptr(context, sig.args[4], args[4], builder.mul(b_v, _I64(64)))
+        aux = None
+        for k in range(8):
+            pair = builder.bitcast(v.lane_splat(aux_w, k), _I16X16)
+            p = v.madd(pair, v.load(bs, 32 * k, _I16X16))
+            aux = p if aux is None else builder.add(aux, p)
+        vec = _F32X8
+        ds = v.load(rec, _REC_D, ir.VectorType(_F32, 2))
+        dxv = builder.load(_slot_floats(context, builder, sig, args, 5, builder.mul(b_v, _I64(8)), 8), align=4)
+        d_dx = builder.fmul(v.lanes(ds, [0] * 8), dxv)
+        if MINS.literal_value:
+            dmin_dx = builder.fmul(v.lanes(ds, [1] * 8), dxv)
+            part = builder.fsub(builder.fmul(d_dx, builder.sitofp(main, vec)),
+                                builder.fmul(dmin_dx, builder.sitofp(aux, vec)))
+        else:
+            total = builder.sub(main, builder.mul(aux, v.splat_const(_I32X8, 32)))
+            part = builder.fmul(d_dx, builder.sitofp(total, vec))
+        accp = _slot_floats(context, builder, sig, args, 6, builder.mul(i_v, _I64(8)), 8)
+        builder.store(builder.fadd(builder.load(accp, align=4), part), accp, align=4)
+        return context.get_dummy_value()
+
+    return types.none(tile, types.intp, xq, types.intp, bs_t, dx, acc, types.intp, MINS), codegen
