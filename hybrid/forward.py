@@ -71,9 +71,7 @@ class Forward:
         if snapshot:
             state.check_ring(n)
         c, w, b = self.config, self.weights, self.backend
-        s = self._scratch_for(n)
-        b.copy(s.pos, np.arange(state.n_past, state.n_past + n))
-        self.last_moe_stats.reset()
+        s = self.prepare_rows(n, state.n_past)
         b.copy(s.x, embed_tokens(w, ids, self.ops))
         hidden = b.result("hidden", (n, c.n_embd))
         out = None if logits == "none" else b.result("logits", (n if logits == "all" else 1, c.n_vocab))
@@ -101,10 +99,20 @@ class Forward:
         """One full-attention block on rows x (n, D) in place, at positions n_before.., over the
         cache pair kv = (k_cache, v_cache). For the MTP block (blk.L with state.mtp_kv[L]);
         the caller keeps its own position counter. x is a backend array."""
-        b = self.backend
-        s = self._scratch_for(x.shape[0])
-        b.copy(s.pos, np.arange(n_before, n_before + x.shape[0]))
+        self.attention_block_on(layer, x, kv, self.prepare_rows(x.shape[0], n_before))
+
+    def prepare_rows(self, n: int, n_before: int) -> "_Scratch":
+        """The scratch for an n-row call at positions n_before.. (written to its pos array, which
+        the kernels read on the device), with the MoE counters reset."""
+        s = self._scratch_for(n)
+        self.backend.copy(s.pos, np.arange(n_before, n_before + n))
         self.last_moe_stats.reset()
+        return s
+
+    def attention_block_on(self, layer: AttentionLayer, x, kv, s: "_Scratch") -> None:
+        """attention_block on prepared rows (prepare_rows): only device work and host calls, so
+        it can be part of a captured step."""
+        b = self.backend
         b.copy(s.x, x)
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
         self._attention(layer, kv, s)

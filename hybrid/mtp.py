@@ -42,21 +42,30 @@ class MTPHead:
             raise HybridError(f"MTP rows need one hidden row per token: got {hidden_prev.shape} for {n} tokens")
         if state.mtp_n_past + n > state.n_ctx:
             raise HybridError(f"{n} MTP rows do not fit the context of {state.n_ctx}")
+        # inputs into buffers that stay put, so the GPU backend can replay the block as a graph
+        emb, h_prev = b.result("mtp_emb", (n, D)), b.result("mtp_h_prev", (n, D))
+        b.copy(emb, embed_tokens(fwd.weights, ids, ops, table=w.embed))
+        b.copy(h_prev, np.ascontiguousarray(hidden_prev, dtype=np.float32))
+        s = fwd.prepare_rows(n, state.mtp_n_past)
+        hidden = b.result("mtp_hidden", (n, D))
+        out = None if logits == "none" else b.result("mtp_logits", (n if logits == "all" else 1, c.n_vocab))
+        kv = state.mtp_kv[self.layer]
+        b.run_step(("mtp", n, logits, state.identity, s.identity), lambda: self._block(emb, h_prev, kv, s, hidden, out))
+        state.mtp_n_past += n
+        return (None if out is None else b.to_host(out)), b.to_host(hidden)
+
+    def _block(self, emb, h_prev, kv, s, hidden, out) -> None:
+        fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
+        n, D = emb.shape
         cat = b.result("mtp_cat", (n, 2 * D))
         normed = b.result("mtp_normed", (n, D))
-        ops.rms_norm(embed_tokens(fwd.weights, ids, ops, table=w.embed), w.enorm, c.rms_eps, normed)
+        ops.rms_norm(emb, w.enorm, c.rms_eps, normed)
         b.copy(cat[:, :D], normed)
-        ops.rms_norm(b.to_backend(np.ascontiguousarray(hidden_prev, dtype=np.float32)), w.hnorm, c.rms_eps, normed)
+        ops.rms_norm(h_prev, w.hnorm, c.rms_eps, normed)
         b.copy(cat[:, D:], normed)
         x = b.result("mtp_x", (n, D))
         ops.matvec(w.eh_proj.wtype, w.eh_proj.data, cat, x)
-        fwd.attention_block(w.block, x, state.mtp_kv[self.layer], state.mtp_n_past)
-        hidden = b.result("mtp_hidden", (n, D))
+        fwd.attention_block_on(w.block, x, kv, s)
         ops.rms_norm(x, w.shared_head_norm, c.rms_eps, hidden)
-        state.mtp_n_past += n
-        if logits == "none":
-            return None, b.to_host(hidden)
-        rows = hidden if logits == "all" else hidden[n - 1:]
-        out = b.result("mtp_logits", (rows.shape[0], c.n_vocab))
-        ops.matvec(w.head.wtype, w.head.data, rows, out)
-        return b.to_host(out), b.to_host(hidden)
+        if out is not None:
+            ops.matvec(w.head.wtype, w.head.data, hidden[n - out.shape[0]:], out)
