@@ -64,6 +64,7 @@ class Model:
         else:
             self.forward = Forward(self.file)
         self._mtp = None
+        self._idle_state = None         # see with_fresh_state
 
     # --- state ----------------------------------------------------------------------------
     def new_state(self, n_ctx: int | None = None):
@@ -123,18 +124,36 @@ class Model:
                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                         seed=seed))
         if depth == 0:
-            return generate_tokens(self.forward, state if state is not None else self.new_state(),
-                                   self.tokenizer, ids, max_tokens=max_tokens, sampler=sampler, stop=stop,
-                                   n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+            def run(state):
+                return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
+                                       sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+            return run(state) if state is not None else self.with_fresh_state(run)
         ring = (MAX_AUTO_DEPTH if depth == AUTO else depth) + 1
-        if state is None:
-            state = self.forward.new_state(self.n_ctx, n_ring=ring)
-        elif state.n_ring < ring:
+        if state is not None and state.n_ring < ring:
             raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
                               f"≥ {ring} slots (Forward.new_state(n_ctx, n_ring={ring})); this one has {state.n_ring}")
-        return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
-                                    sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
-                                    n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+
+        def run_speculative(state):
+            return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
+                                        sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
+                                        n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+        return run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring)
+
+    def with_fresh_state(self, run, n_ring: int = 0):
+        """Iterate run(state) over an empty state of this model's context. The state is kept for
+        the next call once the iteration ends (reset, not reallocated): its device buffers stay
+        put, so the steps the GPU backend captured as CUDA graphs in one generation replay in
+        the next instead of being launched and captured again. A state still in use by an
+        unfinished iteration is never handed out twice."""
+        state, self._idle_state = self._idle_state, None
+        if state is None or state.n_ring != n_ring:
+            state = self.forward.new_state(self.n_ctx, n_ring=n_ring)
+        else:
+            state.reset()
+        try:
+            yield from run(state)
+        finally:
+            self._idle_state = state
 
     def session(self, system: str | None = None, n_ctx: int | None = None, draft: int | str = 0,
                 draft_p_min: float = 0.0):

@@ -37,9 +37,10 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
     from .generate import PREFILL_CHUNK
     rng = np.random.default_rng(seed)
     times = []
+    state = model.new_state(n_prompt + 1)
     for _ in range(reps):
         ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
-        state = model.new_state(n_prompt + 1)
+        state.reset()
         t0 = time.perf_counter()
         for s in range(0, n_prompt, PREFILL_CHUNK):
             chunk = ids[s:s + PREFILL_CHUNK]
@@ -52,8 +53,9 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
     """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench does."""
     rng = np.random.default_rng(seed)
     times = []
-    for _ in range(reps):
-        state = model.new_state(n_gen + 2)
+    state = model.new_state(n_gen + 2)        # one state, reset per repetition (as llama-bench reuses
+    for _ in range(reps):                     # its context): steps captured as CUDA graphs replay
+        state.reset()
         logits, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
         t0 = time.perf_counter()
         for _ in range(n_gen):
