@@ -190,40 +190,29 @@ def q4_0_store(raw, p, col, cols, ws, at, stride):
 # raw[p, 0:4] = header (d | dmin << 16, scales[12]); raw[p, 4:8] = qs; Q5_K: raw[p, 8:12] = qh.
 
 @device_function
+def _store4(raw, p, first, words):
+    a, b, c, d = words
+    raw[p, first] = a
+    raw[p, first + 1] = b
+    raw[p, first + 2] = c
+    raw[p, first + 3] = d
+
+
+@device_function
 def q4_k_load(w, w8, row, col, cols, raw, p):
     word0 = (col >> 8) * 36                     # 144 bytes: header 16, qs 128
     half = (col >> 4) & 1
-    a, b, c, d = load_u32x4(w, row, word0)
-    raw[p, 0] = a
-    raw[p, 1] = b
-    raw[p, 2] = c
-    raw[p, 3] = d
-    a, b, c, d = load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half)
-    raw[p, 4] = a
-    raw[p, 5] = b
-    raw[p, 6] = c
-    raw[p, 7] = d
+    _store4(raw, p, 0, load_u32x4(w, row, word0))
+    _store4(raw, p, 4, load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
 
 
 @device_function
 def q5_k_load(w, w8, row, col, cols, raw, p):
     word0 = (col >> 8) * 44                     # 176 bytes: header 16, qh 32, qs 128
     half = (col >> 4) & 1
-    a, b, c, d = load_u32x4(w, row, word0)
-    raw[p, 0] = a
-    raw[p, 1] = b
-    raw[p, 2] = c
-    raw[p, 3] = d
-    a, b, c, d = load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half)
-    raw[p, 4] = a
-    raw[p, 5] = b
-    raw[p, 6] = c
-    raw[p, 7] = d
-    a, b, c, d = load_u32x4(w, row, word0 + 4 + 4 * half)
-    raw[p, 8] = a
-    raw[p, 9] = b
-    raw[p, 10] = c
-    raw[p, 11] = d
+    _store4(raw, p, 0, load_u32x4(w, row, word0))
+    _store4(raw, p, 4, load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
+    _store4(raw, p, 8, load_u32x4(w, row, word0 + 4 + 4 * half))
 
 
 @device_function
