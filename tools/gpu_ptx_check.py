@@ -43,9 +43,9 @@ def main(argv: list[str]) -> int:
             return MISSING_LIBRARY
         raise
 
-    from gpu import bench, matvec
+    from gpu import bench, matvec, ops
 
-    targets = [*matvec.ptx_targets(every_shape="--all" in argv), *bench.ptx_targets()]
+    targets = [*matvec.ptx_targets(every_shape="--all" in argv), *ops.ptx_targets(), *bench.ptx_targets()]
     failed = 0
     for name, pyfunc, argtypes in targets:
         t0 = time.perf_counter()
@@ -56,8 +56,8 @@ def main(argv: list[str]) -> int:
             failed += 1
             continue
         note = ""
-        if name.startswith("matvec") and ".local" in ptx:
-            note = "  FAIL: uses local memory (per-row arrays not kept in registers)"
+        if name.startswith(("matvec", "gemm")) and ".local" in ptx:
+            note = "  FAIL: uses local memory (per-thread arrays not kept in registers)"
             failed += 1
         print(f"{'ok  ' if not note else 'FAIL'} {name:40s} {time.perf_counter() - t0:5.1f} s  "
               f"{ptx.count(chr(10)):5d} PTX lines{note}", flush=True)
