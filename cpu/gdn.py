@@ -118,7 +118,6 @@ def _gates(b, alpha, ssm_a, dt_bias):
     return beta, decay
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
 def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):
     """The gated delta rule over n tokens, per v-head j, with S_j in `ssm` (H_v, d_v, d_k):
 
@@ -130,6 +129,87 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
     b, alpha (n, H_v) raw projections; ssm_a, dt_bias (H_v,). out (n, H_v·d_v).
     ring_ssm (R, H_v, d_v, d_k): if R > 0, slot t receives the state after token t.
     """
+    step = _delta_rule_4_rows if ssm.shape[1] % 4 == 0 else _delta_rule_rows
+    step(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm)
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
+def _delta_rule_4_rows(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):
+    """gated_delta_rule with four value rows of a head per work item (d_v a multiple of 4):
+    each k̂ and q̂ element loaded once serves four rows, and the four independent sums keep
+    the FMA pipes busy — 1.9× the one-row kernel on 2 Zen 3 cores at the 0.8B shape. Every
+    row is still stepped token by token inside the call, so an n-token call keeps the bits
+    of n one-token calls."""
+    n = u.shape[0]
+    n_v, d_v, d_k = ssm.shape
+    ratio = n_v // n_k_heads
+    k_start = n_k_heads * d_k
+    v_start = 2 * k_start
+    scale = np.float32(1.0 / math.sqrt(d_k))
+    snap = ring_ssm.shape[0] > 0
+    beta, decay = _gates(b, alpha, ssm_a, dt_bias)
+    quads = d_v // 4
+    for item in prange(n_v * quads):
+        j = item // quads
+        c = 4 * (item - j * quads)
+        kh = j // ratio if grouped else j % n_k_heads
+        q0 = kh * d_k
+        k0 = k_start + kh * d_k
+        s0, s1, s2, s3 = ssm[j, c], ssm[j, c + 1], ssm[j, c + 2], ssm[j, c + 3]
+        for t in range(n):
+            ut = u[t]
+            q = ut[q0:q0 + d_k]
+            k = ut[k0:k0 + d_k]
+            dec = decay[t, j]
+            kv0 = kv1 = kv2 = kv3 = np.float32(0.0)
+            for i in range(d_k):
+                ki = k[i]
+                a = s0[i] * dec
+                s0[i] = a
+                kv0 += a * ki
+                a = s1[i] * dec
+                s1[i] = a
+                kv1 += a * ki
+                a = s2[i] * dec
+                s2[i] = a
+                kv2 += a * ki
+                a = s3[i] * dec
+                s3[i] = a
+                kv3 += a * ki
+            bt = beta[t, j]
+            v = v_start + j * d_v + c
+            d0 = bt * (ut[v] - kv0)
+            d1 = bt * (ut[v + 1] - kv1)
+            d2 = bt * (ut[v + 2] - kv2)
+            d3 = bt * (ut[v + 3] - kv3)
+            o0 = o1 = o2 = o3 = np.float32(0.0)
+            for i in range(d_k):
+                ki = k[i]
+                qi = q[i]
+                a = s0[i] + ki * d0
+                s0[i] = a
+                o0 += a * qi
+                a = s1[i] + ki * d1
+                s1[i] = a
+                o1 += a * qi
+                a = s2[i] + ki * d2
+                s2[i] = a
+                o2 += a * qi
+                a = s3[i] + ki * d3
+                s3[i] = a
+                o3 += a * qi
+            o = j * d_v + c
+            out[t, o] = o0 * scale
+            out[t, o + 1] = o1 * scale
+            out[t, o + 2] = o2 * scale
+            out[t, o + 3] = o3 * scale
+            if snap:
+                ring_ssm[t, j, c:c + 4, :] = ssm[j, c:c + 4]
+
+
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
+def _delta_rule_rows(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):
+    """gated_delta_rule, one value row per work item (any d_v)."""
     n = u.shape[0]
     n_v, d_v, d_k = ssm.shape
     ratio = n_v // n_k_heads

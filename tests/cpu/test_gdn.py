@@ -133,11 +133,12 @@ def test_l2_norm_heads_normalises_only_the_leading_heads():
 
 # --- delta rule ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dk", [8, 6])          # 6: not a multiple of 4, the one-row kernel
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("n", [1, 5])
-def test_delta_rule_matches_reference(n, grouped):
+def test_delta_rule_matches_reference(n, grouped, dk):
     rng = np.random.default_rng(n + 17 * grouped)
-    Hk, dk = 2, 8
+    Hk = 2
     u, b, alpha, ssm_a, dt_bias, ssm = make_gdn(rng, n, Hk=Hk, Hv=4, dk=dk)
     expect, states = ref_delta(u, Hk, dk, b, alpha, ssm_a, dt_bias, ssm, grouped)
     out = np.full((n, 4 * dk), np.nan, np.float32)
@@ -157,9 +158,10 @@ def test_head_pairing_switch_changes_the_result():
     assert not np.allclose(*outs, atol=1e-3)
 
 
-def test_delta_rule_n_tokens_equal_n_single_calls_and_ring_slots():
+@pytest.mark.parametrize("dk", [16, 6])
+def test_delta_rule_n_tokens_equal_n_single_calls_and_ring_slots(dk):
     rng = np.random.default_rng(10)
-    n, Hk, Hv, dk = 6, 2, 4, 16
+    n, Hk, Hv = 6, 2, 4
     u, b, alpha, ssm_a, dt_bias, start = make_gdn(rng, n, Hk=Hk, Hv=Hv, dk=dk)
     state_all, out_all = start.copy(), np.empty((n, Hv * dk), np.float32)
     ring = np.full((n, Hv, dk, dk), np.nan, np.float32)
