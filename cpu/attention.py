@@ -11,6 +11,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .expf import expf
+
 # Reassociation lets LLVM vectorise the d_h dot products. Every query row runs the same
 # code whatever n is, so batched rows still match single-row calls bit for bit.
 _FAST = {"reassoc", "contract", "nsz"}
@@ -62,7 +64,7 @@ def gated_attention(q, qg, k_cache, v_cache, pos, out):
             best = max(best, s)
         total = np.float32(0.0)
         for p in range(n_kv):
-            e = np.float32(math.exp(scores[p] - best))
+            e = expf(scores[p] - best)
             scores[p] = e
             total += e
         acc = np.zeros(d, dtype=np.float32)
@@ -75,4 +77,4 @@ def gated_attention(q, qg, k_cache, v_cache, pos, out):
         gate = qg[t, h, d:]
         o = out[t, h * d:(h + 1) * d]
         for i in range(d):
-            o[i] = acc[i] * inv_total / (np.float32(1.0) + np.exp(-gate[i]))
+            o[i] = acc[i] * inv_total / (np.float32(1.0) + expf(-gate[i]))

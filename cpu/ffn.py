@@ -11,13 +11,14 @@ import numpy as np
 from numba import njit, prange
 
 from . import matvec as _matvec
+from .expf import expf
 from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_tiles_for, quantize_activations,
                      row_dot_quant, run_matvec)
 
 
 @njit(inline="always")
 def _silu_times(g, u):
-    return g / (np.float32(1.0) + np.exp(-g)) * u
+    return g / (np.float32(1.0) + expf(-g)) * u
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from .expf import expf
+
 # Reassociation vectorises the d_k dot products; every token runs the same code, so an
 # n-token call stays bit-identical to n one-token calls.
 _FAST = {"reassoc", "contract", "nsz"}
@@ -72,7 +74,7 @@ def _conv1d_silu_channels(mix, w, conv, out, ring_conv, c0, c1):
             for ch in range(c0, c1):
                 o[ch] += wj[ch] * x[ch]
         for ch in range(c0, c1):
-            o[ch] = o[ch] / (np.float32(1.0) + np.exp(-o[ch]))
+            o[ch] = o[ch] / (np.float32(1.0) + expf(-o[ch]))
         if snap:
             for r in range(keep):
                 s = t - keep + 1 + r

@@ -14,6 +14,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .expf import expf
+
 
 @njit(cache=True, nogil=True)
 def rms_norm(x, w, eps, out):
@@ -70,5 +72,5 @@ def gated_rms_norm(o, z, w, eps, out):
             scale = np.float32(1.0 / math.sqrt(ss / d + eps))
             for i in range(d):
                 zi = z[t, base + i]
-                silu = zi / (np.float32(1.0) + np.exp(-zi))
+                silu = zi / (np.float32(1.0) + expf(-zi))
                 out[t, base + i] = o[t, base + i] * scale * w[i] * silu
