@@ -46,7 +46,7 @@ from .device import simulated
 from .intrinsics import bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, small_uint_to_f32
 from .matvec import SOURCE_STAMP, _check, _specialise
 from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, kquant_scale_min
+from .quants import int8_to_f32, kquant_scale_min, store4
 
 # Calls with at least this many rows go through the GEMM (gpu/matvec.py routes them). At 32
 # rows the matvec already reads W four times (8 slots per pass) while a GEMM tile reads it once.
@@ -190,29 +190,20 @@ def q4_0_store(raw, p, col, cols, ws, at, stride):
 # raw[p, 0:4] = header (d | dmin << 16, scales[12]); raw[p, 4:8] = qs; Q5_K: raw[p, 8:12] = qh.
 
 @device_function
-def _store4(raw, p, first, words):
-    a, b, c, d = words
-    raw[p, first] = a
-    raw[p, first + 1] = b
-    raw[p, first + 2] = c
-    raw[p, first + 3] = d
-
-
-@device_function
 def q4_k_load(w, w8, row, col, cols, raw, p):
     word0 = (col >> 8) * 36                     # 144 bytes: header 16, qs 128
     half = (col >> 4) & 1
-    _store4(raw, p, 0, load_u32x4(w, row, word0))
-    _store4(raw, p, 4, load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
+    store4(raw, p, 0, load_u32x4(w, row, word0))
+    store4(raw, p, 4, load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
 
 
 @device_function
 def q5_k_load(w, w8, row, col, cols, raw, p):
     word0 = (col >> 8) * 44                     # 176 bytes: header 16, qh 32, qs 128
     half = (col >> 4) & 1
-    _store4(raw, p, 0, load_u32x4(w, row, word0))
-    _store4(raw, p, 4, load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
-    _store4(raw, p, 8, load_u32x4(w, row, word0 + 4 + 4 * half))
+    store4(raw, p, 0, load_u32x4(w, row, word0))
+    store4(raw, p, 4, load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
+    store4(raw, p, 8, load_u32x4(w, row, word0 + 4 + 4 * half))
 
 
 @device_function
