@@ -207,10 +207,3 @@ class StepGraphs:
         graph.replay(self.seconds)
         self.seconds["all"] += time.perf_counter() - t0
         self.replays += 1
-
-    def clear(self) -> None:
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
-        self._seen.clear()
-
