@@ -13,7 +13,7 @@ import math
 from numba import cuda, float32
 
 from .device import simulated
-from .intrinsics import warp_reduce
+from .intrinsics import device_function, warp_reduce
 from .memory import stream
 
 # The simulator runs every thread as a Python thread: one warp per block keeps it quick.
@@ -63,6 +63,20 @@ def rms_norm(x, w, eps, out):
         _rms_norm[n, ROW_THREADS, stream()](x, w, float(eps), out)
 
 
+@device_function
+def warp_sum_squares(seg, d, lane):
+    """Σ seg[i]² over i < d: the warp's lanes stride over the segment, then the fixed
+    butterfly; every lane gets the same sum."""
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, d, 32):
+        v = seg[i]
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    return red[0, 0]
+
+
 @cuda.jit(cache=True)
 def _head_rms_norm(x, w, eps, out):
     n, H, _ = x.shape
@@ -72,14 +86,7 @@ def _head_rms_norm(x, w, eps, out):
     it = min(item, n * H - 1)
     t = it // H
     h = it - t * H
-    red = cuda.local.array((1, 1), float32)
-    ss = float32(0.0)
-    for i in range(lane, d, 32):
-        v = x[t, h, i]
-        ss += v * v
-    red[0, 0] = ss
-    warp_reduce(red)
-    scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
+    scale = float32(1.0 / math.sqrt(warp_sum_squares(x[t, h], d, lane) / d + eps))
     if item < n * H:
         for i in range(lane, d, 32):
             out[t, h, i] = x[t, h, i] * scale * w[i]
@@ -102,14 +109,7 @@ def _gated_rms_norm(o, z, w, eps, out):
     it = min(item, n * heads - 1)
     t = it // heads
     base = (it - t * heads) * d
-    red = cuda.local.array((1, 1), float32)
-    ss = float32(0.0)
-    for i in range(lane, d, 32):
-        v = o[t, base + i]
-        ss += v * v
-    red[0, 0] = ss
-    warp_reduce(red)
-    scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
+    scale = float32(1.0 / math.sqrt(warp_sum_squares(o[t, base:base + d], d, lane) / d + eps))
     if item < n * heads:
         for i in range(lane, d, 32):
             zi = z[t, base + i]
@@ -131,14 +131,7 @@ def _l2_norm_heads(x, n_heads, d, eps):
     it = min(item, n * n_heads - 1)
     t = it // n_heads
     base = (it - t * n_heads) * d
-    red = cuda.local.array((1, 1), float32)
-    ss = float32(0.0)
-    for i in range(lane, d, 32):
-        v = x[t, base + i]
-        ss += v * v
-    red[0, 0] = ss
-    warp_reduce(red)
-    inv = float32(1.0 / max(math.sqrt(red[0, 0]), eps))
+    inv = float32(1.0 / max(math.sqrt(warp_sum_squares(x[t, base:base + d], d, lane)), eps))
     if item < n * n_heads:
         for i in range(lane, d, 32):
             x[t, base + i] *= inv
