@@ -45,8 +45,15 @@ def add_inplace(x: np.ndarray, y: np.ndarray) -> None:
     np.add(x, y, out=x)
 
 
+def add_rms_norm(x: np.ndarray, y: np.ndarray, w: np.ndarray, eps: float, out: np.ndarray) -> None:
+    """The residual add and the next RMSNorm: x += y, then out = rms_norm(x; w). One op so the
+    GPU can do both in one pass over x (here it is just the two, bit for bit)."""
+    add_inplace(x, y)
+    rms_norm(x, w, eps, out)
+
+
 __all__ = [
-    "NAME", "add_inplace", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
+    "NAME", "add_inplace", "add_rms_norm", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu",
 ]

@@ -32,26 +32,34 @@ ROW_WARPS = 1 if simulated() else 8
 ROW_THREADS = 32 * ROW_WARPS
 
 
+@device_function
+def row_scale(ss, D, eps, tid):
+    """1/sqrt(mean + eps) of a row from each thread's partial sum of squares `ss`: the fixed
+    butterfly within each warp, then the warps' sums in warp order (a row's bits never depend
+    on the call's other rows). Ends with a barrier, so the caller may then overwrite its input."""
+    red = cuda.local.array((1, 1), float32)
+    partial = cuda.shared.array(ROW_WARPS, float32)
+    red[0, 0] = ss
+    warp_reduce(red)
+    if (tid & 31) == 0:
+        partial[tid >> 5] = red[0, 0]
+    cuda.syncthreads()
+    total = float32(0.0)
+    for k in range(ROW_WARPS):
+        total += partial[k]
+    return float32(1.0 / math.sqrt(total / D + eps))
+
+
 @cuda.jit(cache=True)
 def _rms_norm(x, w, eps, out):
     n, D = x.shape
     t = cuda.blockIdx.x
     tid = cuda.threadIdx.x
-    red = cuda.local.array((1, 1), float32)
-    partial = cuda.shared.array(ROW_WARPS, float32)
     ss = float32(0.0)
     for i in range(tid, D, ROW_THREADS):
         v = x[t, i]
         ss += v * v
-    red[0, 0] = ss
-    warp_reduce(red)
-    if (tid & 31) == 0:
-        partial[tid >> 5] = red[0, 0]
-    cuda.syncthreads()             # every sum is read before any thread overwrites x (out may be x)
-    total = float32(0.0)
-    for k in range(ROW_WARPS):     # fixed order: a row's bits never depend on the call's other rows
-        total += partial[k]
-    scale = float32(1.0 / math.sqrt(total / D + eps))
+    scale = row_scale(ss, D, eps, tid)
     for i in range(tid, D, ROW_THREADS):
         out[t, i] = x[t, i] * scale * w[i]
 
@@ -61,6 +69,29 @@ def rms_norm(x, w, eps, out):
     n = x.shape[0]
     if n:
         _rms_norm[n, ROW_THREADS, stream()](x, w, float(eps), out)
+
+
+@cuda.jit(cache=True)
+def _add_rms_norm(x, y, w, eps, out):
+    n, D = x.shape
+    t = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    ss = float32(0.0)
+    for i in range(tid, D, ROW_THREADS):
+        v = x[t, i] + y[t, i]
+        x[t, i] = v           # read back below by this same thread only
+        ss += v * v
+    scale = row_scale(ss, D, eps, tid)
+    for i in range(tid, D, ROW_THREADS):
+        out[t, i] = x[t, i] * scale * w[i]
+
+
+def add_rms_norm(x, y, w, eps, out):
+    """x += y (the residual add), then out = rms_norm(x; w): one pass instead of two kernels,
+    with the bits of add_inplace followed by rms_norm."""
+    n = x.shape[0]
+    if n:
+        _add_rms_norm[n, ROW_THREADS, stream()](x, y, w, float(eps), out)
 
 
 @device_function

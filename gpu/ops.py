@@ -25,7 +25,7 @@ from .memory import THREADS, host_call, is_device, stream
 # Decode-time launches are deliberately small (a few rows, one block per head): numba's
 # low-occupancy warning would fire on most of them and bury the user's output.
 numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = False
-from .norm import gated_rms_norm, head_rms_norm, l2_norm_heads, rms_norm
+from .norm import add_rms_norm, gated_rms_norm, head_rms_norm, l2_norm_heads, rms_norm
 from .rope import rope_inv_freq, rope_neox
 
 NAME = "gpu"
@@ -98,7 +98,7 @@ def add_inplace(x, y) -> None:
 
 
 __all__ = [
-    "NAME", "add_inplace", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
+    "NAME", "add_inplace", "add_rms_norm", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu",
 ]
@@ -119,6 +119,7 @@ def ptx_targets():
     m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
     kernels = [
         ("rms_norm", norm._rms_norm, (m2, m1, f64, m2)),
+        ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
         ("head_rms_norm", norm._head_rms_norm, (m3, m1, f64, m3)),
         ("gated_rms_norm", norm._gated_rms_norm, (m2, m2, m1, f64, m2)),
         ("l2_norm_heads", norm._l2_norm_heads, (m2, i64, i64, f64)),

@@ -84,14 +84,18 @@ class Forward:
 
     def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out) -> None:
         ops, c, w = self.ops, self.config, self.weights
-        for layer in w.layers:
-            ops.rms_norm(s.x, layer.attn_norm, c.rms_eps, s.a)
+        ops.rms_norm(s.x, w.layers[0].attn_norm, c.rms_eps, s.a)
+        for i, layer in enumerate(w.layers):
             if isinstance(layer, GDNLayer):
                 self._gdn(layer, state, s, snapshot)
             else:
                 self._attention(layer, state.kv[layer.index], s)
             self._residual_ffn(layer, s)
-        ops.rms_norm(s.x, w.output_norm, c.rms_eps, hidden)
+            # the FFN's residual add fused with the next norm: the next layer's, or output_norm
+            if i + 1 < len(w.layers):
+                ops.add_rms_norm(s.x, s.m, w.layers[i + 1].attn_norm, c.rms_eps, s.a)
+            else:
+                ops.add_rms_norm(s.x, s.m, w.output_norm, c.rms_eps, hidden)
         if out is not None:
             lm_head(w, hidden[hidden.shape[0] - out.shape[0]:], out, ops)
 
@@ -117,16 +121,15 @@ class Forward:
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
         self._attention(layer, kv, s)
         self._residual_ffn(layer, s)
+        self.ops.add_inplace(s.x, s.m)
         b.copy(x, s.x)
 
     # --- the two mixers and the FFN -----------------------------------------------------------
     def _residual_ffn(self, layer, s: "_Scratch") -> None:
-        """x += mixer output; x += FFN(RMSNorm(x; post_attention_norm))."""
-        ops = self.ops
-        ops.add_inplace(s.x, s.m)
-        ops.rms_norm(s.x, layer.post_norm, self.config.rms_eps, s.a)
+        """x += mixer output; m = FFN(RMSNorm(x; post_attention_norm)). The caller adds m to x
+        (fused with whatever norm comes next)."""
+        self.ops.add_rms_norm(s.x, s.m, layer.post_norm, self.config.rms_eps, s.a)
         self._ffn(layer.ffn, s)
-        ops.add_inplace(s.x, s.m)
 
     def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config

@@ -91,6 +91,24 @@ def test_rms_norm_matches_cpu_in_and_out_of_place():
     np.testing.assert_allclose(inplace.copy_to_host(), want, **TOL)
 
 
+def test_add_rms_norm_has_the_bits_of_add_then_norm_and_matches_cpu():
+    x = f32(rng(31).standard_normal((3, 80)) * 3)
+    y = f32(rng(32).standard_normal((3, 80)))
+    w = f32(rng(33).standard_normal(80))
+    want_x, want = x.copy(), np.empty_like(x)
+    cpu.ops.add_rms_norm(want_x, y, w, EPS, want)
+    np.testing.assert_array_equal(want_x, x + y)
+    # the fused kernel against the two GPU kernels it replaces: the same bits
+    two_x, two = dev(x), dev(np.full_like(x, np.nan))
+    gpu.ops.add_inplace(two_x, dev(y))
+    gpu.ops.rms_norm(two_x, dev(w), EPS, two)
+    got_x, got = dev(x), dev(np.full_like(x, np.nan))
+    gpu.ops.add_rms_norm(got_x, dev(y), dev(w), EPS, got)
+    assert bits_equal(got_x.copy_to_host(), two_x.copy_to_host())
+    assert bits_equal(got.copy_to_host(), two.copy_to_host())
+    np.testing.assert_allclose(got.copy_to_host(), want, **TOL)
+
+
 def test_head_rms_norm_reads_the_query_half_and_works_in_place():
     n, H, d = 2, 3, 40
     qg = f32(rng(3).standard_normal((n, H, 2 * d)))
