@@ -17,6 +17,7 @@ from hybrid.errors import HybridError
 
 from .device import simulated
 from .intrinsics import warp_reduce
+from . import memory
 from .memory import THREADS, stream
 
 MAX_CONV_KERNEL = 8            # the window lives in registers (every released model has K = 4)
@@ -66,7 +67,22 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
 
 
 @cuda.jit(cache=True)
-def _gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):
+def _gdn_gates(b, alpha, ssm_a, dt_bias, beta, decay):
+    """Per (token, v-head): β = σ(b) and decay = exp(ssm_a · softplus(α + dt_bias)), in
+    float64 as on the CPU. Computed once here instead of by each of a head's warps per token."""
+    k = cuda.grid(1)
+    n, n_v = b.shape
+    if k < n * n_v:
+        t = k // n_v
+        j = k - t * n_v
+        beta[t, j] = float32(1.0 / (1.0 + math.exp(-float64(b[t, j]))))
+        a = float64(alpha[t, j]) + dt_bias[j]
+        softplus = a if a > 20.0 else math.log1p(math.exp(a))
+        decay[t, j] = float32(math.exp(float64(ssm_a[j]) * softplus))
+
+
+@cuda.jit(cache=True)
+def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm):
     n = u.shape[0]
     n_v, d_v, d_k = ssm.shape
     lane = cuda.threadIdx.x & 31
@@ -87,32 +103,52 @@ def _gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out,
     s = cuda.local.array((ROWS, PER_LANE), float32)   # S_j[:, c0 + r], lane l holding keys l, l+32, …
     kk = cuda.local.array(PER_LANE, float32)      # this token's k̂ and q̂, the lane's keys
     qq = cuda.local.array(PER_LANE, float32)
+    vv = cuda.local.array(ROWS, float32)
+    k_next = cuda.local.array(PER_LANE, float32)  # the next token's inputs, loaded while this
+    q_next = cuda.local.array(PER_LANE, float32)  # token computes: the scan is latency-bound
+    v_next = cuda.local.array(ROWS, float32)
     red = cuda.local.array((ROWS, 1), float32)
     for r in range(ROWS):
         c = min(c0 + r, d_v - 1)
         for e in range(PER_LANE):
             i = lane + 32 * e
             s[r, e] = ssm[j, c, i] if i < d_k else float32(0.0)
+    for e in range(PER_LANE):
+        i = min(lane + 32 * e, d_k - 1)
+        k_next[e] = u[0, k0 + i]
+        q_next[e] = u[0, q0 + i]
+    for r in range(ROWS):
+        v_next[r] = u[0, v0 + min(c0 + r, d_v - 1)]
+    beta_next = beta[0, j]
+    decay_next = decay[0, j]
     for t in range(n):
-        # gates in float64, as on the CPU: β = σ(b), decay = exp(ssm_a · softplus(α + dt_bias))
-        beta = float32(1.0 / (1.0 + math.exp(-float64(b[t, j]))))
-        a = float64(alpha[t, j]) + dt_bias[j]
-        softplus = a if a > 20.0 else math.log1p(math.exp(a))
-        decay = float32(math.exp(float64(ssm_a[j]) * softplus))
         for e in range(PER_LANE):
-            i = lane + 32 * e
-            kk[e] = u[t, k0 + i] if i < d_k else float32(0.0)
-            qq[e] = u[t, q0 + i] if i < d_k else float32(0.0)
+            live = lane + 32 * e < d_k
+            kk[e] = k_next[e] if live else float32(0.0)
+            qq[e] = q_next[e] if live else float32(0.0)
+        for r in range(ROWS):
+            vv[r] = v_next[r]
+        beta_t = beta_next
+        decay_t = decay_next
+        tn = min(t + 1, n - 1)                    # the last token reloads itself, harmlessly
+        for e in range(PER_LANE):
+            i = min(lane + 32 * e, d_k - 1)
+            k_next[e] = u[tn, k0 + i]
+            q_next[e] = u[tn, q0 + i]
+        for r in range(ROWS):
+            v_next[r] = u[tn, v0 + min(c0 + r, d_v - 1)]
+        beta_next = beta[tn, j]
+        decay_next = decay[tn, j]
         for r in range(ROWS):
             kv = float32(0.0)
             for e in range(PER_LANE):
-                si = s[r, e] * decay
+                si = s[r, e] * decay_t
                 s[r, e] = si
                 kv += si * kk[e]
             red[r, 0] = kv
         warp_reduce(red)                          # Sᵀk̂ for all ROWS rows in one butterfly
         for r in range(ROWS):
-            delta = beta * (u[t, v0 + min(c0 + r, d_v - 1)] - red[r, 0])
+            delta = beta_t * (vv[r] - red[r, 0])
             o = float32(0.0)
             for e in range(PER_LANE):
                 si = s[r, e] + kk[e] * delta
@@ -149,6 +185,12 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
     n_v, d_v, d_k = ssm.shape
     if d_k > MAX_STATE:
         raise HybridError(f"GPU delta rule supports state size ≤ {MAX_STATE}; this model has {d_k}")
+    n = u.shape[0]
+    if n == 0:
+        return
+    beta = memory.scratch("gdn_beta", (n, n_v))
+    decay = memory.scratch("gdn_decay", (n, n_v))
+    _gdn_gates[-(-(n * n_v) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
     blocks = -(-(n_v * -(-d_v // ROWS)) // WARPS)
-    _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), b, alpha, ssm_a, dt_bias,
-                                          ssm, out, ring_ssm)
+    _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), beta, decay,
+                                                    ssm, out, ring_ssm)
