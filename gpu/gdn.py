@@ -54,16 +54,63 @@ def _conv1d_silu(mix, w, conv, out, ring_conv):
         conv[r, ch] = window[r]
 
 
+@cuda.jit(cache=True)
+def _conv1d_silu_tokens(mix, w, conv, out, ring_conv):
+    """One thread per (token, channel): a prompt chunk's outputs (and ring slots) in parallel.
+    Reads the conv state as it was before the call; `_conv_state_advance` updates it after."""
+    n, C = mix.shape
+    K = w.shape[0]
+    keep = K - 1
+    k = cuda.grid(1)
+    if k >= n * C:
+        return
+    t = k // C
+    ch = k - t * C
+    window = cuda.local.array(MAX_CONV_KERNEL, float32)   # inputs t−K+1 .. t, oldest first
+    for j in range(K):
+        src = t - keep + j                                # < 0: still in the old state
+        window[j] = mix[src, ch] if src >= 0 else conv[keep + src, ch]
+    o = float32(0.0)
+    for j in range(K):
+        o += w[j, ch] * window[j]
+    out[t, ch] = o / (float32(1.0) + math.exp(-o))
+    if ring_conv.shape[0] > 0:
+        for r in range(keep):
+            ring_conv[t, r, ch] = window[r + 1]
+
+
+@cuda.jit(cache=True)
+def _conv_state_advance(mix, conv):
+    """conv ← the last K−1 inputs of [old state; mix], per channel, oldest first."""
+    n, C = mix.shape
+    keep = conv.shape[0]
+    ch = cuda.grid(1)
+    if ch >= C:
+        return
+    for r in range(keep):                                 # n ≥ CONV_PARALLEL_TOKENS > K − 1
+        conv[r, ch] = mix[n - keep + r, ch]
+
+
+# Below this many tokens one thread walks a channel's tokens (decode, verify: one launch);
+# from it on, a thread per (token, channel) and a second launch to advance the state. At least
+# MAX_CONV_KERNEL, so the new state is always the last K − 1 of the call's own inputs.
+CONV_PARALLEL_TOKENS = MAX_CONV_KERNEL
+
+
 def conv1d_silu(mix, w, conv, out, ring_conv):
     """Causal depthwise conv over n tokens, then SiLU; advances the conv state.
 
     mix (n, C) pre-conv inputs; w (K, C) taps oldest→current; conv (K−1, C) state, updated in
     place; out (n, C). ring_conv (R, K−1, C): if R > 0, slot t receives the window after token t.
-    One thread per channel walks the tokens with the window in registers."""
+    Either way every output is the same sum in the same order, so the bits do not depend on n."""
     if w.shape[0] > MAX_CONV_KERNEL:
         raise HybridError(f"GPU conv1d supports kernels ≤ {MAX_CONV_KERNEL}; this model has {w.shape[0]}")
-    C = mix.shape[1]
-    _conv1d_silu[-(-C // THREADS), THREADS, stream()](mix, w, conv, out, ring_conv)
+    n, C = mix.shape
+    if n < CONV_PARALLEL_TOKENS:
+        _conv1d_silu[-(-C // THREADS), THREADS, stream()](mix, w, conv, out, ring_conv)
+        return
+    _conv1d_silu_tokens[-(-(n * C) // THREADS), THREADS, stream()](mix, w, conv, out, ring_conv)
+    _conv_state_advance[-(-C // THREADS), THREADS, stream()](mix, conv)
 
 
 @cuda.jit(cache=True)

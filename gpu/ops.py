@@ -127,6 +127,8 @@ def ptx_targets():
         ("kv_append", attention._kv_append, (m3, m3, m3, m3, a(i64, 1))),
         ("gated_attention", attention._gated_attention, (m3, m3, m3, m3, a(i64, 1), m2)),
         ("conv1d_silu", gdn._conv1d_silu, (m2, m2, m2, m2, m3)),
+        ("conv1d_silu tokens", gdn._conv1d_silu_tokens, (m2, m2, m2, m2, m3)),
+        ("conv state advance", gdn._conv_state_advance, (m2, m2)),
         ("gdn_gates", gdn._gdn_gates, (m2, m2, m1, m1, m2, m2)),
         ("gated_delta_rule", gdn._gated_delta_rule, (m2, i64, types.boolean, m2, m2, m3, m2, m4)),
         ("add_inplace", _add_inplace, (m2, m2)),

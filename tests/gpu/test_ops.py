@@ -216,10 +216,11 @@ def gdn_inputs(n, Hk=2, Hv=4, d=12, K=4, seed=12):
         ssm=f32(r.standard_normal((Hv, d, d)) * 0.1), Hk=Hk)
 
 
-def test_conv1d_silu_matches_cpu_with_and_without_ring():
-    g = gdn_inputs(3)
-    n, C = g["mix"].shape
-    for ring_slots in (0, 4):
+@pytest.mark.parametrize("n", [3, 10])   # one thread per channel; a thread per (token, channel)
+def test_conv1d_silu_matches_cpu_with_and_without_ring(n):
+    g = gdn_inputs(n)
+    C = g["mix"].shape[1]
+    for ring_slots in (0, n + 1):
         conv_cpu, out_cpu = g["conv"].copy(), np.empty((n, C), np.float32)
         ring_cpu = np.zeros((ring_slots, 3, C), np.float32)
         cpu.ops.conv1d_silu(g["mix"], g["conv_w"], conv_cpu, out_cpu, ring_cpu)
@@ -246,8 +247,8 @@ def test_gated_delta_rule_matches_cpu_and_fills_the_ring(grouped):
     assert bits_equal(ring.copy_to_host()[-1], ssm.copy_to_host())
 
 
-def test_gdn_tokens_together_equal_one_at_a_time_bit_for_bit():
-    n = 3
+@pytest.mark.parametrize("n", [3, 10])
+def test_gdn_tokens_together_equal_one_at_a_time_bit_for_bit(n):
     g = gdn_inputs(n, seed=20)
     Hv, d, _ = g["ssm"].shape
     C = g["mix"].shape[1]
