@@ -50,40 +50,74 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
         _conv1d_silu_channels(mix, w, conv, out, ring_conv, 0, mix.shape[1])
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
 def _conv1d_silu_parallel(mix, w, conv, out, ring_conv):
     C = mix.shape[1]
     for b in prange((C + _CONV_BLOCK - 1) // _CONV_BLOCK):
         _conv1d_silu_channels(mix, w, conv, out, ring_conv, b * _CONV_BLOCK, min(C, (b + 1) * _CONV_BLOCK))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _conv1d_silu_channels(mix, w, conv, out, ring_conv, c0, c1):
-    """conv1d_silu for channels c0..c1−1 only."""
+    """conv1d_silu for channels c0..c1−1 only.
+
+    Written so LLVM vectorises every channel loop (6-7x faster than scalar code):
+    * loops run over 1-D views [c0:c1] with an index from 0, which LLVM can tell is never
+      negative; indexing from c0 left numba's negative-index wrap-around in every access;
+    * error_model="numpy" drops the divide-by-zero check Python semantics put on the SiLU's
+      division, a branch per element (its divisor 1 + exp(−a) is ≥ 1 anyway).
+    Neither changes an operation: each channel is still 0 + w₀x₀ + w₁x₁ + … in tap order, then
+    SiLU with expf, so the bits equal the scalar code's and those of any channel split.
+    """
     n = mix.shape[0]
     K = w.shape[0]
     keep = K - 1
+    m = c1 - c0
     snap = ring_conv.shape[0] > 0
     for t in range(n):
-        o = out[t]
-        o[c0:c1] = np.float32(0.0)
-        for j in range(K):
-            s = t - keep + j            # input index of tap j; < 0 reaches into the state
-            x = conv[keep + s] if s < 0 else mix[s]
-            wj = w[j]
-            for ch in range(c0, c1):
-                o[ch] += wj[ch] * x[ch]
-        for ch in range(c0, c1):
-            o[ch] = o[ch] / (np.float32(1.0) + expf(-o[ch]))
+        o = out[t, c0:c1]
+        if K == 4:          # the only kernel size in use: one pass, the sum stays in a register
+            x0, x1, x2, x3 = _tap_input(mix, conv, t - 3, c0, c1), _tap_input(mix, conv, t - 2, c0, c1), \
+                _tap_input(mix, conv, t - 1, c0, c1), mix[t, c0:c1]
+            w0, w1, w2, w3 = w[0, c0:c1], w[1, c0:c1], w[2, c0:c1], w[3, c0:c1]
+            for i in range(m):
+                # starting from +0 like the general path keeps -0 sums at +0
+                a = np.float32(0.0) + w0[i] * x0[i]
+                a = a + w1[i] * x1[i]
+                a = a + w2[i] * x2[i]
+                a = a + w3[i] * x3[i]
+                o[i] = a / (np.float32(1.0) + expf(-a))
+        else:
+            o[:] = np.float32(0.0)
+            for j in range(K):
+                x = _tap_input(mix, conv, t - keep + j, c0, c1)
+                wj = w[j, c0:c1]
+                for i in range(m):
+                    o[i] += wj[i] * x[i]
+            for i in range(m):
+                a = o[i]
+                o[i] = a / (np.float32(1.0) + expf(-a))
         if snap:
             for r in range(keep):
-                s = t - keep + 1 + r
-                ring_conv[t, r, c0:c1] = conv[keep + s, c0:c1] if s < 0 else mix[s, c0:c1]
+                _copy(ring_conv[t, r, c0:c1], _tap_input(mix, conv, t - keep + 1 + r, c0, c1))
     # New state: the last K−1 inputs of concat(state, mix). Reading index r+n ≥ r, so the
     # forward in-place shift never overwrites a row it still needs.
     for r in range(keep):
-        s = n - keep + r
-        conv[r, c0:c1] = conv[keep + s, c0:c1] if s < 0 else mix[s, c0:c1]
+        _copy(conv[r, c0:c1], _tap_input(mix, conv, n - keep + r, c0, c1))
+
+
+@njit(inline="always", nogil=True)
+def _tap_input(mix, conv, s, c0, c1):
+    """Channels c0..c1−1 of input s of the call; s < 0 reaches back into the conv state."""
+    return conv[conv.shape[0] + s, c0:c1] if s < 0 else mix[s, c0:c1]
+
+
+@njit(inline="always", nogil=True)
+def _copy(dst, src):
+    """dst[:] = src for equal-length 1-D views, as a loop LLVM turns into vector moves (numba's
+    slice assignment goes through its general broadcasting path, 2-3x slower here)."""
+    for i in range(dst.shape[0]):
+        dst[i] = src[i]
 
 
 @njit(cache=True, nogil=True)

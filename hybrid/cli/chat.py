@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -11,8 +11,9 @@ from rich.text import Text
 
 from ..errors import HybridError
 from . import app
-from .common import (CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt, RepeatPenaltyOpt,
-                     SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, load_model, pick_model)
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
+                     OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
+                     load_model, pick_model)
 from .decode import pick_draft
 from .display import LiveStream
 
@@ -61,6 +62,10 @@ def chat(
     draft: Optional[str] = DraftOpt,
     draft_p_min: float = DraftPMinOpt,
     device: str = DeviceOpt,
+    vram: Optional[str] = VramOpt,
+    cpu_only: bool = CpuOnlyOpt,
+    overrides: List[str] = OverrideTensorOpt,
+    cuda_graphs: bool = CudaGraphsOpt,
 ) -> None:
     """Chat with a model. The conversation stays in the model's state between turns, so each turn
     only prefills what is new. /reset forgets it, /exit or Ctrl-D quits, Ctrl-C stops a reply.
@@ -71,7 +76,8 @@ def chat(
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
     err = Console(stderr=True)
     interactive = sys.stdin.isatty()
-    m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err)
+    m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
     sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=None if seed < 0 else seed)

@@ -3,7 +3,9 @@ stepping properties speculative decoding relies on: an n-token call equals n one
 calls bit for bit, and snapshot ring slot i holds the state after token i."""
 import numpy as np
 import pytest
+from numba import njit
 
+from cpu.expf import expf
 from cpu.gdn import conv1d_silu, gated_delta_rule, l2_norm_heads
 
 EPS = 1e-6
@@ -194,3 +196,37 @@ def test_conv_parallel_path_matches_serial_bit_for_bit():
     np.testing.assert_array_equal(states[0], states[1])
     np.testing.assert_array_equal(rings[0], rings[1])
     assert not np.isnan(outs[0]).any() and not np.isnan(rings[0]).any()
+
+
+@njit(cache=True)
+def _silu_f32(a):
+    """SiLU in float32 with the kernels' exp, one element at a time (no vectorised code)."""
+    out = np.empty_like(a)
+    for i in range(a.size):
+        out.flat[i] = a.flat[i] / (np.float32(1.0) + expf(-a.flat[i]))
+    return out
+
+
+@pytest.mark.parametrize("K", [4, 3])                        # 4: the one-pass kernel; 3: the general one
+@pytest.mark.parametrize("n", [1, 5, 20])                    # 20: the multi-threaded path
+def test_conv_bits_are_float32_sums_in_tap_order(n, K):
+    """The conv's bits are pinned: per channel 0 + w₀x₀ + w₁x₁ + … in float32 (no FMA, no
+    reordering), then SiLU with cpu.expf — whatever loop order or vector width computes it, and
+    with -0 sums coming out as +0. Changing any of it would change decode outputs."""
+    rng = np.random.default_rng(n * 10 + K)
+    C = 1100                                                  # not a multiple of any vector width
+    mix = rng.standard_normal((n, C)).astype(np.float32)
+    w = rng.standard_normal((K, C)).astype(np.float32)
+    w[:, :8] = 0.0                                            # all-zero taps on negative inputs: −0 products
+    mix[:, :8] = -1.0
+    state = rng.standard_normal((K - 1, C)).astype(np.float32)
+    state[:, :8] = -1.0
+    window = np.vstack([state, mix])
+    sums = np.zeros((n, C), np.float32)
+    for j in range(K):
+        sums = sums + w[j] * window[j:j + n]                  # numpy float32: one rounding per op
+    out = np.full((n, C), np.nan, np.float32)
+    conv1d_silu(mix, w, state, out, no_ring_conv(K, C))
+    expect = _silu_f32(sums)
+    np.testing.assert_array_equal(out.view(np.uint32), expect.view(np.uint32))
+    assert not np.signbit(out[:, :8]).any()
