@@ -72,3 +72,24 @@ def test_gated_rms_norm_norms_per_head_then_gates():
     # gate-then-norm would cancel the gate's scale per head; make sure we did not do that
     wrong = ref_rms((o * silu(z)).reshape(n, H, d), w).reshape(n, H * d)
     assert not np.allclose(out, wrong, atol=1e-3)
+
+
+@pytest.mark.parametrize("d", [128, 20])                     # 20: not a multiple of a vector width
+def test_gated_rms_norm_bits_are_pinned(d):
+    """The bits are pinned, whatever vector width computes the gate loop: per head the float64
+    sum of squares in index order, scale = float32(1 / sqrt(ss/d + eps)), then
+    ((o·scale)·w)·SiLU(z) in float32 with cpu.expf's SiLU, one rounding per op."""
+    from .test_gdn import _silu_f32                          # scalar float32 SiLU with cpu.expf
+    rng = np.random.default_rng(d)
+    n, H = 3, 5
+    o = rng.standard_normal((n, H, d)).astype(np.float32)
+    z = (rng.standard_normal((n, H, d)) * 4).astype(np.float32)
+    z[0, 0, :4] = [0.0, -0.0, 100.0, -100.0]                 # exp clamps and a signed zero
+    w = rng.standard_normal(d).astype(np.float32)
+    o64 = o.astype(np.float64)
+    ss = np.cumsum(o64 * o64, axis=-1)[..., -1:]             # cumsum: a sequential sum, unlike np.sum
+    scale = (1.0 / np.sqrt(ss / d + EPS)).astype(np.float32)
+    expect = o * scale * w * _silu_f32(z)
+    out = poisoned((n, H * d))
+    gated_rms_norm(o.reshape(n, H * d), z.reshape(n, H * d), w, EPS, out)
+    np.testing.assert_array_equal(out.view(np.uint32), expect.reshape(n, H * d).view(np.uint32))
