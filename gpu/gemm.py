@@ -1,35 +1,34 @@
 """Quantised matrix x many rows on the GPU: out (n, rows) = x (n, cols) · Wᵀ, a tiled GEMM.
 
 The decode matvec (gpu/matvec.py) is weight-stationary and re-reads W for every 8 slots; a
-prompt chunk of hundreds of rows needs the weights reused from on-chip memory instead. Classic
-shared-memory tiling, one kernel template per ggml type:
+prompt chunk of hundreds of rows needs the weights reused from on-chip memory instead. Two
+kernels, both classic shared-memory tiling with one template per ggml type and tile:
 
-* a block owns a tile of BM weight rows × BN token rows of `out`;
-* it walks K in steps of BK = 32 columns (one Q8_0/Q4_0 block, one K-quant sub-block): the
-  block's threads cooperatively decode the (BM × 32) weight tile into shared memory as float32
-  (each thread one or more "units": 16 consecutive weights of one row) and stage the (BN × 32)
-  x tile next to it;
-* each thread then accumulates a register micro-tile of TM rows × TN tokens with FMAs, reading
-  one column of each shared tile per k;
-* software pipeline: the next step's raw weight words and x values are loaded into registers
-  before this step's FMAs, so global-memory latency overlaps the arithmetic.
+* the tensor-core kernel (gpu/gemm_mma.py): fp16 products, float32 sums, mma.sync; the default
+  for every type but F32 (see `precision_for`; its numerics and fp16 range caveat are there);
+* the float32 FMA kernel below: float32 products and sums; F32 weights, any call given one of
+  its tiles, and what the CUDA simulator mostly runs.
 
-Accumulation is float32, one chain per output in increasing k. So every output's bits depend
-only on its weight row and x row: not on n, the tile shape or the row's place in the tile (a
-GEMM call gives a row the bits of that row in any other GEMM call). They differ from the
-matvec's bits (other summation order), which is why the matvec keeps calls of fewer than
-GEMM_MIN_ROWS rows (gpu/matvec.py routes the rest here).
+The float32 kernel: a block owns a tile of BM weight rows × BN token rows of `out` and walks K
+in steps of BK = 32 columns (one Q8_0/Q4_0 block, one K-quant sub-block): the block's threads
+cooperatively decode the (BM × 32) weight tile into shared memory as float32 (each thread one or
+more 16-weight "units", gpu/gemm_units.py) and stage the (BN × 32) x tile next to it; each
+thread then accumulates a register micro-tile of TM rows × TN tokens with FMAs, reading one
+column of each shared tile per k. Software pipeline: the next step's raw weight words and x
+values are loaded into registers before this step's FMAs, so global-memory latency overlaps
+the arithmetic.
+
+Accumulation is one chain per output in increasing k in either kernel. So every output's bits
+depend only on its weight row, its x row and the kernel's precision: not on n, the tile shape
+or the row's place in the tile (a GEMM call gives a row the bits of that row in any other GEMM
+call of the same precision). They differ from the matvec's bits (other summation order), which
+is why the matvec keeps calls of fewer than GEMM_MIN_ROWS rows (gpu/matvec.py routes the rest
+here).
 
 Thread layout in the FMA loop: thread (tr, tt) = (tid % TR, tid // TR) owns weight rows
 tr + TR·i and tokens tt + TT·j. A warp then reads 16 consecutive floats of the weight tile
 (broadcast to the two tt) and two of the x tile: no shared-memory bank conflicts. The x tile's
 rows are padded by one float so its transposed staging stores do not conflict either.
-
-Per-type decoding: `load(w, w8, row, col, cols, raw, p)` issues the loads of unit p (columns
-col .. col+15 of `row`) into raw[p, :] and nothing else (its values are used one step later);
-`store(raw, p, col, cols, ws, at, stride)` decodes them into ws[at + i·stride], i < 16 (the
-flat shared tile, unsigned indices: see the kernel). Formulas:
-../docs/MODEL_FORMAT.md §6 (the same as gpu/quants.py, another split of the work).
 """
 from __future__ import annotations
 
@@ -40,32 +39,32 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from hybrid import ggml_types as gt
+from hybrid.errors import HybridError
 
-from . import memory
+from . import gemm_mma, memory
 from .device import simulated
-from .intrinsics import bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, small_uint_to_f32
-from .matvec import SOURCE_STAMP, _check, _specialise
-from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, kquant_scale_min, store4
+from .gemm_mma import MmaTile
+from .gemm_units import BK, GEMM_STAMP, UNITS, GemmUnit
+from .intrinsics import device_function, fma
+from .matvec import _check, _specialise
+
+__all__ = ["GEMM_MIN_ROWS", "BK", "TILES", "Tile", "MmaTile", "UNITS", "GemmUnit", "precision_for",
+           "choose_tile", "gemm", "kernel", "kernel_argtypes", "ptx_targets"]
 
 # Calls with at least this many rows go through the GEMM (gpu/matvec.py routes them). At 32
 # rows the matvec already reads W four times (8 slots per pass) while a GEMM tile reads it once.
 GEMM_MIN_ROWS = 32
-BK = 32            # columns per K step: one 32-weight block or K-quant sub-block
-
-ZERO = float32(0.0)
-LOW16 = uint32(0xFFFF)
-SIXTEEN = uint32(16)
 
 
 @dataclass(frozen=True)
 class Tile:
-    """A block's shape: TR × TT threads, each owning TM weight rows × TN tokens."""
+    """A float32 block's shape: TR × TT threads, each owning TM weight rows × TN tokens."""
     thread_rows: int
     thread_tokens: int
     rows_per_thread: int
     tokens_per_thread: int
     efficiency: float      # relative FMA rate of an SM running this tile (for picking a tile)
+    precision = "fp32"     # float32 products and sums (a class constant, not a field)
 
     @property
     def threads(self) -> int:
@@ -84,209 +83,35 @@ class Tile:
         return f"{self.block_rows}x{self.block_tokens}"
 
 
-# Per k a thread loads TM + TN floats from shared memory for TM·TN FMAs: 8×8 is the classic
-# SGEMM balance (16 loads : 64 FMAs, ~75% of the inner loop's instructions are FMAs); smaller
-# micro-tiles load relatively more (8×4: ~65%, 4×4: ~55%) but make more, smaller blocks, which
-# spread over more SMs when rows × n is small (the down projection of a 256-row chunk is 80
-# blocks of 128×128 for 132 SMs). ptxas gives the 8×8 tiles ~160-215 registers per thread (one
-# 256-thread block per SM), 8×4 ~95-140 (two), 4×4 ~80-112 (two or three), none spilled. The
-# efficiencies are estimates from that; `python -m gpu.bench --gemm` times every tile on the
-# FFN shapes to check the choice. The simulator runs each thread as a Python thread: tiny tiles.
+# Float32 tiles. Per k a thread loads TM + TN floats from shared memory for TM·TN FMAs: 8×8 is
+# the classic SGEMM balance (16 loads : 64 FMAs, ~75% of the inner loop's instructions are
+# FMAs); smaller micro-tiles load relatively more (8×4: ~65%, 4×4: ~55%) but make more, smaller
+# blocks, which spread over more SMs when rows × n is small (the down projection of a 256-row
+# chunk is 80 blocks of 128×128 for 132 SMs). ptxas gives the 8×8 tiles ~160-215 registers per
+# thread (one 256-thread block per SM), 8×4 ~95-140 (two), 4×4 ~80-112 (two or three), none
+# spilled.
+# Tensor-core tiles: 8 warps of 64 × 32 (128 × 128, one block per SM by registers) and 4 warps
+# of the same (128 × 64: half the blocks' x reuse, but two or three blocks per SM and twice the
+# blocks to spread over the SMs for a 256-row chunk).
+# Efficiencies (compared within one precision only) are estimates; `python -m gpu.bench --gemm`
+# times every tile on the FFN shapes to check the choice. The simulator runs each thread as a
+# Python thread: tiny tiles, one warp for the tensor-core one.
 if simulated():
-    TILES = (Tile(4, 4, 2, 2, 1.0),)
+    TILES = (Tile(4, 4, 2, 2, 1.0), MmaTile(1, 1, 1, 2, 1.0))
 else:
-    TILES = (Tile(16, 16, 8, 8, 1.0), Tile(16, 16, 8, 4, 0.85), Tile(16, 16, 4, 4, 0.7))
+    TILES = (Tile(16, 16, 8, 8, 1.0), Tile(16, 16, 8, 4, 0.85), Tile(16, 16, 4, 4, 0.7),
+             MmaTile(2, 4, 4, 4, 1.0), MmaTile(2, 2, 4, 4, 0.9))
 
 
-@dataclass(frozen=True)
-class GemmUnit:
-    """How one ggml type's 16-weight units are loaded and decoded (see the module docstring)."""
-    type: gt.GGMLType
-    raw_words: int
-    load: object
-    store: object
-
-    @property
-    def word(self) -> np.dtype:
-        """The dtype `w` is viewed as (the matvec's choice, so the same alignment rules hold)."""
-        return LANE_UNITS[self.type.id].word
+def precision_for(wtype: int) -> str:
+    """The GEMM precision a weight type gets: "fp32" for F32 weights (whoever stores float32
+    asks for float32 arithmetic), "fp16" tensor cores for the rest, whose values carry no more
+    than fp16's 11 significant bits (F16, BF16) or far fewer (quantised types). The fp16 range
+    caveat for activations is in gpu/gemm_mma.py."""
+    return "fp32" if int(wtype) == gt.F32.id else "fp16"
 
 
-# ---------------------------------------------------------------- F32 / F16 / BF16
-# Any column count: a unit past the row end loads the last column (in bounds) and stores zeros.
-
-@device_function
-def dense_load(w, w8, row, col, cols, raw, p):
-    for i in range(16):
-        raw[p, i] = uint32(w[row, min(col + i, cols - 1)])
-
-
-@device_function
-def f32_store(raw, p, col, cols, ws, at, stride):
-    for i in range(16):
-        value = bits_to_f32(raw[p, i])
-        ws[at + uint32(i) * stride] = value if col + i < cols else ZERO
-
-
-@device_function
-def f16_store(raw, p, col, cols, ws, at, stride):
-    for i in range(16):
-        value = f16_bits_to_f32(raw[p, i])
-        ws[at + uint32(i) * stride] = value if col + i < cols else ZERO
-
-
-@device_function
-def bf16_store(raw, p, col, cols, ws, at, stride):
-    for i in range(16):
-        value = bits_to_f32(raw[p, i] << SIXTEEN)      # bf16 is the top half of an f32
-        ws[at + uint32(i) * stride] = value if col + i < cols else ZERO
-
-
-# ---------------------------------------------------------------- Q8_0 (34 B: d, qs[32])
-# uint16 words: d at 17·blk, qs bytes 16h .. 16h+15 of half h at 17·blk + 1 + 8h ...
-
-@device_function
-def q8_0_load(w, w8, row, col, cols, raw, p):
-    base = (col >> 5) * 17
-    half = (col >> 4) & 1
-    raw[p, 8] = uint32(w[row, base])
-    for j in range(8):
-        raw[p, j] = uint32(w[row, base + 1 + 8 * half + j])
-
-
-@device_function
-def q8_0_store(raw, p, col, cols, ws, at, stride):
-    d = f16_bits_to_f32(raw[p, 8])
-    for i in range(16):
-        byte = (raw[p, i >> 1] >> uint32(8 * (i & 1))) & uint32(0xFF)
-        ws[at + uint32(i) * stride] = d * int8_to_f32(byte)
-
-
-# ---------------------------------------------------------------- Q4_0 (18 B: d, qs[16])
-# Weight i < 16 is the low nibble of qs[i], weight 16 + i its high nibble: half h of the block
-# reads all 16 qs bytes (8 uint16 words) and takes nibble h.
-
-@device_function
-def q4_0_load(w, w8, row, col, cols, raw, p):
-    base = (col >> 5) * 9
-    raw[p, 8] = uint32(w[row, base])
-    for j in range(8):
-        raw[p, j] = uint32(w[row, base + 1 + j])
-
-
-@device_function
-def q4_0_store(raw, p, col, cols, ws, at, stride):
-    d = f16_bits_to_f32(raw[p, 8])
-    shift = uint32(4 * ((col >> 4) & 1))
-    for i in range(16):
-        nib = (raw[p, i >> 1] >> (uint32(8 * (i & 1)) + shift)) & uint32(15)
-        ws[at + uint32(i) * stride] = d * small_uint_to_f32(nib, float32(8.0))
-
-
-# ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
-# Sub-block j (32 weights) of a block: scale/min j, the qs bytes of chunk c = j // 2 (low
-# nibbles for even j, high for odd), Q5_K's fifth bits as bit j of qh bytes 0..31. Unit half h
-# takes bytes 16h .. 16h+15 of those: 16-byte aligned, one vector load each. uint32 words.
-# raw[p, 0:4] = header (d | dmin << 16, scales[12]); raw[p, 4:8] = qs; Q5_K: raw[p, 8:12] = qh.
-
-@device_function
-def q4_k_load(w, w8, row, col, cols, raw, p):
-    word0 = (col >> 8) * 36                     # 144 bytes: header 16, qs 128
-    half = (col >> 4) & 1
-    store4(raw, p, 0, load_u32x4(w, row, word0))
-    store4(raw, p, 4, load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
-
-
-@device_function
-def q5_k_load(w, w8, row, col, cols, raw, p):
-    word0 = (col >> 8) * 44                     # 176 bytes: header 16, qh 32, qs 128
-    half = (col >> 4) & 1
-    store4(raw, p, 0, load_u32x4(w, row, word0))
-    store4(raw, p, 4, load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
-    store4(raw, p, 8, load_u32x4(w, row, word0 + 4 + 4 * half))
-
-
-@device_function
-def kquant_factors(raw, p, j):
-    """(d·scale_j, dmin·min_j) of sub-block j from the unit's header words."""
-    d = f16_bits_to_f32(raw[p, 0] & LOW16)
-    dmin = f16_bits_to_f32(raw[p, 0] >> SIXTEEN)
-    sc, mn = kquant_scale_min(raw[p, 1], raw[p, 2], raw[p, 3], j)
-    return d * sc, dmin * mn
-
-
-@device_function
-def q4_k_store(raw, p, col, cols, ws, at, stride):
-    j = (col >> 5) & 7
-    scale, offset = kquant_factors(raw, p, j)
-    shift = uint32(4 * (j & 1))
-    for i in range(16):
-        nib = (raw[p, 4 + (i >> 2)] >> (uint32(8 * (i & 3)) + shift)) & uint32(15)
-        ws[at + uint32(i) * stride] = fma(scale, small_uint_to_f32(nib, ZERO), -offset)
-
-
-@device_function
-def q5_k_store(raw, p, col, cols, ws, at, stride):
-    j = (col >> 5) & 7
-    scale, offset = kquant_factors(raw, p, j)
-    shift = uint32(4 * (j & 1))
-    for i in range(16):
-        byte_shift = uint32(8 * (i & 3))
-        nib = (raw[p, 4 + (i >> 2)] >> (byte_shift + shift)) & uint32(15)
-        bit = (raw[p, 8 + (i >> 2)] >> (byte_shift + uint32(j))) & uint32(1)
-        ws[at + uint32(i) * stride] = fma(scale, small_uint_to_f32(nib | (bit << uint32(4)), ZERO), -offset)
-
-
-# ---------------------------------------------------------------- Q6_K (210 B, 2-byte aligned)
-# Weight e of a block: half = e // 128, group g = (e % 128) // 32, l = e % 32. Low 4 bits:
-# nibble g // 2 of ql[64·half + 32·(g % 2) + l]; high 2 bits: bits 2g of qh[32·half + l];
-# scale sc[8·half + l // 16 + 2g] (int8); d the fp16 at byte 208. A unit (16 consecutive l)
-# reads 16 ql and 16 qh bytes (8 uint16 words each), one scale byte and d.
-# raw[p, 0:8] = ql, raw[p, 8:16] = qh, raw[p, 16] = scale byte | d bits << 16.
-
-@device_function
-def q6_k_load(w, w8, row, col, cols, raw, p):
-    blk = col >> 8
-    e = col & 255
-    half = e >> 7
-    g = (e >> 5) & 3
-    l0 = e & 16
-    base = blk * 105                            # in uint16 words
-    ql = base + 32 * half + 16 * (g & 1) + (l0 >> 1)
-    qh = base + 64 + 16 * half + (l0 >> 1)
-    for j in range(8):
-        raw[p, j] = uint32(w[row, ql + j])
-        raw[p, 8 + j] = uint32(w[row, qh + j])
-    scale = uint32(w8[row, blk * 210 + 192 + 8 * half + (l0 >> 4) + 2 * g])
-    raw[p, 16] = scale | (uint32(w[row, base + 104]) << SIXTEEN)
-
-
-@device_function
-def q6_k_store(raw, p, col, cols, ws, at, stride):
-    g = (col >> 5) & 3
-    factor = f16_bits_to_f32(raw[p, 16] >> SIXTEEN) * int8_to_f32(raw[p, 16] & uint32(0xFF))
-    low_shift = uint32(4 * (g >> 1))
-    high_shift = uint32(2 * g)
-    for i in range(16):
-        byte_shift = uint32(8 * (i & 1))
-        low = (raw[p, i >> 1] >> (byte_shift + low_shift)) & uint32(15)
-        high = (raw[p, 8 + (i >> 1)] >> (byte_shift + high_shift)) & uint32(3)
-        ws[at + uint32(i) * stride] = factor * small_uint_to_f32(low | (high << uint32(4)), float32(32.0))
-
-
-UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
-    GemmUnit(gt.F32, 16, dense_load, f32_store),
-    GemmUnit(gt.F16, 16, dense_load, f16_store),
-    GemmUnit(gt.BF16, 16, dense_load, bf16_store),
-    GemmUnit(gt.Q8_0, 9, q8_0_load, q8_0_store),
-    GemmUnit(gt.Q4_0, 9, q4_0_load, q4_0_store),
-    GemmUnit(gt.Q4_K, 8, q4_k_load, q4_k_store),
-    GemmUnit(gt.Q5_K, 12, q5_k_load, q5_k_store),
-    GemmUnit(gt.Q6_K, 17, q6_k_load, q6_k_store),
-)}
-
-
-# ---------------------------------------------------------------- the kernel
+# ---------------------------------------------------------------- the float32 kernel
 
 # Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
 load = store = fma_column = None
@@ -399,14 +224,14 @@ def _kernel_template(TR, TT, TM, TN, RAW, UPT, XPT, TYPE_ID, STAMP):
     return gemm_kernel
 
 
-def _build_kernel(unit: GemmUnit, tile: Tile):
-    """The GEMM kernel (Python function) for one type and tile shape."""
+def _build_fp32_kernel(unit: GemmUnit, tile: Tile):
+    """The float32 GEMM kernel (Python function) for one type and tile shape."""
     tr, tt, tm, tn = tile.thread_rows, tile.thread_tokens, tile.rows_per_thread, tile.tokens_per_thread
     assert (BK * tile.block_tokens) % tile.threads == 0, "x tile must split evenly over the threads"
     constants = dict(TR=tr, TT=tt, TM=tm, TN=tn, RAW=unit.raw_words,
                      UPT=-(-2 * tile.block_rows // tile.threads),
                      XPT=BK * tile.block_tokens // tile.threads,
-                     TYPE_ID=unit.type.id, STAMP=SOURCE_STAMP)
+                     TYPE_ID=unit.type.id, STAMP=GEMM_STAMP)
     functions = dict(load=unit.load, store=unit.store)
     functions["fma_column"] = device_function(_specialise(_fma_column_template, dict(TR=tr, TT=tt, TM=tm, TN=tn),
                                                           functions))
@@ -415,8 +240,15 @@ def _build_kernel(unit: GemmUnit, tile: Tile):
     return fn
 
 
+def _build_kernel(unit: GemmUnit, tile: Tile | MmaTile):
+    """The GEMM kernel (Python function) for one type and tile: the tile says which kernel."""
+    if isinstance(tile, MmaTile):
+        return gemm_mma.build_kernel(unit, tile)
+    return _build_fp32_kernel(unit, tile)
+
+
 @functools.cache
-def kernel(type_id: int, tile: Tile):
+def kernel(type_id: int, tile: Tile | MmaTile):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], tile))
 
@@ -426,26 +258,33 @@ def _sm_count() -> int:
     return 1 if simulated() else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_tile(rows: int, n: int) -> Tile:
-    """The tile with the least estimated time: the blocks of the busiest SM (blocks spread
-    evenly) times a block's work over the tile's efficiency. Big tiles do less work per FMA
-    but leave SMs idle when a call makes few blocks. Any choice gives the same bits."""
-    def cost(tile: Tile) -> float:
+def choose_tile(rows: int, n: int, precision: str = "fp16") -> Tile | MmaTile:
+    """The tile of `precision` with the least estimated time: the blocks of the busiest SM
+    (blocks spread evenly) times a block's work over the tile's efficiency. Big tiles do less
+    work per product but leave SMs idle when a call makes few blocks. Any choice within one
+    precision gives the same bits."""
+    def cost(tile) -> float:
         blocks = -(-rows // tile.block_rows) * -(-n // tile.block_tokens)
         return -(-blocks // _sm_count()) * tile.block_rows * tile.block_tokens / tile.efficiency
-    return min(TILES, key=cost)
+    candidates = [tile for tile in TILES if tile.precision == precision]
+    if not candidates:
+        raise HybridError(f"GPU GEMM: no {precision!r} tiles; precisions: "
+                          f"{', '.join(sorted({t.precision for t in TILES}))}")
+    return min(candidates, key=cost)
 
 
-def gemm(wtype: int, w_dev, x_dev, out_dev, stream=None, tile: Tile | None = None) -> None:
+def gemm(wtype: int, w_dev, x_dev, out_dev, stream=None, tile: Tile | MmaTile | None = None) -> None:
     """out_dev = x_dev · Wᵀ on the device: W is `wtype` rows of raw GGUF blocks.
 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
     (n, rows). Same checks and argument order as gpu.matvec.matvec, for any n ≥ 1 (the matvec
     sends calls of GEMM_MIN_ROWS rows or more here). Asynchronous on `stream` (gpu.memory's
-    when None). `tile` is a benchmark knob (one of TILES); it never changes the result.
+    when None). The kernel is the tensor-core one or the float32 one as `precision_for(wtype)`
+    says; `tile` (one of TILES, a benchmark and test knob) picks a kernel and shape instead.
+    Tiles of one precision give the same bits.
     """
     lane_unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
-    tile = tile or choose_tile(rows, n)
+    tile = tile or choose_tile(rows, n, precision_for(wtype))
     grid = (-(-rows // tile.block_rows), -(-n // tile.block_tokens))
     launch_stream = memory.stream() if stream is None else stream
     kernel(lane_unit.type.id, tile)[grid, tile.threads, launch_stream](
@@ -465,8 +304,9 @@ def kernel_argtypes(unit: GemmUnit) -> tuple:
 
 
 def ptx_targets():
-    """(name, python function, argument types) of every GEMM kernel (type × tile), for the
-    sm_90 PTX check; their PTX must not use local memory (micro-tile spilled)."""
+    """(name, python function, argument types) of every GEMM kernel (type × tile, both
+    precisions), for the sm_90 PTX check; their PTX must not use local memory (a micro-tile or
+    accumulator array spilled)."""
     for unit in UNITS.values():
         for tile in TILES:
             yield f"gemm {unit.type.name} {tile.name}", _build_kernel(unit, tile), kernel_argtypes(unit)

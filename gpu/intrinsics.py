@@ -49,6 +49,93 @@ if not simulated():
         return _ld_nc_v4_u32(array, row, col)
 
     @intrinsic
+    def _ld_nc_16_bytes(typingctx, array, row, col):
+        """The 16 bytes at &array[row, col] (any alignment) as four little-endian words.
+
+        Five aligned 4-byte loads cover them (the fifth is the word holding the last byte, so
+        nothing outside the array is read), and one funnel shift per word drops the bytes
+        before the start. This is for 2-byte aligned blocks (Q6_K, Q8_0, Q4_0): five loads
+        instead of eight 16-bit ones.
+        """
+        if not (isinstance(array, types.Array) and array.dtype == types.uint8 and array.ndim == 2):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(array, row, col)
+
+        def codegen(context, builder, sig, args):
+            aryty, rowty, colty = sig.args
+            ary, r, c = args
+            indices = [context.cast(builder, r, rowty, types.intp),
+                       context.cast(builder, c, colty, types.intp)]
+            arystruct = context.make_array(aryty)(context, builder, value=ary)
+            ptr = cgutils.get_item_pointer(context, builder, aryty, arystruct, indices)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            addr = builder.ptrtoint(ptr, i64)
+            first = builder.and_(addr, ir.Constant(i64, ~3))
+            last = builder.and_(builder.add(addr, ir.Constant(i64, 15)), ir.Constant(i64, ~3))
+            # one asm block, so that the four consecutive words use immediate offsets
+            load = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 5), [i64, i64]),
+                                "ld.global.nc.u32 $0, [$5];\n\tld.global.nc.u32 $1, [$5+4];\n\t"
+                                "ld.global.nc.u32 $2, [$5+8];\n\tld.global.nc.u32 $3, [$5+12];\n\t"
+                                "ld.global.nc.u32 $4, [$6];", "=r,=r,=r,=r,=r,l,l")
+            loaded = builder.call(load, [first, last])
+            words = [builder.extract_value(loaded, k) for k in range(5)]
+            shift = builder.trunc(builder.shl(builder.and_(addr, ir.Constant(i64, 3)), ir.Constant(i64, 3)), i32)
+            funnel = ir.InlineAsm(ir.FunctionType(i32, [i32, i32, i32]), "shf.r.wrap.b32 $0, $1, $2, $3;",
+                                  "=r,r,r,r")
+            out = [builder.call(funnel, [words[k], words[k + 1], shift]) for k in range(4)]
+            return context.make_tuple(builder, sig.return_type, out)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def load_u32x4_unaligned(array8, row, col):
+        """array8[row, col:col+16] (uint8, any alignment) as four little-endian uint32 words."""
+        return _ld_nc_16_bytes(array8, row, col)
+
+    @intrinsic
+    def _lshr_u32(typingctx, x, n):
+        if not (isinstance(x, types.Integer) and isinstance(n, types.Integer)):
+            return None
+        sig = types.uint32(x, n)
+
+        def codegen(context, builder, sig, args):
+            value, amount = (context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args))
+            return builder.lshr(value, amount)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def shr_u32(x, n):
+        """uint32(x) >> n as one 32-bit shift, 0 <= n < 32 (Numba would widen a variable shift to
+        64 bits: two instructions)."""
+        return _lshr_u32(x, n)
+
+    @intrinsic
+    def _dp4a(typingctx, a, b, c):
+        """dp4a.s32.s32: c + the dot product of a's and b's four signed bytes."""
+        if not all(isinstance(t, types.Integer) for t in (a, b, c)):
+            return None
+        sig = types.int32(a, b, c)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            values = [context.cast(builder, v, t, types.int32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, values)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def dp4a(a, b, c):
+        """c + Σ_k a.byte[k]·b.byte[k], bytes as int8 (int32 result): four int8 products in one op."""
+        return _dp4a(a, b, c)
+
+    @cuda.jit(device=True, inline=True)
+    def round_to_int(v):
+        """v rounded to the nearest int32, ties to even (one cvt.rni)."""
+        return cuda.libdevice.float2int_rn(v)
+
+    @intrinsic
     def _cvt_f32_f16(typingctx, bits):
         """cvt.f32.f16 of the low 16 bits of an integer: the fp16 value they encode."""
         if not isinstance(bits, types.Integer):
@@ -96,6 +183,87 @@ if not simulated():
                     offset >>= 1
                 acc[r, s] = value
 
+    # ---- tensor-core GEMM (gpu/gemm_mma.py) ------------------------------------------------------
+
+    @intrinsic
+    def _cvt_rn_f16x2_f32(typingctx, lo, hi):
+        """cvt.rn.f16x2.f32: two floats rounded to fp16 (nearest even; beyond ±65504: ±inf)
+        in one word. PTX puts its first source in the upper half, so `hi` goes first."""
+        if not (isinstance(lo, types.Float) and isinstance(hi, types.Float)):
+            return None
+        sig = types.uint32(lo, hi)
+
+        def codegen(context, builder, sig, args):
+            lo_v, hi_v = (context.cast(builder, v, t, types.float32) for v, t in zip(args, sig.args))
+            f32 = ir.FloatType()
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [f32, f32]), "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
+            return builder.call(asm, [hi_v, lo_v])
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def pack_f16x2(lo, hi):
+        """A word holding fp16(lo) in its low 16 bits and fp16(hi) in its high 16 bits."""
+        return _cvt_rn_f16x2_f32(lo, hi)
+
+    @intrinsic
+    def _mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 of one warp (gpu/mma_layout.py)."""
+        words, accs = (a0, a1, a2, a3, b0, b1), (c0, c1, c2, c3)
+        if not (all(isinstance(v, types.Integer) for v in words) and all(isinstance(v, types.Float) for v in accs)):
+            return None
+        sig = types.UniTuple(types.float32, 4)(*words, *accs)
+
+        def codegen(context, builder, sig, args):
+            ins = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:6], sig.args[:6])]
+            ins += [context.cast(builder, v, t, types.float32) for v, t in zip(args[6:], sig.args[6:])]
+            i32, f32 = ir.IntType(32), ir.FloatType()
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                                     "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+                               "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            # convergent: the whole warp executes it together, so it must not be moved into
+            # (or out of) control flow that the lanes might take differently
+            d = builder.call(asm, ins, attrs=("convergent",))
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(d, k) for k in range(4)])
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """(d0, d1, d2, d3) = this lane's part of D = A·B + C for a 16×16 fp16 A (registers
+        a0..a3, two fp16 each), a 16×8 fp16 B (b0, b1) and float32 C: every lane of the warp
+        must call it together. Who holds what: gpu/mma_layout.py."""
+        return _mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
+
+    @intrinsic
+    def _st_v4_u32(typingctx, array, index, w0, w1, w2, w3):
+        """One 16-byte store of four words at array[index:index + 4] (1-D uint32 array)."""
+        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 1):
+            return None
+        sig = types.void(array, index, w0, w1, w2, w3)
+
+        def codegen(context, builder, sig, args):
+            aryty = sig.args[0]
+            ary = context.make_array(aryty)(context, builder, value=args[0])
+            at = context.cast(builder, args[1], sig.args[1], types.intp)
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [at])
+            vecty = ir.VectorType(ir.IntType(32), 4)
+            vec = ir.Constant(vecty, ir.Undefined)
+            for k in range(4):
+                word = context.cast(builder, args[2 + k], sig.args[2 + k], types.uint32)
+                vec = builder.insert_element(vec, word, ir.Constant(ir.IntType(32), k))
+            builder.store(vec, builder.bitcast(ptr, vecty.as_pointer()), align=16)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def store_u32x4(array, index, w0, w1, w2, w3):
+        """array[index:index + 4] = w0..w3 in one store; index % 4 == 0 and the array 16-byte
+        aligned (in shared memory: a quarter of the wavefronts of four 4-byte stores)."""
+        _st_v4_u32(array, index, w0, w1, w2, w3)
+
 else:
 
     def device_function(pyfunc):
@@ -116,6 +284,24 @@ else:
     def f16_bits_to_f32(bits):
         return np.float32(np.array([int(bits) & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
 
+    def load_u32x4_unaligned(array8, row, col):
+        b = [int(array8[row, col + k]) for k in range(16)]
+        return tuple(np.uint32(b[4 * k] | b[4 * k + 1] << 8 | b[4 * k + 2] << 16 | b[4 * k + 3] << 24)
+                     for k in range(4))
+
+    def shr_u32(x, n):
+        return np.uint32(int(x) >> int(n))
+
+    def dp4a(a, b, c):
+        a, b, total = int(a), int(b), int(np.int32(c))
+        for k in range(4):
+            x, y = (a >> 8 * k) & 0xFF, (b >> 8 * k) & 0xFF
+            total += (x - 256 if x > 127 else x) * (y - 256 if y > 127 else y)
+        return np.int32(total)
+
+    def round_to_int(v):
+        return np.int32(np.rint(np.float32(v)))
+
     @cuda.jit(device=True)
     def warp_reduce(acc):
         # The simulator has no shuffles: pass values through shared memory, same butterfly.
@@ -132,6 +318,33 @@ else:
             offset >>= 1
         acc[...] = lanes[tid & 31].reshape(acc.shape)
 
+    # ---- tensor-core GEMM (gpu/gemm_mma.py): plain-Python stand-ins ------------------------------
+
+    def pack_f16x2(lo, hi):
+        from .mma_layout import pack_halves
+        return np.uint32(pack_halves(lo, hi))
+
+    @cuda.jit(device=True)
+    def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        # The simulator has no tensor cores: the warp's lanes pass their registers through
+        # shared memory and each computes the warp's D from the PTX fragment layout
+        # (gpu/mma_layout.py), then keeps its own part.
+        from .mma_layout import warp_mma
+        words = cuda.shared.array((1024, 6), np.uint32)
+        accs = cuda.shared.array((1024, 4), np.float32)
+        tid = cuda.threadIdx.x
+        base = tid - (tid & 31)
+        words[tid] = (a0, a1, a2, a3, b0, b1)
+        accs[tid] = (c0, c1, c2, c3)
+        cuda.syncthreads()
+        d = warp_mma(words[base:base + 32, :4], words[base:base + 32, 4:], accs[base:base + 32])[tid & 31]
+        cuda.syncthreads()          # every lane has read before the next call writes
+        return d[0], d[1], d[2], d[3]
+
+    def store_u32x4(array, index, w0, w1, w2, w3):
+        assert index % 4 == 0, "vector store must be 16-byte aligned"
+        array[index:index + 4] = (w0, w1, w2, w3)
+
 
 MAGIC = uint32(0x4B000000)  # float32 bits of 2**23: OR-ing an integer v < 2**23 into the
 MAGIC_F = float32(8388608.0)  # mantissa gives exactly 2**23 + v
@@ -146,3 +359,14 @@ def small_uint_to_f32(v, bias):
     logic op plus one add. `bias` folds the format's zero point (8, 32, 128) into that add.
     """
     return bits_to_f32(uint32(v) | MAGIC) - (MAGIC_F + bias)
+
+
+SIGNED_MAGIC = 0x4B400000             # float32 bits of 1.5 * 2**23: adding an integer |v| < 2**22
+SIGNED_MAGIC_F = float32(12582912.0)  # to them gives exactly 1.5 * 2**23 + v
+
+
+@device_function
+def small_int_to_f32(v):
+    """float32(v) for an int32 |v| < 2**22 (a dp4a sum), without I2F: one integer add plus one
+    float subtract, both at the full rate (see small_uint_to_f32)."""
+    return bits_to_f32(uint32(v + SIGNED_MAGIC)) - SIGNED_MAGIC_F
