@@ -165,7 +165,7 @@ def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
             if r is not None and r * n > MAX_ROWS_X_SLOTS:
                 continue
             timing = time_launches(lambda: matvec(t.id, w, x, out, rows_per_warp=r))
-            used = r or default_rows_per_warp(n, rows)
+            used = r or default_rows_per_warp(n, rows, t.id)
             regs = max(kernel(t.id, n, used).get_regs_per_thread().values())
             results.append(MatvecResult(t.name, rows, cols, n, r, used,
                                         nbytes / timing.seconds / 1e9, timing.flagged, regs))

@@ -1,9 +1,13 @@
-"""Quantised matrix x k-vectors on the GPU: out[s, row] = dot(W[row, :], x[s, :]) for k slots.
+"""Matrix x k-vectors on the GPU: out[s, row] = dot(W[row, :], x[s, :]) for k slots.
 
 Same op and argument order as `cpu.matvec.matvec`. Weight-stationary: every weight byte is read
 from global memory once per call and applied to all k slots.
 
-Work split (one kernel template, per-type decoding in `quants.py`):
+The quantised types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) go to gpu/matvec_q8.py: x rounded to int8
+per block of 32 and dp4a products. This module's float kernel serves F32/F16/BF16 (its
+decoding of the other types in `quants.py` lives on in gpu/gemm.py and gpu/embed.py).
+
+Work split of the float kernel (one kernel template, per-type decoding in `quants.py`):
 * a block of WARPS warps; each warp owns `rows_per_warp` (R) consecutive rows;
 * the row is walked in tiles of 32 * elems columns; in each tile each lane decodes its own
   `elems` weights (its unit) of each of its R rows, and multiplies them with x;
@@ -169,9 +173,23 @@ def _build_kernel(unit: LaneUnit, n_slots: int, rows_per_warp: int):
     return kernel_fn
 
 
-@functools.cache
+def _uses_dp4a(type_id: int) -> bool:
+    from . import matvec_q8  # imported here: gpu.matvec_q8 builds on this module
+    return int(type_id) in matvec_q8.UNITS
+
+
 def kernel(type_id: int, n_slots: int, rows_per_warp: int):
-    """The compiled-on-first-launch kernel (cached on disk by Numba)."""
+    """The kernel `matvec` launches for this type and shape (compiled on first launch, cached
+    on disk by Numba)."""
+    if _uses_dp4a(type_id):
+        from . import matvec_q8
+        return matvec_q8.kernel(type_id, n_slots, rows_per_warp)
+    return float_kernel(type_id, n_slots, rows_per_warp)
+
+
+@functools.cache
+def float_kernel(type_id: int, n_slots: int, rows_per_warp: int):
+    """The float-decoding kernel of any supported type."""
     pyfunc = _build_kernel(UNITS[type_id], n_slots, rows_per_warp)
     return cuda.jit(cache=True)(pyfunc)
 
@@ -193,11 +211,15 @@ PTX_CHECK_SHAPES = ((1, 1), (2, 2), (3, 4), (8, 2))  # (slots, rows per warp)
 
 def ptx_targets(every_shape: bool = False):
     """(name, python function, argument types) of the matvec kernels, for the PTX check: per
-    type the largest unrolled body, or every shape in PTX_CHECK_SHAPES."""
+    type the largest unrolled body, or every shape in PTX_CHECK_SHAPES; then the dp4a ones."""
+    from . import matvec_q8
     for unit in UNITS.values():
+        if unit.type.id in matvec_q8.UNITS:
+            continue  # served by matvec_q8
         for n, r in (PTX_CHECK_SHAPES if every_shape else PTX_CHECK_SHAPES[2:3]):
             yield (f"matvec {unit.type.name} n={n} rows_per_warp={r}",
                    _build_kernel(unit, n, r), kernel_argtypes(unit))
+    yield from matvec_q8.ptx_targets(every_shape)
 
 
 @functools.cache
@@ -207,9 +229,13 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def default_rows_per_warp(n_slots: int, rows: int) -> int:
-    """Most rows per warp that the registers allow (more x reuse), fewer when the matrix has
-    too few rows to give every SM several blocks. Any choice gives the same bits."""
+def default_rows_per_warp(n_slots: int, rows: int, type_id: int | None = None) -> int:
+    """Rows per warp of the kernel `matvec` launches for `type_id` (the float kernel's when
+    None). Float kernel: the most that the registers allow (more x reuse), fewer when the
+    matrix has too few rows to give every SM several blocks. Any choice gives the same bits."""
+    if type_id is not None and _uses_dp4a(type_id):
+        from . import matvec_q8
+        return matvec_q8.default_rows_per_warp(n_slots, rows)
     r = max(1, min(4, MAX_ROWS_X_SLOTS // n_slots))
     while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
         r //= 2
@@ -251,6 +277,9 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     (n, rows). Asynchronous on `stream` (gpu.memory's stream when None). `rows_per_warp` is a
     tuning knob for benchmarks; it never changes the result.
 
+    Quantised types use int8 activations (gpu/matvec_q8.py): x is rounded per block of 32 to
+    max|x|/127 steps, a relative error of up to 1/254 of the block's largest |x| per element.
+
     Calls of gpu.gemm.GEMM_MIN_ROWS rows or more (prompt chunks) go to the tiled GEMM, which
     reads each weight once per tile of rows instead of once per 8 slots: its rows have the
     GEMM's bits (the same in every GEMM call), not a one-slot call's. A `rows_per_warp`
@@ -262,12 +291,16 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
         if n >= gemm.GEMM_MIN_ROWS:
             gemm.gemm(wtype, w_dev, x_dev, out_dev, stream)
             return
-    w = w_dev.view(unit.word)
     launch_stream = memory.stream() if stream is None else stream
+    if _uses_dp4a(unit.type.id):
+        from . import matvec_q8
+        matvec_q8.matvec(unit.type.id, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, rows_per_warp)
+        return
+    w = w_dev.view(unit.word)
     for s0 in range(0, n, MAX_SLOTS):
         k = min(MAX_SLOTS, n - s0)
         r = min(rows_per_warp, max(1, MAX_ROWS_X_SLOTS // k)) if rows_per_warp else default_rows_per_warp(k, rows)
         xk = x_dev if k == n else x_dev[s0:s0 + k]
         ok = out_dev if k == n else out_dev[s0:s0 + k]
         blocks = -(-rows // (WARPS * r))
-        kernel(unit.type.id, k, r)[blocks, BLOCK_THREADS, launch_stream](w, w_dev, xk, ok, rows, cols)
+        float_kernel(unit.type.id, k, r)[blocks, BLOCK_THREADS, launch_stream](w, w_dev, xk, ok, rows, cols)

@@ -2,7 +2,8 @@
 
 Weights are random raw block bytes (every bit pattern of quants, scales and mins occurs) with
 sane fp16 scale fields; `gguf.quants.dequantize` says what they mean. On the simulator the
-shapes are tiny (each simulated block is slow); on a real GPU they are larger.
+shapes are tiny (each simulated block is slow); on a real GPU they are larger. The float
+kernel's types are checked here; the quantised types (int8 activations) in test_matvec_q8.py.
 """
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hybrid import ggml_types as gt
 from hybrid.errors import HybridError
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+FLOAT_TYPES = ["F32", "F16", "BF16"]   # the float kernel's; the others: test_matvec_q8.py
 FP16_FIELD_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 REAL_GPU = available() and not simulated()
 ROWS = 389 if REAL_GPU else 5  # never a multiple of a block's rows: the tail block is partial
@@ -68,7 +70,7 @@ def assert_close(got, want, magnitude):
     assert np.all(err <= bound), f"max excess {np.max(err - bound):.3g}"
 
 
-@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("name", FLOAT_TYPES)
 def test_matches_reference_and_slots_are_bit_identical(name):
     t = gt.by_name(name)
     rng = np.random.default_rng(sum(map(ord, name)))
@@ -87,8 +89,9 @@ def test_matches_reference_and_slots_are_bit_identical(name):
     assert np.array_equal(by_n[4][3].view(np.uint32), last_alone[0].view(np.uint32))
 
 
-def test_rows_per_warp_never_changes_bits():
-    t = gt.Q4_K
+@pytest.mark.parametrize("name", ["F16", "Q4_K"])
+def test_rows_per_warp_never_changes_bits(name):
+    t = gt.by_name(name)
     rng = np.random.default_rng(7)
     cols = n_cols(t)
     w_dev = cuda.to_device(random_weights(t, ROWS, cols, rng))
@@ -100,7 +103,7 @@ def test_rows_per_warp_never_changes_bits():
 
 
 def test_more_slots_than_one_launch_takes():
-    t = gt.Q6_K
+    t = gt.F16
     rng = np.random.default_rng(3)
     cols = n_cols(t)
     w_bytes = random_weights(t, ROWS, cols, rng)

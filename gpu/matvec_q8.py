@@ -1,0 +1,274 @@
+"""Decode matvec of the quantised types on int8 activations: out[s, row] = W[row, :] · x[s, :].
+
+Decoding every weight to float32 costs ~5-7 instructions and made the float kernel
+(gpu/matvec.py) instruction-bound at 15-26 % of the memory bandwidth. Here (llama.cpp's "mmvq"
+idea) x is quantised once per call to int8 in blocks of 32 (`quantize`), and each weight unit
+is dotted with it by `dp4a`, four int8 products per instruction; the scales are applied in
+float32 once per 16 or 32 weights. Per-type lane work: gpu/quants_q8.py.
+
+Work split: a warp owns R consecutive rows; lane l takes units l, l + 32, l + 64, ... of every
+one of them (the same columns in each row, so each x word it loads serves R rows). A lane issues
+the loads of U units of its R rows (R·U = 4 units: eight 16-byte loads for Q4_K, 52 loads of 1-4
+bytes for Q6_K) before it uses any, so that several loads per lane are in flight; x (small,
+L1/L2-resident) is read from global memory, nothing goes through shared memory. Each (row,
+slot) sum is reduced across the warp at the end by a fixed butterfly.
+
+Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
+slot count, R or U: the same lane adds the same units, one after another in column order, then
+the same butterfly. x is quantised per slot. So a k-slot call gives each slot exactly the bits
+of a 1-slot call.
+
+Error: x·w is computed with x rounded to dx·xq, |x − dx·xq| ≤ dx/2 with dx = max|x|/127 over
+its block of 32; the K-quants' min term uses the exact float sum of x.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import pathlib
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from . import memory
+from .device import simulated
+from .intrinsics import device_function, round_to_int, warp_reduce
+from .matvec import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, _specialise
+from .quants_q8 import UNITS, Dp4aUnit
+
+BLOCK_THREADS = 32 * WARPS
+UNITS_IN_FLIGHT = 4      # R·U: units whose loads a lane issues before it waits for them
+X_BLOCK = 32             # activation elements per int8 scale
+QUANTIZE_THREADS = 32 if simulated() else 128
+LANES_PER_X_BLOCK = 8    # quantiser: each lane takes 4 elements (one packed int8 word)
+
+
+def _source_stamp() -> int:
+    """Hash of every source the kernels are built from: part of their cache key (_specialise)."""
+    here = pathlib.Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("matvec_q8.py", "quants_q8.py", "quants.py", "intrinsics.py"):
+        digest.update((here / name).read_bytes())
+    return int.from_bytes(digest.digest()[:4], "little")
+
+
+SOURCE_STAMP = _source_stamp()
+
+# Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
+load = prepare = load_x = dot = add_unit = None
+
+
+# --- activations: x -> int8 ------------------------------------------------------------------------
+
+def _quantize_template(STAMP):
+    def quantize_kernel(x, xq, xm_f, xm_i):
+        """Blocks of 32 of x (n, cols) -> xq (n, cols/4) packed int8 words; per block xm (n, 4 per
+        block): dx = max|x|/127, the float sum of x, the int sums of xq over each half of 16.
+
+        8 threads per block, 4 elements each; they combine their partial results through
+        shared memory in a fixed tree (one barrier each for the floats and the int sums)."""
+        if STAMP < 0:  # never true: puts the stamp in the cache key
+            return
+        partial = cuda.shared.array((QUANTIZE_THREADS, 2), float32)
+        q_sums = cuda.shared.array(QUANTIZE_THREADS, int32)
+        tid = cuda.threadIdx.x
+        lane = tid & (LANES_PER_X_BLOCK - 1)
+        first = tid - lane
+        blocks = x.shape[1] // X_BLOCK
+        total = x.shape[0] * blocks
+        g = cuda.grid(1) // LANES_PER_X_BLOCK
+        live = g < total
+        g = min(g, total - 1)  # every thread reaches the barriers
+        s = g // blocks
+        b = g - s * blocks
+        c0 = b * X_BLOCK + 4 * lane
+        v0, v1, v2, v3 = x[s, c0], x[s, c0 + 1], x[s, c0 + 2], x[s, c0 + 3]
+        partial[tid, 0] = max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3)))
+        partial[tid, 1] = (v0 + v1) + (v2 + v3)
+        cuda.syncthreads()
+        amax = partial[first, 0]
+        for j in range(1, LANES_PER_X_BLOCK):
+            amax = max(amax, partial[first + j, 0])
+        dx = amax / float32(127.0)
+        inv = float32(1.0) / dx if dx > float32(0.0) else float32(0.0)
+        q0, q1, q2, q3 = round_to_int(v0 * inv), round_to_int(v1 * inv), round_to_int(v2 * inv), round_to_int(v3 * inv)
+        q_sums[tid] = int32(q0 + q1 + q2 + q3)
+        cuda.syncthreads()
+        if live:
+            xq[s, b * 8 + lane] = ((uint32(q0) & uint32(0xFF)) | ((uint32(q1) & uint32(0xFF)) << uint32(8))
+                                   | ((uint32(q2) & uint32(0xFF)) << uint32(16)) | (uint32(q3) << uint32(24)))
+            if lane == 0:
+                xm_f[s, 4 * b] = dx
+                xm_f[s, 4 * b + 1] = (((partial[first, 1] + partial[first + 1, 1])
+                                       + (partial[first + 2, 1] + partial[first + 3, 1]))
+                                      + ((partial[first + 4, 1] + partial[first + 5, 1])
+                                         + (partial[first + 6, 1] + partial[first + 7, 1])))
+                xm_i[s, 4 * b + 2] = (q_sums[first] + q_sums[first + 1]) + (q_sums[first + 2] + q_sums[first + 3])
+                xm_i[s, 4 * b + 3] = (q_sums[first + 4] + q_sums[first + 5]) + (q_sums[first + 6] + q_sums[first + 7])
+    return quantize_kernel
+
+
+@functools.cache
+def quantize_kernel():
+    fn = _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP), {})
+    return cuda.jit(cache=True)(fn)
+
+
+def quantize(x_dev, stream=None):
+    """(xq, xm): x_dev (n, cols) float32 quantised to int8 per block of 32, in scratch buffers
+    that the next call overwrites (see the module docstring of gpu/quants_q8.py)."""
+    n, cols = x_dev.shape
+    xq = memory.scratch("matvec_q8.xq", (n, cols // 4), np.uint32)
+    xm = memory.scratch("matvec_q8.xm", (n, cols // 8), np.uint32)
+    threads = n * (cols // X_BLOCK) * LANES_PER_X_BLOCK
+    launch_stream = memory.stream() if stream is None else stream
+    quantize_kernel()[-(-threads // QUANTIZE_THREADS), QUANTIZE_THREADS, launch_stream](
+        x_dev, xq, xm.view(np.float32), xm.view(np.int32))
+    return xq, xm
+
+
+# --- the matvec ------------------------------------------------------------------------------------
+
+def _add_unit_template(N, R, U):
+    def add_unit(raw, u, blk, p, q, fac, xq, xm, xv, xf, xs, acc):
+        """acc[r, s] += unit (blk, p)'s dot for every row r and slot s; its weights are raw[r·U + u]."""
+        for r in range(R):
+            prepare(raw, r * U + u, q, fac, r, p)
+        for s in range(N):
+            load_x(xq, xm, s, blk, p, xv, xf, xs)
+            for r in range(R):
+                acc[r, s] = dot(q, fac, r, xv, xf, xs, acc[r, s])
+    return add_unit
+
+
+def _kernel_template(N, R, U, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP):
+    BPS = 32 // UPB  # blocks per step of 32 units
+
+    def matvec_q8_kernel(w, w8, xq, xm, out, rows, n_blocks):
+        if TYPE_ID < 0 or STAMP < 0:  # never true: puts both in the cache key (_specialise)
+            return
+        raw = cuda.local.array((RU, RAW), uint32)  # RU = R·U
+        q = cuda.local.array((R, QW), uint32)
+        fac = cuda.local.array((R, FAC), float32)
+        xv = cuda.local.array(XV, uint32)
+        xf = cuda.local.array(XF, float32)
+        xs = cuda.local.array(XS, int32)
+        acc = cuda.local.array((R, N), float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        row0 = (cuda.blockIdx.x * WARPS + (tid >> 5)) * R
+        for r in range(R):
+            for s in range(N):
+                acc[r, s] = float32(0.0)
+        # unit 32·step + lane of the row is piece p of block blk
+        p = lane % UPB
+        blk = lane // UPB
+        # U steps at a time: all their loads first (rows past the end reload the last row)
+        while blk + BPS * (U - 1) < n_blocks:
+            for u in range(U):
+                for r in range(R):
+                    load(w, w8, min(row0 + r, rows - 1), blk + BPS * u, p, raw, r * U + u)
+            for u in range(U):
+                add_unit(raw, u, blk + BPS * u, p, q, fac, xq, xm, xv, xf, xs, acc)
+            blk += BPS * U
+        if U > 1:  # the rest one step at a time, in the same column order
+            while blk < n_blocks:
+                for r in range(R):
+                    load(w, w8, min(row0 + r, rows - 1), blk, p, raw, r * U)
+                add_unit(raw, 0, blk, p, q, fac, xq, xm, xv, xf, xs, acc)
+                blk += BPS
+        warp_reduce(acc)
+        if lane == 0:
+            for r in range(R):
+                if row0 + r < rows:
+                    for s in range(N):
+                        out[s, row0 + r] = acc[r, s]
+    return matvec_q8_kernel
+
+
+def units_in_flight(rows_per_warp: int) -> int:
+    """U: units per row a lane loads before it uses them."""
+    return max(1, UNITS_IN_FLIGHT // rows_per_warp)
+
+
+def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int):
+    """The kernel (Python function) for one type, slot count and rows per warp."""
+    u = units_in_flight(rows_per_warp)
+    functions = dict(load=unit.load, prepare=unit.prepare, load_x=unit.load_x, dot=unit.dot)
+    functions["add_unit"] = device_function(
+        _specialise(_add_unit_template, dict(N=n_slots, R=rows_per_warp, U=u), functions))
+    constants = dict(N=n_slots, R=rows_per_warp, U=u, RU=rows_per_warp * u, UPB=unit.units_per_block,
+                     RAW=unit.raw_words, QW=unit.q_words,
+                     FAC=unit.factors, XV=unit.x_words, XF=unit.x_floats, XS=unit.x_ints,
+                     TYPE_ID=unit.type.id, STAMP=SOURCE_STAMP)
+    kernel_fn = _specialise(_kernel_template, constants, functions)
+    kernel_fn.__name__ = kernel_fn.__qualname__ = f"matvec_q8_{unit.type.name}_n{n_slots}_r{rows_per_warp}"
+    return kernel_fn
+
+
+@functools.cache
+def kernel(type_id: int, n_slots: int, rows_per_warp: int):
+    """The compiled-on-first-launch kernel (cached on disk by Numba)."""
+    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp))
+
+
+def _matrix(dtype):
+    from numba import types
+    from numba.np import numpy_support
+    return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 2, "C")
+
+
+def kernel_argtypes(unit: Dp4aUnit) -> tuple:
+    """Numba argument types of a kernel (w, w8, xq, xm, out, rows, n_blocks)."""
+    from numba import types
+    return (_matrix(unit.word), _matrix(np.uint8), _matrix(np.uint32), _matrix(np.uint32),
+            _matrix(np.float32), types.int64, types.int64)
+
+
+PTX_CHECK_SHAPES = ((1, 1), (8, 2))   # (slots, rows per warp): the most units in flight; the most accumulators
+PTX_CHECK_SHAPES_ALL = ((1, 1), (2, 2), (3, 4), (4, 2), (8, 2))
+
+
+def ptx_targets(every_shape: bool = False):
+    """(name, python function, argument types) of the quantiser and every type's kernels."""
+    yield ("matvec q8 quantize x", _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP), {}),
+           (_matrix(np.float32), _matrix(np.uint32), _matrix(np.float32), _matrix(np.int32)))
+    for unit in UNITS.values():
+        for n, r in (PTX_CHECK_SHAPES_ALL if every_shape else PTX_CHECK_SHAPES):
+            yield (f"matvec {unit.type.name} dp4a n={n} rows_per_warp={r}",
+                   _build_kernel(unit, n, r), kernel_argtypes(unit))
+
+
+@functools.cache
+def _sm_count() -> int:
+    if simulated():
+        return 0  # the simulator gains nothing from more, smaller blocks
+    return cuda.get_current_device().MULTIPROCESSOR_COUNT
+
+
+def default_rows_per_warp(n_slots: int, rows: int) -> int:
+    """One row per warp for one slot (x is then read once per row, which the L1 serves); two
+    for more slots, where x reuse across rows saves L1 bandwidth. Fewer when the matrix has too
+    few rows to give every SM several blocks. Any choice gives the same bits."""
+    r = 1 if n_slots == 1 else 2
+    while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
+        r //= 2
+    return r
+
+
+def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, stream,
+           rows_per_warp: int | None = None) -> None:
+    """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matvec._check): quantise x, then one
+    launch per MAX_SLOTS slots."""
+    unit = UNITS[type_id]
+    xq, xm = quantize(x_dev, stream)
+    w = w_dev.view(unit.word)
+    n_blocks = cols // unit.type.block_elems
+    for s0 in range(0, n, MAX_SLOTS):
+        k = min(MAX_SLOTS, n - s0)
+        r = (min(rows_per_warp, max(1, MAX_ROWS_X_SLOTS // k)) if rows_per_warp
+             else default_rows_per_warp(k, rows))
+        ok = out_dev if k == n else out_dev[s0:s0 + k]
+        blocks = -(-rows // (WARPS * r))
+        kernel(type_id, k, r)[blocks, BLOCK_THREADS, stream](
+            w, w_dev, xq[s0:s0 + k], xm[s0:s0 + k], ok, rows, n_blocks)

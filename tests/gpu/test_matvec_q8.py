@@ -1,0 +1,171 @@
+"""The int8-activation matvec (gpu/matvec_q8.py) of the quantised types.
+
+Oracles: a numpy quantiser of x written from the spec (blocks of 32, dx = max|x|/127, xq =
+round-half-even(x · (1/dx)), float sums in the quantiser's tree order), and gguf's
+`dequantize` for the weights. With x̂ = dx·xq the kernel computes, up to float32 rounding,
+    A·x̂ + (W − A)·x
+where A is the part of W that multiplies the quants (W itself, or for the K-quants W with its
+dmin field zeroed; W − A is then the −dmin·m term, which uses the float sum of x). That is
+checked tightly; W·x in float64 is checked within the rounding of x, |x − x̂| ≤ dx/2.
+"""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from numba import cuda
+
+from gpu import matvec_q8
+from gpu.matvec import MAX_SLOTS
+from gpu.quants_q8 import UNITS
+from hybrid import ggml_types as gt
+from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
+from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
+
+Q_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+U = 2.0 ** -24                      # unit roundoff of float32
+MIN_FIELD = {"Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 dmin in a block
+TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_K": 4, "Q5_K": 4, "Q6_K": 2}
+
+
+def quantize_reference(x: np.ndarray):
+    """(xq (n, cols) int, dx (n, blocks), float sums (n, blocks), int sums (n, blocks, 2))."""
+    n, cols = x.shape
+    blocks = x.astype(np.float32).reshape(n, cols // 32, 8, 4)   # 8 lanes of 4 elements each
+    amax = np.abs(blocks).max(axis=(2, 3))
+    p = (blocks[..., 0] + blocks[..., 1]) + (blocks[..., 2] + blocks[..., 3])
+    sums = ((p[..., 0] + p[..., 1]) + (p[..., 2] + p[..., 3])) + ((p[..., 4] + p[..., 5]) + (p[..., 6] + p[..., 7]))
+    dx = amax / np.float32(127.0)
+    inv = np.divide(np.float32(1.0), dx, out=np.zeros_like(dx), where=dx > 0)
+    xq = np.rint(blocks.reshape(n, -1, 32) * inv[..., None]).astype(np.int64)
+    assert np.abs(xq).max() <= 127
+    return xq.reshape(n, cols), dx, sums, xq.reshape(n, -1, 2, 16).sum(-1)
+
+
+def scale_part(t: gt.GGMLType, w_bytes: np.ndarray) -> np.ndarray:
+    """The dequantised weights without the K-quants' −dmin·m term."""
+    if t.name not in MIN_FIELD:
+        return dequantize(w_bytes, GGMLQuantizationType(t.id))
+    blocks = w_bytes.copy().reshape(w_bytes.shape[0], -1, t.block_bytes)
+    blocks[:, :, MIN_FIELD[t.name]:MIN_FIELD[t.name] + 2] = 0
+    return dequantize(blocks.reshape(w_bytes.shape), GGMLQuantizationType(t.id))
+
+
+def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray):
+    """(want, bound): the kernel's algorithm in float64, and its float32 rounding bound.
+
+    Each lane adds T terms in a chain of fmas, then 5 butterfly levels add the lanes: at most
+    (T + 5)·u of Σ|term| (the usual γ bound). Each term's factors carry ≤ 4 roundings (d·sc, ·dx,
+    the fp16/f32 products of the dequantiser A is taken from, the simulator's unfused fma), the
+    float sum of x 5 more: T + 16 in all.
+    """
+    w = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
+    a = scale_part(t, w_bytes).astype(np.float64)
+    xq, dx, _, _ = quantize_reference(x)
+    x_hat = xq * np.repeat(dx.astype(np.float64), 32, axis=1)
+    x64 = x.astype(np.float64)
+    want = x_hat @ a.T + x64 @ (w - a).T
+    magnitude = np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(w - a).T
+    units = UNITS[t.id].units_per_row(x.shape[1])
+    terms_per_lane = TERMS_PER_UNIT[t.name] * -(-units // 32)
+    return want, (terms_per_lane + 16) * U * magnitude
+
+
+def rounding_bound(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Bound on |A·(x − x̂)|: |xq − x/dx| ≤ 1/2 + 256u (x/dx ≤ 127 through two float32 roundings)."""
+    a = scale_part(t, w_bytes).astype(np.float64)
+    _, dx, _, _ = quantize_reference(x)
+    step = np.repeat(dx.astype(np.float64), 32, axis=1) * (0.5 + 256 * U)
+    return step @ np.abs(a).T
+
+
+def assert_within(got, want, bound, what):
+    assert np.all(np.isfinite(got)), f"{what}: NaN/inf (unwritten rows?)"
+    excess = np.abs(got.astype(np.float64) - want) - bound
+    assert np.all(excess <= 0), f"{what}: max excess {excess.max():.3g} (bound {bound.max():.3g})"
+
+
+def test_quantiser_matches_the_numpy_spec_bit_for_bit():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 96)).astype(np.float32) * np.float32(3.0)
+    x[0, 32:64] = 0.0                            # an all-zero block: dx = 0, xq = 0
+    x[1, :32] = np.float32(0.5)                  # ties: x/dx = 127 exactly for all
+    x[2, 64:96] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.25)  # dx = 0.5: x·inv = k + .5, ties
+    x[2, 64] = np.float32(63.5)
+    xq_dev, xm_dev = matvec_q8.quantize(cuda.to_device(x))
+    xq_words, xm = xq_dev.copy_to_host(), xm_dev.copy_to_host().reshape(3, -1, 4)
+    want_q, dx, sums, halves = quantize_reference(x)
+    got_q = xq_words.view(np.int8).reshape(3, 96).astype(np.int64)
+    np.testing.assert_array_equal(got_q, want_q)
+    np.testing.assert_array_equal(xm[..., 0].view(np.float32), dx)
+    np.testing.assert_array_equal(xm[..., 1].view(np.float32), sums)
+    np.testing.assert_array_equal(xm[..., 2:].view(np.int32), halves)
+
+
+def check_against_oracles(t, w_bytes, x, got):
+    want, bound = int8_reference(t, w_bytes, x)
+    assert_within(got, want, bound, f"{t.name} vs the int8 algorithm")
+    w = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
+    assert_within(got, x.astype(np.float64) @ w.T, bound + rounding_bound(t, w_bytes, x), f"{t.name} vs W·x")
+
+
+@pytest.mark.parametrize("name", Q_TYPES)
+def test_matches_the_oracles_and_slots_are_bit_identical(name):
+    """Rows: never a multiple of a block's rows. Columns: the last step of 32 units is partial.
+    One slot takes one row per warp and U = 4 units per loop (tail loop only on the simulator's
+    shapes); more slots take two rows and U = 2 (main loop and tail): the bits must agree."""
+    t = gt.by_name(name)
+    rng = np.random.default_rng(sum(map(ord, name)))
+    cols = n_cols(t)
+    w_bytes = random_weights(t, ROWS, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    x = rng.standard_normal((4, cols)).astype(np.float32)
+    by_n = {n: run(t, w_dev, x[:n], ROWS) for n in (1, 2, 4)}
+    last_alone = run(t, w_dev, x[3:4], ROWS)
+    check_against_oracles(t, w_bytes, x, by_n[4])
+    for n, got in by_n.items():
+        assert np.array_equal(got.view(np.uint32), by_n[4][:n].view(np.uint32)), f"n={n}"
+    assert np.array_equal(by_n[4][3].view(np.uint32), last_alone[0].view(np.uint32))
+
+
+def test_main_loop_and_tail_of_one_row_per_warp():
+    """Q8_0 units are 16 weights: 102 units per row give lanes 0-5 one pass of the U = 4 loop
+    and every lane a tail; rows per warp 1, 2, 4 (U = 4, 2, 1) give the same bits."""
+    t = gt.Q8_0
+    rng = np.random.default_rng(5)
+    cols = 32 * 51
+    w_bytes = random_weights(t, ROWS, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    base = run(t, w_dev, x, ROWS, rows_per_warp=1)
+    check_against_oracles(t, w_bytes, x, base)
+    for r in (2, 4):
+        got = run(t, w_dev, x, ROWS, rows_per_warp=r)
+        assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"rows_per_warp={r}"
+
+
+def test_more_slots_than_one_launch_takes():
+    t = gt.Q8_0
+    rng = np.random.default_rng(3)
+    cols = n_cols(t)
+    w_bytes = random_weights(t, ROWS, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    n = MAX_SLOTS + 2
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    got = run(t, w_dev, x, ROWS)
+    check_against_oracles(t, w_bytes, x, got)
+    last = run(t, w_dev, x[n - 1:], ROWS)
+    assert np.array_equal(got[n - 1:].view(np.uint32), last.view(np.uint32))
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="the simulator reads unaligned words byte by byte")
+def test_misaligned_weight_rows():
+    """Q6_K/Q8_0/Q4_0 rows of an odd block count start 2 bytes off a word boundary every other
+    row; a view one row in starts anywhere: the unaligned loads must see the same bytes."""
+    for name in ("Q6_K", "Q8_0", "Q4_0"):
+        t = gt.by_name(name)
+        rng = np.random.default_rng(11)
+        cols = t.block_elems * 33
+        w_bytes = random_weights(t, ROWS + 1, cols, rng)
+        x = rng.standard_normal((2, cols)).astype(np.float32)
+        w_dev = cuda.to_device(w_bytes)[1:]
+        check_against_oracles(t, w_bytes[1:], x, run(t, w_dev, x, ROWS))
