@@ -28,6 +28,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--vram", default="12GiB")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--k", type=int, default=1, help="tokens per step (a verify step when > 1)")
+    p.add_argument("--prefill", action="store_true",
+                   help="steps are prompt chunks of k tokens: last-row logits, no snapshot ring")
     args = p.parse_args(argv)
 
     from numba import cuda
@@ -51,7 +53,9 @@ def main(argv: list[str]) -> int:
                 return fn(*a, **kw)
             depth[0] += 1
             try:
-                return timed_on_device(name, fn, *a, **kw)
+                # matvecs by weight shape: small matrices waste a launch's worth of time
+                label = f"{name} {a[1].shape[0]}x{a[2].shape[1]}" if name == "matvec" else name
+                return timed_on_device(label, fn, *a, **kw)
             finally:
                 depth[0] -= 1
         return run
@@ -97,15 +101,16 @@ def main(argv: list[str]) -> int:
     memory.host_call = host_timed("host FFN call (copies + CPU)", memory.host_call)
 
     fw = model.forward
-    state = fw.new_state(64 + args.steps * args.k, n_ring=args.k)
+    verify = args.k > 1 and not args.prefill
+    state = fw.new_state(64 + args.steps * args.k, n_ring=args.k if verify else 0)
     fw.forward(state, np.arange(1, 9, dtype=np.int32), logits="none")
     ids = np.arange(1, args.k + 1, dtype=np.int32)
     for d in (device_s, host_s, calls):
         d.clear()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        fw.forward(state, ids, logits="all" if args.k > 1 else "last", snapshot=args.k > 1)
-        if args.k > 1:
+        fw.forward(state, ids, logits="all" if verify else "last", snapshot=verify)
+        if verify:
             state.rollback(1)
     wall = (time.perf_counter() - t0) / args.steps
 
