@@ -117,8 +117,9 @@ def _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, G):
 @njit(inline="always")
 def _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf):
     """acc[n] += row r of a K-quant matrix · x[n], all slots, super-block by super-block. Slots
-    go in groups of 4, then 2, then 1: a group shares one decode of the weights (4 is what the
-    registers hold); grouping cannot change any slot's bits (integer sums, per-lane combine)."""
+    go in groups of 4, then one group of the 1-3 left: a group shares one decode of the weights
+    (4 is what the registers hold; a k=3 verify step decodes once, not as 2 + 1); grouping cannot
+    change any slot's bits (integer sums, per-lane combine)."""
     n_slots = acc.shape[0]
     block_bytes = 210 if wtype == _Q6_K else (176 if wtype == _Q5_K else 144)
     row_off = r * w.shape[1]
@@ -128,10 +129,12 @@ def _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf):
         while n + 4 <= n_slots:
             _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 4)
             n += 4
-        if n + 2 <= n_slots:
+        rest = n_slots - n              # the last 1-3 slots share one decode too
+        if rest == 3:
+            _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 3)
+        elif rest == 2:
             _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 2)
-            n += 2
-        if n < n_slots:
+        elif rest == 1:
             _k_block(wtype, w, off, xq, dx, bs, b, acc, n, pf, 1)
 
 
@@ -150,10 +153,12 @@ def _small_span(wtype, w, off, xq, dx, k, e0, acc, pf, NB):
     while n + 4 <= n_slots:
         _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 4, NB)
         n += 4
-    if n + 2 <= n_slots:
+    rest = n_slots - n
+    if rest == 3:
+        _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 3, NB)
+    elif rest == 2:
         _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 2, NB)
-        n += 2
-    if n < n_slots:
+    elif rest == 1:
         _small_blocks(wtype, w, off, xq, dx, k, e0, acc, n, pf, 1, NB)
 
 

@@ -186,12 +186,20 @@ class _Vec:
         return values[0]
 
     def sums(self, vectors, add):
-        """Lane i = the sum of vectors[i] (1, 2, 4 or 8 vectors of 8 lanes), reduced together:
+        """Lane i = the sum of vectors[i] (1 to 8 vectors of 8 lanes), reduced together:
         pairs of vectors are folded into one (each keeps half its lanes) until one is left, then
         that one is folded on itself. Every vector's lanes meet in the same pairwise tree
         (lane j + lane j+4, then j + j+2, then j + j+1) however many are reduced at once, so a
         float sum has the same bits for every slot-group size."""
         b = self.b
+        count = len(vectors)
+        padded = 1 << (count - 1).bit_length()
+        if padded != count:
+            # 3 slots (6 K-quant sums): zero vectors make a power of two; they never meet a real
+            # vector's lanes in the folds, so every real lane keeps its bits; cut off at the end
+            zero = ir.Constant(vectors[0].type, None)
+            vec = self.sums(list(vectors) + [zero] * (padded - count), add)
+            return self.lanes(vec, range(count))
         items = [(vec, 1, vec.type.count) for vec in vectors]   # (vector, groups, lanes per group)
 
         def halves(groups, size):
