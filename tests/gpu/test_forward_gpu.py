@@ -80,7 +80,8 @@ def test_float_model_matches_the_cpu_forward_tightly(model, placement):
 
 
 def test_quantised_model_matches_float_reference_and_cpu_forward(model):
-    """The device matvec keeps activations in float; the CPU FFN rounds them to int8."""
+    """Both sides round activations to int8 for the quantised matvecs (the device per block of
+    32, the CPU per super-block): the logits stay within the tolerances of the float reference."""
     mf = model("Q8_0")
     reference, _ = run(Forward(mf, ops=float_weight_ops()), PROMPT[:3])
     cpu_logits, _ = run(Forward(mf), PROMPT[:3])
