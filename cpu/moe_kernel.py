@@ -138,7 +138,7 @@ def _rank_sum(y, slot_of, weights, out, i):
 
 @njit(cache=True, nogil=True, parallel=True)
 def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
-                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, work_items, pf):
+                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, work_items, pf, last_stage):
     n, D = out.shape
     k = weights.shape[1]
     n_expert = expert_rows.shape[1]
@@ -179,6 +179,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
         for i in range(n):
             for blk in range(x_blocks):
                 _quantize_block(x, xq, dx, bs, i, blk)
+    if last_stage == 0:
+        return
 
     # A. per (group, tile of whole h blocks): the group's x block, h = SiLU(gate) ⊙ up, its int8
     tiles_a = max(1, min(h_blocks, -(-work_items // n_groups)))
@@ -212,6 +214,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
         for j in range(m):
             for blk in range(b0, b1):
                 _quantize_block(hg, hqg, hdg, hbg, j, blk)
+    if last_stage == 1:
+        return
 
     # B. y = W_down h per (group, tile of output rows)
     tiles_b = max(1, min(D, -(-work_items // n_groups)))
@@ -227,6 +231,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
             row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, q, d, b, acc, pf)
             for j in range(m):
                 y[s0 + j, r] = acc[j]
+    if last_stage == 2:
+        return
 
     # C. the weighted sum, ranks in order
     if n_slots * D >= _PARALLEL_MIN:
@@ -255,16 +261,27 @@ class Workspace(threading.local):
 _workspace = Workspace()
 
 
+STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
+_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks) → workspace sizes: a decode step's
+                                    # 40 calls of one size pay a dict lookup, not a Numba call
+
+
 def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
-                   weights: np.ndarray, out: np.ndarray, work_items: int, pf: int) -> None:
+                   weights: np.ndarray, out: np.ndarray, work_items: int, pf: int,
+                   stages: int = len(STAGES)) -> None:
     """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]).
 
     wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
     expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
     x: (n, D) float32; experts, weights: `cpu.moe.route`. work_items: how many items to aim for
-    per parallel region (a few per thread); pf: prefetch distance in bytes."""
+    per parallel region (a few per thread); pf: prefetch distance in bytes. stages < 4 stops
+    after that many of the kernel's steps (STAGES; out is then not written): for a profiler
+    timing each step (tools/device/moe_split.py)."""
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
-    sizes, _ = _layout(n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks)
+    key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks)
+    sizes = _layouts.get(key)
+    if sizes is None:
+        sizes = _layouts[key] = _layout(*key)[0]
     _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
-                    *_workspace.get(sizes), n_banks, work_items, pf)
+                    *_workspace.get(sizes), n_banks, work_items, pf, stages - 1)

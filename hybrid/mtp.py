@@ -9,8 +9,15 @@ row). Row p's logits predict x_{p+1}, like the main head's row p.
     u += FFN_L(RMSNorm(u; post_attention_norm_L))
     ĥ  = RMSNorm(u; shared_head_norm);  logits = W_head · ĥ
 
-The head runs through the trunk's own ops and scratch (one block, same op set), so it
-runs on whichever backend the Forward uses; it takes and returns host arrays like the trunk.
+Only the rows whose output someone reads run the whole block: a call's other rows exist to put
+their K and V into the head's cache (the prompt, the kept drafts redone with the trunk's true
+hiddens), and their attention output, FFN and head would be thrown away. That matters most for
+a MoE head in hybrid placement, whose FFN is a CPU hand-off reading every routed expert of every
+row. Every op gives each row the bits of a one-row call, so the rows that do run, and the cache,
+hold exactly what running every row would have produced.
+
+The head runs through the trunk's own ops and scratch (one block, same op set), so it runs on
+whichever backend the Forward uses; it takes and returns host arrays like the trunk.
 """
 from __future__ import annotations
 
@@ -18,6 +25,9 @@ import numpy as np
 
 from .errors import HybridError
 from .weights import embed_tokens
+
+# rows that produce logits and hidden, by logits mode (n: the call's rows)
+_OUTPUT_ROWS = {"all": lambda n: n, "last": lambda n: 1, "none": lambda n: 0}
 
 
 class MTPHead:
@@ -33,28 +43,46 @@ class MTPHead:
         """Run n MTP rows at positions state.mtp_n_past.. and advance it.
 
         hidden_prev: float32 (n, D), row i the hidden paired with token i.
-        Returns (logits or None, post-norm hidden (n, D)) like Forward.forward.
+        Returns (logits, hidden) of the output rows: all n rows for "all", the last row for
+        "last" ((1, n_vocab), (1, D)); (None, None) for "none", which only fills the cache.
         """
-        fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
+        fwd, c, b = self.fwd, self.fwd.config, self.fwd.backend
         ids = fwd.check_tokens(token_ids)
-        n, D = len(ids), c.n_embd
+        if logits not in _OUTPUT_ROWS:
+            raise HybridError(f"logits must be one of {', '.join(_OUTPUT_ROWS)}; got {logits!r}")
+        n, D, V = len(ids), c.n_embd, c.n_vocab
         if hidden_prev.shape != (n, D):
             raise HybridError(f"MTP rows need one hidden row per token: got {hidden_prev.shape} for {n} tokens")
         if state.mtp_n_past + n > state.n_ctx:
             raise HybridError(f"{n} MTP rows do not fit the context of {state.n_ctx}")
+        n_out = _OUTPUT_ROWS[logits](n)
         # inputs into buffers that stay put, so the GPU backend can replay the block as a graph
         emb, h_prev = b.result("mtp_emb", (n, D)), b.result("mtp_h_prev", (n, D))
-        b.copy(emb, embed_tokens(fwd.weights, ids, ops, table=w.embed))
+        b.copy(emb, self._embed(ids))
         b.copy(h_prev, np.ascontiguousarray(hidden_prev, dtype=np.float32))
-        s = fwd.prepare_rows(n, state.mtp_n_past)
-        hidden = b.result("mtp_hidden", (n, D))
-        out = None if logits == "none" else b.result("mtp_logits", (n if logits == "all" else 1, c.n_vocab))
+        rows = fwd.prepare_rows(n, state.mtp_n_past)        # all n rows: projections, K and V
+        out_rows = rows if n_out in (0, n) else fwd.prepare_rows(n_out, state.mtp_n_past + n - n_out)
+        # logits and hidden of the output rows in one buffer: one copy to the host, one wait
+        result = b.result("mtp_out", (1, n_out * (V + D))) if n_out else None
+        out, hidden = _split(result, n_out, V, D)
         kv = state.mtp_kv[self.layer]
-        b.run_step(("mtp", n, logits, state.identity, s.identity), lambda: self._block(emb, h_prev, kv, s, hidden, out))
+        b.run_step(("mtp", n, logits, state.identity, rows.identity, out_rows.identity),
+                   lambda: self._block(emb, h_prev, kv, rows, out_rows, hidden, out))
         state.mtp_n_past += n
-        return (None if out is None else b.to_host(out)), b.to_host(hidden)
+        if result is None:
+            return None, None
+        return _split(b.to_host(result), n_out, V, D)
 
-    def _block(self, emb, h_prev, kv, s, hidden, out) -> None:
+    def _embed(self, ids):
+        """The token rows, dequantised where the table lives: a table in host memory (the
+        planner's placement) gives host rows that go straight into the step's input buffer, with
+        no device array allocated per call."""
+        fwd, table = self.fwd, self.w.embed
+        host_ops = fwd.backend.host_ops
+        ops = host_ops if host_ops is not None and table.location == "cpu" else fwd.ops
+        return embed_tokens(fwd.weights, ids, ops, table=table)
+
+    def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out) -> None:
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
         n, D = emb.shape
         cat = b.result("mtp_cat", (n, 2 * D))
@@ -65,7 +93,35 @@ class MTPHead:
         b.copy(cat[:, D:], normed)
         x = b.result("mtp_x", (n, D))
         ops.matvec(w.eh_proj.wtype, w.eh_proj.data, cat, x)
-        fwd.attention_block_on(w.block, x, kv, s)
-        ops.rms_norm(x, w.shared_head_norm, c.rms_eps, hidden)
-        if out is not None:
-            ops.matvec(w.head.wtype, w.head.data, hidden[n - out.shape[0]:], out)
+        n_out = 0 if out is None else out.shape[0]
+        if n_out < n:
+            self._fill_kv(x, kv, rows)
+        if n_out:
+            x_out = x[n - n_out:]
+            fwd.attention_block_on(w.block, x_out, kv, out_rows)
+            ops.rms_norm(x_out, w.shared_head_norm, c.rms_eps, hidden)
+            ops.matvec(w.head.wtype, w.head.data, hidden, out)
+
+    def _fill_kv(self, x, kv, s) -> None:
+        """Append the K and V of rows x to the cache, at s's positions: what the attention block
+        computes for them first (Forward.attention_block_on → _attention), on the same inputs, so
+        with the same bits. The output rows' K and V get written again by their full block."""
+        fwd, ops, c, layer = self.fwd, self.fwd.ops, self.fwd.config, self.w.block
+        fwd.backend.copy(s.x, x)
+        ops.rms_norm(s.x, layer.attn_norm, c.rms_eps, s.a)
+        ops.matvec(layer.k.wtype, layer.k.data, s.a, s.k)
+        ops.matvec(layer.v.wtype, layer.v.data, s.a, s.v)
+        ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
+        ops.rope_neox(s.k3, s.pos, fwd.inv_freq)
+        k_cache, v_cache = kv
+        ops.kv_append(s.k3, s.v3, k_cache, v_cache, s.pos)
+
+
+def _split(buffer, n_out: int, n_vocab: int, D: int):
+    """(logits (n_out, n_vocab), hidden (n_out, D)): contiguous views of a (1, n_out·(n_vocab+D))
+    buffer, host or device; (None, None) without one."""
+    if buffer is None:
+        return None, None
+    flat = buffer.reshape(buffer.size)
+    cut = n_out * n_vocab
+    return flat[:cut].reshape(n_out, n_vocab), flat[cut:].reshape(n_out, D)

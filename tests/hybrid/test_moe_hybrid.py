@@ -1,7 +1,8 @@
 """A tiny qwen35moe model (with MTP) on the GPU backend in hybrid placement — routed experts in
 host memory, router (and on a real GPU the trunk and shared expert) on the device: the forward
 agrees with the CPU forward, hands each MoE layer to the host exactly once, keeps every row's
-bits in a multi-row call, and greedy drafting equals plain decoding.
+bits in a multi-row call, greedy drafting equals plain decoding, and once warm a drafting step
+replays its graphs and hands each draft exactly one MoE row.
 
 Under the CUDA simulator a device matvec costs ~1 s, so there only the routers are uploaded and
 the model has one (attention) layer and no shared expert; the shared expert on the device is
@@ -9,8 +10,11 @@ covered op by op in tests/gpu/test_moe.py. On a real GPU the planner's placement
 import numpy as np
 import pytest
 
+import gpu.ffn
 import gpu.memory
 import gpu.ops
+import hybrid.speculative as speculative
+from gpu import graphs
 from gpu.device import simulated
 from hybrid.forward import Forward
 from hybrid.generate import generate_tokens
@@ -92,17 +96,99 @@ def test_rows_of_one_call_have_the_bits_of_token_by_token_calls(hybrid):
     np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), hidden)
 
 
-def test_greedy_drafting_equals_plain_decoding(hybrid):
-    n_ctx = len(PROMPT) + N_TOKENS + 8
-    plain = [e.id for e in generate_tokens(hybrid, hybrid.new_state(n_ctx), LetterTokenizer(), PROMPT,
-                                           max_tokens=N_TOKENS, sampler=greedy(), n_ctx=n_ctx, ignore_eos=True)
-             if hasattr(e, "id")]
-    head = KnownFutureHead(MTPHead(hybrid), PROMPT + plain, hybrid.config.n_vocab)
-    events = list(generate_speculative(hybrid, head, hybrid.new_state(n_ctx, n_ring=3), LetterTokenizer(), PROMPT,
-                                       max_tokens=N_TOKENS, sampler=greedy(), depth=2, n_ctx=n_ctx, ignore_eos=True))
+N_CTX = len(PROMPT) + N_TOKENS + 8
+
+
+@pytest.fixture(scope="module")
+def plain(hybrid):
+    return [e.id for e in generate_tokens(hybrid, hybrid.new_state(N_CTX), LetterTokenizer(), PROMPT,
+                                          max_tokens=N_TOKENS, sampler=greedy(), n_ctx=N_CTX, ignore_eos=True)
+            if hasattr(e, "id")]
+
+
+def drafting(fw, plain, state, n_tokens=N_TOKENS):
+    """Greedy drafting at depth 2 with drafts that are right ~70% of the time (KnownFutureHead)."""
+    head = KnownFutureHead(MTPHead(fw), PROMPT + plain, fw.config.n_vocab)
+    return list(generate_speculative(fw, head, state, LetterTokenizer(), PROMPT, max_tokens=n_tokens,
+                                     sampler=greedy(), depth=2, n_ctx=N_CTX, ignore_eos=True))
+
+
+def test_greedy_drafting_equals_plain_decoding(hybrid, plain):
+    events = drafting(hybrid, plain, hybrid.new_state(N_CTX, n_ring=3))
     assert [e.id for e in events if hasattr(e, "id")] == plain and len(plain) == N_TOKENS
     stats = events[-1].stats.draft
     assert 0 < stats["accepted"] < stats["drafted"]           # both outcomes happened
+
+
+class Replayer:
+    """A stand-in for a captured step under the simulator (which has no graphs): replaying it runs
+    the step, so the cache's bookkeeping (eager, capture, replay) is the real one."""
+
+    def __init__(self, body):
+        self.replay = lambda seconds: body()
+
+    def close(self):
+        pass
+
+
+def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(model_file, plain, monkeypatch):
+    """Issue 7 (a draft step cost ~15 ms more than its verify step on the 35B-A3B shape): after two
+    generations have warmed the graphs, a third one over the same state captures nothing, runs no
+    step eagerly, allocates no scratch, and per drafting step makes exactly these CPU hand-offs:
+    one per draft (its MTP call runs the MoE FFN on that one row only: the pending rows before it
+    only fill the head's KV cache), then one per trunk MoE layer with all verify rows; and each
+    MTP call waits for the device once."""
+    if SIMULATED:
+        monkeypatch.setattr(graphs, "simulated", lambda: False)
+        monkeypatch.setattr(graphs, "capture", Replayer)
+    fw = hybrid_forward(model_file)
+    state = fw.new_state(N_CTX, n_ring=3)
+    n_tokens = 4                        # enough for a step with two drafts, and for both outcomes
+    for _ in range(2):                  # warm-up: each step eager the first time, captured the second
+        drafting(fw, plain, state, n_tokens)
+        state.reset()
+
+    log = []
+    real_routed, real_draft, real_to_host = gpu.ffn.routed_ffn, speculative.draft_tokens, gpu.memory.to_host
+
+    def routed(ffn, x, *rest):
+        log.append(("moe rows", x.shape[0]))
+        return real_routed(ffn, x, *rest)
+
+    def draft_tokens(*args):
+        log.append(("draft",))
+        drafts = real_draft(*args)
+        log.append(("verify", len(drafts)))
+        return drafts
+
+    def to_host(a):
+        log.append(("to_host",))
+        return real_to_host(a)
+
+    monkeypatch.setattr(gpu.ffn, "routed_ffn", routed)
+    monkeypatch.setattr(speculative, "draft_tokens", draft_tokens)
+    monkeypatch.setattr(gpu.memory, "to_host", to_host)
+    cache, scratch = fw.backend.graphs, {k: id(v) for k, v in gpu.memory._scratch.items()}
+    captures, replays = cache.captures, cache.replays
+    events = drafting(fw, plain, state, n_tokens)
+
+    assert [e.id for e in events if hasattr(e, "id")] == plain[:n_tokens]
+    assert cache.captures == captures and not cache._eager and cache.replays > replays
+    assert {k: id(v) for k, v in gpu.memory._scratch.items()} == scratch
+    steps = []                          # the log split at each step's draft (the prefill before it dropped)
+    for entry in log:
+        if entry == ("draft",):
+            steps.append([])
+        if steps:
+            steps[-1].append(entry)
+    n_layer = fw.config.n_layer
+    for step in steps:
+        k = next(e[1] for e in step if e[0] == "verify")
+        cut = step.index(("verify", k))
+        draft, verify = step[1:cut], step[cut + 1:]
+        assert draft == [("moe rows", 1), ("to_host",)] * k, step
+        assert verify == [("moe rows", k + 1)] * n_layer + [("to_host",)] * 2, step
+    assert max(e[1] for step in steps for e in step if e[0] == "verify") == 2
 
 
 @pytest.mark.skipif(SIMULATED, reason="CUDA graphs need a real GPU (the simulator has none)")

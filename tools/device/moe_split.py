@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Where the time of a MoE model's CPU hand-offs and drafting steps goes.
+
+    python3 tools/device/moe_split.py MODEL.gguf [--steps 8] [--vram 12GiB] [--draft 1]
+    python3 tools/device/moe_split.py MODEL.gguf --cpu-only      # no GPU: the CPU path's MoE calls
+
+On the GPU machine (hybrid placement: routed experts in host memory, one hand-off per MoE layer
+per step) it prints, per hand-off of a plain decode step: the time the host waited for the GPU
+(the layer's kernels and the hand-off copies, up to the sync), the routing, the MoE counters,
+the fused expert kernel split into its steps, Python, and the graph launches; then the device
+time of the hand-off's copies, measured apart. With --draft D it then splits a drafting step
+(MTP draft, verify, accept, rollback) the same way and says whether any step was captured anew
+or ran eagerly while measured (issue 7: a draft step cost ~15 ms more than its verify step).
+
+How: every piece is wrapped by a timer that records its exclusive time (its own time minus
+that of the wrapped pieces it called), keyed by the phase it ran in (decode, draft, verify…).
+Graph replays are re-run by a copy of StepGraph.replay that times each segment. The expert
+kernel's steps are timed afterwards on the hand-offs' own inputs (`stages` cuts the kernel
+after a step). Nothing of the engine is changed; the wrappers cost ~1 µs per call.
+
+A small synthetic MoE for --cpu-only:
+    python tools/make_model.py /tmp/moe.gguf --arch qwen35moe --preset small --layers 4 --vocab 8192
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+perf = time.perf_counter
+
+
+class Profile:
+    """Exclusive time per (phase, label): a phase is the outermost wrapped call running."""
+
+    def __init__(self):
+        self.stack: list[tuple[str, list[float]]] = []
+        self.excl: dict[tuple[str, str], float] = defaultdict(float)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self.phase_total: dict[str, float] = defaultdict(float)
+        self.phase_calls: dict[str, int] = defaultdict(int)
+        self.on = False
+
+    def wrap(self, label, fn, pick=None):
+        """fn timed under `label` (or under pick(*args, **kw) when given)."""
+        def timed(*a, **kw):
+            if not self.on:
+                return fn(*a, **kw)
+            name = pick(*a, **kw) if pick else label
+            frame = [perf(), 0.0]
+            self.stack.append((name, frame))
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.stack.pop()
+                total = perf() - frame[0]
+                phase = self.stack[0][0] if self.stack else name
+                self.excl[(phase, name)] += total - frame[1]
+                self.calls[(phase, name)] += 1
+                if self.stack:
+                    self.stack[-1][1][1] += total
+                else:
+                    self.phase_total[name] += total
+                    self.phase_calls[name] += 1
+        return timed
+
+    def reset(self):
+        self.__init__()
+
+    def labels(self, phase):
+        return sorted(((label, t, self.calls[(p, label)]) for (p, label), t in self.excl.items() if p == phase),
+                      key=lambda r: -r[1])
+
+
+def patch(obj, name, wrapper):
+    setattr(obj, name, wrapper(getattr(obj, name)))
+
+
+def instrument(prof: Profile, gpu: bool, samples: list):
+    """Wrap the engine's pieces with the profiler's timers."""
+    import cpu.moe
+    import cpu.ops
+    import hybrid.speculative as spec
+    from hybrid.forward import Forward, MoEStats
+    from hybrid.mtp import MTPHead
+    from hybrid.state import SessionState
+
+    def forward_kind(self, state, token_ids, logits="last", snapshot=False):
+        return "verify" if snapshot else ("decode" if len(token_ids) == 1 else "prefill")
+
+    patch(Forward, "forward", lambda f: prof.wrap("forward", f, pick=forward_kind))
+    patch(MTPHead, "forward", lambda f: prof.wrap("MTP call (rest)", f))
+    patch(spec, "draft_tokens", lambda f: prof.wrap("draft", f))
+    patch(spec, "accept_drafts", lambda f: prof.wrap("accept", f))
+    patch(SessionState, "rollback", lambda f: prof.wrap("rollback", f))
+    patch(MoEStats, "count", lambda f: prof.wrap("MoE counters", f))
+    patch(cpu.moe, "route", lambda f: prof.wrap("routing", f))
+
+    def sampled(f):
+        def kernel(*a, **kw):
+            if prof.on and len(samples) < 64:
+                samples.append(tuple(np.copy(v) if isinstance(v, np.ndarray) and v.flags.writeable else v for v in a))
+            return f(*a, **kw)
+        return prof.wrap("expert kernel", kernel)
+    patch(cpu.moe, "routed_experts", sampled)
+    patch(cpu.moe, "routed_ffn", lambda f: prof.wrap("hand-off python", f))
+    patch(cpu.moe, "router_logits", lambda f: prof.wrap("router (cpu)", f))
+    patch(cpu.ops, "moe_ffn", lambda f: prof.wrap("hand-off (cpu moe_ffn)", f))
+    if not gpu:
+        return
+    import gpu.ffn
+    import gpu.graphs as graphs
+    import gpu.memory as memory
+    patch(gpu.ffn, "routed_ffn", lambda f: prof.wrap("hand-off python", f))
+    patch(gpu.ffn, "router_logits", lambda f: prof.wrap("router (cpu)", f))
+    patch(memory, "synchronize", lambda f: prof.wrap("GPU wait", f))
+    patch(memory, "to_host", lambda f: prof.wrap("to host", f))
+    patch(memory, "upload", lambda f: prof.wrap("upload", f))
+    patch(memory, "copy", lambda f: prof.wrap("copy (python)", f))
+    patch(memory, "host_call", lambda f: prof.wrap("hand-off (eager)", f))
+
+    launch = prof.wrap("graph launch", lambda g, h: graphs._check(_launch(g, h)))
+
+    def _launch(graph_exec, handle):
+        from cuda.bindings import driver as cu
+        return cu.cuGraphLaunch(graph_exec, handle)
+
+    def replay(self, seconds):
+        """StepGraph.replay with each segment's launch, wait and host call timed."""
+        handle = memory.stream().handle
+        for graph_exec, host_call in self.segments:
+            launch(graph_exec, handle)
+            if host_call is not None:
+                memory.synchronize()
+                host_call()
+        memory.synchronize()
+    graphs.StepGraph.replay = replay
+
+
+# --- the runs ---------------------------------------------------------------------------------------
+
+def plain_steps(model, prof: Profile, steps: int) -> float:
+    """`steps` one-token decode steps after three warm-up steps (eager, captured, replayed)."""
+    fw = model.forward
+    state = fw.new_state(steps + 16)
+    fw.forward(state, np.arange(1, 5, dtype=np.int32) % model.config.n_vocab, logits="last")
+    tok = np.array([5], np.int32)
+    for _ in range(3):
+        fw.forward(state, tok, logits="last")
+    prof.reset()
+    prof.on = True
+    t0 = perf()
+    for _ in range(steps):
+        fw.forward(state, tok, logits="last")
+    prof.on = False
+    return (perf() - t0) / steps
+
+
+def drafting_steps(model, prof: Profile, steps: int, depth: int):
+    """Greedy drafting at `depth` for `steps` steps, measured on the third run of the same prompt
+    (the first two capture every step's graphs). Returns (seconds per step, steps, draft stats)."""
+    from hybrid.bench import BENCH_PROMPT
+    from hybrid.events import Done
+
+    def run(measure):
+        prof.reset()
+        prof.on = measure
+        stats, n_steps = None, 0
+        for ev in model.generate(BENCH_PROMPT, max_tokens=steps * (depth + 1), temperature=0, draft=depth,
+                                 ignore_eos=True):
+            if isinstance(ev, Done):
+                stats = ev.stats
+        prof.on = False
+        return stats
+    run(False)
+    run(False)
+    graphs = getattr(model.forward.backend, "graphs", None)
+    before = (graphs.captures, graphs.replays) if graphs else (0, 0)
+    stats = run(True)
+    after = (graphs.captures, graphs.replays, sorted(map(str, graphs._eager))) if graphs else (0, 0, [])
+    n_steps = max(prof.phase_calls["draft"], 1)
+    loop = stats.decode_seconds - sum(prof.phase_total[p] for p in ("draft", "verify", "accept", "rollback"))
+    return n_steps, stats, loop, (after[0] - before[0], after[1] - before[1], after[2])
+
+
+# --- apart: kernel steps, parallel regions, copies ----------------------------------------------------
+
+def kernel_stages(samples: list, reps: int = 5) -> tuple[list[float], float] | None:
+    """Mean µs of each of the expert kernel's steps over the sampled calls, and of the whole call."""
+    from cpu.moe_kernel import STAGES, routed_experts
+    if not samples:
+        return None
+    per_stage, whole = np.zeros(len(STAGES)), 0.0
+    for args in samples:
+        cum = []
+        for stages in range(1, len(STAGES) + 1):
+            times = []
+            for _ in range(reps):
+                t0 = perf()
+                routed_experts(*args, stages=stages)
+                times.append(perf() - t0)
+            cum.append(min(times))          # the least disturbed run: differences stay meaningful
+        per_stage += np.diff([0.0, *cum])
+        whole += cum[-1]
+    return list(1e6 * per_stage / len(samples)), 1e6 * whole / len(samples)
+
+
+def region_cost(reps: int = 2000) -> tuple[float, float]:
+    """µs of one empty Numba call, and of one empty parallel region on all threads."""
+    import numba
+    from numba import njit, prange
+
+    @njit(nogil=True)
+    def serial(a):
+        a[0] += 1.0
+
+    @njit(nogil=True, parallel=True)
+    def region(a):
+        for i in prange(a.shape[0]):
+            a[i] += 1.0
+    a = np.zeros(4 * numba.get_num_threads())
+    out = []
+    for fn in (serial, region):
+        fn(a)
+        t0 = perf()
+        for _ in range(reps):
+            fn(a)
+        out.append(1e6 * (perf() - t0) / reps)
+    return out[0], out[1]
+
+
+def copy_cost(shapes, reps: int = 50) -> dict[str, float]:
+    """Device µs of the hand-off's copies (device ↔ pinned host) by CUDA events, outside graphs."""
+    from numba import cuda
+
+    import gpu.memory as memory
+    from gpu.device import simulated
+    if simulated():                     # the simulator's events time nothing
+        return {}
+    stream = memory.stream()
+    out = {}
+    for name, shape, down in shapes:
+        dev = cuda.device_array(shape, np.float32)
+        host = cuda.pinned_array(shape, np.float32)
+        times = []
+        for _ in range(reps):
+            start, end = cuda.event(timing=True), cuda.event(timing=True)
+            start.record(stream)
+            if down:
+                dev.copy_to_host(host, stream=stream)
+            else:
+                dev.copy_to_device(host, stream=stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cuda.event_elapsed_time(start, end) * 1e3)
+        out[name] = statistics.median(times)
+    return out
+
+
+# --- report --------------------------------------------------------------------------------------
+
+HAND_OFF_PARTS = ("GPU wait", "routing", "MoE counters", "expert kernel", "hand-off python", "router (cpu)",
+                  "hand-off (cpu moe_ffn)", "hand-off (eager)", "graph launch")
+
+
+def print_phase(prof: Profile, phase: str, per: int, unit: str = "ms") -> None:
+    scale = 1e3 if unit == "ms" else 1e6
+    total = prof.phase_total[phase]
+    print(f"  {phase:8s} {scale * total / per:8.2f} {unit}  ({prof.phase_calls[phase] / per:.1f} calls)")
+    for label, t, calls in prof.labels(phase):
+        if label == phase:
+            label = "rest (unsplit ops, python)"
+        print(f"      {label:26s} {scale * t / per:8.3f} {unit}  {calls / per:6.1f} calls  "
+              f"{1e6 * t / max(calls, 1):8.1f} µs/call")
+
+
+def print_hand_offs(prof: Profile, phase: str, hand_offs: int, stages, regions, copies) -> None:
+    if not hand_offs:
+        print("  no MoE hand-offs ran (no MoE layer with host experts?)")
+        return
+    rows = {label: t for label, t, _ in prof.labels(phase)}
+    print(f"  per hand-off ({hand_offs} measured), µs:")
+    for label in HAND_OFF_PARTS:
+        if label in rows:
+            print(f"      {label:24s} {1e6 * rows[label] / hand_offs:8.1f}")
+    if stages:
+        from cpu.moe_kernel import STAGES
+        per_stage, whole = stages
+        kernel = 1e6 * rows.get("expert kernel", 0.0) / hand_offs
+        print(f"      expert kernel, timed apart on the same inputs: {whole:.1f} µs = "
+              + ", ".join(f"{n} {t:.1f}" for n, t in zip(STAGES, per_stage)))
+        print(f"        (in the run: {kernel:.1f} µs; the call's Python (layout, workspace, dispatch) is part "
+              f"of the first step; an empty Numba call costs {regions[0]:.1f} µs, an empty parallel region "
+              f"{regions[1]:.1f} µs: A and B are one region each)")
+    if copies:
+        print("      copies, device time apart (in 'GPU wait' during the run): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in copies.items()))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--steps", type=int, default=8, help="measured steps per mode")
+    p.add_argument("--vram", default="12GiB", help="GPU budget of the placement plan")
+    p.add_argument("--draft", type=int, default=1, help="drafting depth to split (0: skip drafting)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cpu-only", action="store_true", help="no GPU: the CPU backend's MoE calls")
+    args = p.parse_args(argv)
+
+    import hybrid
+    gpu = not args.cpu_only
+    model = hybrid.load(args.model, device="cpu" if args.cpu_only else "cuda", vram=None if args.cpu_only else args.vram,
+                        threads=args.threads, cpu_only=args.cpu_only)
+    c = model.config
+    if not c.is_moe:
+        print(f"{args.model} is not a MoE model ({c.arch}); nothing to split")
+        return 1
+    model.warmup()
+    prof, samples = Profile(), []
+    instrument(prof, gpu, samples)
+    import numba
+    print(f"{args.model.name}: {c.n_layer} layers, {c.n_expert} experts (top {c.n_expert_used}), D {c.n_embd}; "
+          f"{'CPU only' if args.cpu_only else 'hybrid @ ' + args.vram}; {numba.get_num_threads()} CPU threads "
+          f"({numba.threading_layer()})")
+
+    step = plain_steps(model, prof, args.steps)
+    hand_offs = prof.calls[("decode", "routing")]
+    regions = region_cost()
+    stages = kernel_stages(samples)
+    copies = None
+    if gpu:
+        D, E = c.n_embd, c.n_expert
+        copies = copy_cost([("D2H x", (1, D), True), ("D2H router logits", (1, E), True), ("H2D out", (1, D), False)])
+    print(f"\nplain decode: {1e3 * step:.2f} ms per step, {hand_offs / args.steps:.0f} hand-offs per step")
+    print_phase(prof, "decode", args.steps)
+    print_hand_offs(prof, "decode", hand_offs, stages, regions, copies)
+
+    if args.draft > 0 and model.has_mtp:
+        n_steps, stats, loop, graph_counts = drafting_steps(model, prof, args.steps, args.draft)
+        d = stats.draft
+        print(f"\ndrafting at depth {args.draft}: {n_steps} steps, {1e3 * stats.decode_seconds / n_steps:.2f} ms per "
+              f"step, {d['tokens_per_step']:.2f} tokens per step, acceptance {d['acceptance']:.2f}")
+        captures, replays, eager = graph_counts
+        if gpu:
+            print(f"  while measured: {captures} graph captures, {replays} replays; steps kept eager: "
+                  f"{', '.join(eager) if eager else 'none'}")
+        for phase in ("draft", "verify", "accept", "rollback"):
+            print_phase(prof, phase, n_steps)
+        print(f"  loop rest {1e3 * loop / n_steps:8.2f} ms  (sampling, stop checks, events between the phases)")
+        mtp_hand_offs = prof.calls[("draft", "routing")]
+        print(f"  MTP hand-offs per step: {mtp_hand_offs / n_steps:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
