@@ -133,18 +133,23 @@ class Forward:
 
     def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config
-        mv = ops.matvec
-        mv(layer.q.wtype, layer.q.data, s.a, s.qg)
-        mv(layer.k.wtype, layer.k.data, s.a, s.k)
-        mv(layer.v.wtype, layer.v.data, s.a, s.v)
+        self.append_kv(layer, kv, s)
+        ops.matvec(layer.q.wtype, layer.q.data, s.a, s.qg)
         ops.head_rms_norm(s.qg3, layer.q_norm, c.rms_eps, s.q)      # takes the query half of [q | gate]
-        ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
         ops.rope_neox(s.q, s.pos, self.inv_freq)
+        k_cache, v_cache = kv
+        ops.gated_attention(s.q, s.qg3, k_cache, v_cache, s.pos, s.attn)
+        ops.matvec(layer.o.wtype, layer.o.data, s.attn, s.m)
+
+    def append_kv(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
+        """K and V of the normed rows s.a (normed, roped) into the cache pair kv at s.pos."""
+        ops, c = self.ops, self.config
+        ops.matvec(layer.k.wtype, layer.k.data, s.a, s.k)
+        ops.matvec(layer.v.wtype, layer.v.data, s.a, s.v)
+        ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
         ops.rope_neox(s.k3, s.pos, self.inv_freq)
         k_cache, v_cache = kv
         ops.kv_append(s.k3, s.v3, k_cache, v_cache, s.pos)
-        ops.gated_attention(s.q, s.qg3, k_cache, v_cache, s.pos, s.attn)
-        mv(layer.o.wtype, layer.o.data, s.attn, s.m)
 
     def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool) -> None:
         ops, c = self.ops, self.config

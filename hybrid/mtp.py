@@ -103,18 +103,13 @@ class MTPHead:
             ops.matvec(w.head.wtype, w.head.data, hidden, out)
 
     def _fill_kv(self, x, kv, s) -> None:
-        """Append the K and V of rows x to the cache, at s's positions: what the attention block
-        computes for them first (Forward.attention_block_on → _attention), on the same inputs, so
-        with the same bits. The output rows' K and V get written again by their full block."""
-        fwd, ops, c, layer = self.fwd, self.fwd.ops, self.fwd.config, self.w.block
+        """Append the K and V of rows x to the cache, at s's positions: the first half of the
+        attention block, on the same inputs, so with the same bits. The output rows' K and V get
+        written again by their full block."""
+        fwd, layer = self.fwd, self.w.block
         fwd.backend.copy(s.x, x)
-        ops.rms_norm(s.x, layer.attn_norm, c.rms_eps, s.a)
-        ops.matvec(layer.k.wtype, layer.k.data, s.a, s.k)
-        ops.matvec(layer.v.wtype, layer.v.data, s.a, s.v)
-        ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
-        ops.rope_neox(s.k3, s.pos, fwd.inv_freq)
-        k_cache, v_cache = kv
-        ops.kv_append(s.k3, s.v3, k_cache, v_cache, s.pos)
+        fwd.ops.rms_norm(s.x, layer.attn_norm, fwd.config.rms_eps, s.a)
+        fwd.append_kv(layer, kv, s)
 
 
 def _split(buffer, n_out: int, n_vocab: int, D: int):
