@@ -19,6 +19,15 @@ if not simulated():
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
+    def _element_pointer(context, builder, sig, args):
+        """Pointer to array[row, col] for an intrinsic taking (array, row, col)."""
+        aryty, rowty, colty = sig.args
+        ary, r, c = args
+        indices = [context.cast(builder, r, rowty, types.intp),
+                   context.cast(builder, c, colty, types.intp)]
+        arystruct = context.make_array(aryty)(context, builder, value=ary)
+        return cgutils.get_item_pointer(context, builder, aryty, arystruct, indices)
+
     @intrinsic
     def _ld_nc_v4_u32(typingctx, array, row, col):
         """ld.global.nc.v4.u32 of array[row, col:col+4]: one 16-byte load per lane."""
@@ -27,12 +36,7 @@ if not simulated():
         sig = types.UniTuple(types.uint32, 4)(array, row, col)
 
         def codegen(context, builder, sig, args):
-            aryty, rowty, colty = sig.args
-            ary, r, c = args
-            indices = [context.cast(builder, r, rowty, types.intp),
-                       context.cast(builder, c, colty, types.intp)]
-            arystruct = context.make_array(aryty)(context, builder, value=ary)
-            ptr = cgutils.get_item_pointer(context, builder, aryty, arystruct, indices)
+            ptr = _element_pointer(context, builder, sig, args)
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
             asm = ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
@@ -62,12 +66,7 @@ if not simulated():
         sig = types.UniTuple(types.uint32, 4)(array, row, col)
 
         def codegen(context, builder, sig, args):
-            aryty, rowty, colty = sig.args
-            ary, r, c = args
-            indices = [context.cast(builder, r, rowty, types.intp),
-                       context.cast(builder, c, colty, types.intp)]
-            arystruct = context.make_array(aryty)(context, builder, value=ary)
-            ptr = cgutils.get_item_pointer(context, builder, aryty, arystruct, indices)
+            ptr = _element_pointer(context, builder, sig, args)
             i32, i64 = ir.IntType(32), ir.IntType(64)
             addr = builder.ptrtoint(ptr, i64)
             first = builder.and_(addr, ir.Constant(i64, ~3))
