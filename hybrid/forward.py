@@ -228,7 +228,8 @@ class MoEStats:
 
     def count(self, ffn: MoEFFN, experts: np.ndarray) -> None:
         self.rows += experts.shape[0]
-        self.expert_bytes_read += len(np.unique(experts)) * ffn.expert_bytes
+        # a set of a few dozen ints: ~1 µs, np.unique ~7 µs (40 hand-offs per decode step)
+        self.expert_bytes_read += len(set(experts.ravel().tolist())) * ffn.expert_bytes
         self.expert_bytes_per_row += experts.size * ffn.expert_bytes
 
     @property

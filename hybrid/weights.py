@@ -15,6 +15,8 @@ bytes live, and the ops dispatch on it (gpu/ops.py).
 """
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Union
@@ -63,7 +65,7 @@ class MoEFFN:
     shared: DenseFFN | None    # the shared expert, when the model has one
     shared_gate: Matrix | None  # ffn_gate_inp_shexp {D} as a 1-row matrix: σ(w·x) scales the shared expert
 
-    @property
+    @functools.cached_property
     def expert_bytes(self) -> int:
         """Weight bytes of one routed expert (gate + up + down)."""
         return self.gate.data[0].nbytes + self.up.data[0].nbytes + self.down.data[0].nbytes
