@@ -72,7 +72,7 @@ class Forward:
             state.check_ring(n)
         c, w, b = self.config, self.weights, self.backend
         s = self.prepare_rows(n, state.n_past)
-        b.copy(s.x, embed_tokens(w, ids, self.ops))
+        b.copy(s.x, self.embed(ids))
         hidden = b.result("hidden", (n, c.n_embd))
         out = None if logits == "none" else b.result("logits", (n if logits == "all" else 1, c.n_vocab))
         # Everything from here to the logits reads only device buffers that stay put for this
@@ -81,6 +81,15 @@ class Forward:
                    lambda: self._layers_and_head(state, s, snapshot, hidden, out))
         state.advance(n, snapshot)
         return (None if out is None else b.to_host(out)), b.to_host(hidden)
+
+    def embed(self, ids: np.ndarray, table=None):
+        """Embedding rows of ids from `table` (token_embd when None), dequantised where the table
+        lives: a table in host memory (the planner's placement) gives host rows, which the caller
+        copies straight into its step's input buffer, with no device array allocated per call."""
+        m = self.weights.token_embd if table is None else table
+        host_ops = self.backend.host_ops
+        ops = host_ops if host_ops is not None and m.location == "cpu" else self.ops
+        return embed_tokens(self.weights, ids, ops, table=m)
 
     def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out) -> None:
         ops, c, w = self.ops, self.config, self.weights

@@ -24,7 +24,6 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import HybridError
-from .weights import embed_tokens
 
 # rows that produce logits and hidden, by logits mode (n: the call's rows)
 _OUTPUT_ROWS = {"all": lambda n: n, "last": lambda n: 1, "none": lambda n: 0}
@@ -58,7 +57,7 @@ class MTPHead:
         n_out = _OUTPUT_ROWS[logits](n)
         # inputs into buffers that stay put, so the GPU backend can replay the block as a graph
         emb, h_prev = b.result("mtp_emb", (n, D)), b.result("mtp_h_prev", (n, D))
-        b.copy(emb, self._embed(ids))
+        b.copy(emb, fwd.embed(ids, table=self.w.embed))
         b.copy(h_prev, np.ascontiguousarray(hidden_prev, dtype=np.float32))
         rows = fwd.prepare_rows(n, state.mtp_n_past)        # all n rows: projections, K and V
         out_rows = rows if n_out in (0, n) else fwd.prepare_rows(n_out, state.mtp_n_past + n - n_out)
@@ -72,15 +71,6 @@ class MTPHead:
         if result is None:
             return None, None
         return _split(b.to_host(result), n_out, V, D)
-
-    def _embed(self, ids):
-        """The token rows, dequantised where the table lives: a table in host memory (the
-        planner's placement) gives host rows that go straight into the step's input buffer, with
-        no device array allocated per call."""
-        fwd, table = self.fwd, self.w.embed
-        host_ops = fwd.backend.host_ops
-        ops = host_ops if host_ops is not None and table.location == "cpu" else fwd.ops
-        return embed_tokens(fwd.weights, ids, ops, table=table)
 
     def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out) -> None:
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
