@@ -263,6 +263,29 @@ if not simulated():
         aligned (in shared memory: a quarter of the wavefronts of four 4-byte stores)."""
         _st_v4_u32(array, index, w0, w1, w2, w3)
 
+    # ---- int8 matvec (gpu/quants_q8.py) -----------------------------------------------------------
+
+    @intrinsic
+    def _dp4a_us(typingctx, a, b, c):
+        """dp4a.u32.s32: c + the dot product of a's four unsigned bytes and b's signed ones."""
+        if not all(isinstance(t, types.Integer) for t in (a, b, c)):
+            return None
+        sig = types.int32(a, b, c)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            values = [context.cast(builder, v, t, types.int32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, values)
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def dp4a_us(a, b, c):
+        """c + Σ_k a.byte[k]·b.byte[k], a's bytes as uint8 (0..255), b's as int8: lets a weight
+        nibble stay in the high half of its byte (16·q) with no shift."""
+        return _dp4a_us(a, b, c)
+
 else:
 
     def device_function(pyfunc):
@@ -343,6 +366,13 @@ else:
     def store_u32x4(array, index, w0, w1, w2, w3):
         assert index % 4 == 0, "vector store must be 16-byte aligned"
         array[index:index + 4] = (w0, w1, w2, w3)
+
+    def dp4a_us(a, b, c):
+        a, b, total = int(a), int(b), int(np.int32(c))
+        for k in range(4):
+            y = (b >> 8 * k) & 0xFF
+            total += ((a >> 8 * k) & 0xFF) * (y - 256 if y > 127 else y)
+        return np.int32(total)
 
 
 MAGIC = uint32(0x4B000000)  # float32 bits of 2**23: OR-ing an integer v < 2**23 into the

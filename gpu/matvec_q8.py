@@ -7,11 +7,14 @@ is dotted with it by `dp4a`, four int8 products per instruction; the scales are 
 float32 once per 16 or 32 weights. Per-type lane work: gpu/quants_q8.py.
 
 Work split: a warp owns R consecutive rows; lane l takes units l, l + 32, l + 64, ... of every
-one of them (the same columns in each row, so each x word it loads serves R rows). A lane issues
-the loads of U units of its R rows (R·U = 4 units: eight 16-byte loads for Q4_K, 52 loads of 1-4
-bytes for Q6_K) before it uses any, so that several loads per lane are in flight; x (small,
-L1/L2-resident) is read from global memory, nothing goes through shared memory. Each (row,
-slot) sum is reduced across the warp at the end by a fixed butterfly.
+one of them (the same columns in each row, so each x word it loads serves R rows). A unit is 64
+weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 or 32
+for Q8_0/Q4_0. A lane issues the loads of U units of its R rows (R·U = the type's in_flight: 128
+weights of the K-quants) before it uses any, so that several loads per lane are in flight; x
+(small, L1/L2-resident) is read from global memory, nothing goes through shared memory. For the
+64-weight types the quantiser lays x out so that each 16-byte x load of a warp is one contiguous
+run (gpu/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the warp at the end
+by a fixed butterfly.
 
 Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
 slot count, R or U: the same lane adds the same units, one after another in column order, then
@@ -34,10 +37,9 @@ from . import memory
 from .device import simulated
 from .intrinsics import device_function, round_to_int, warp_reduce
 from .matvec import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, _specialise
-from .quants_q8 import UNITS, Dp4aUnit
+from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
 
 BLOCK_THREADS = 32 * WARPS
-UNITS_IN_FLIGHT = 4      # R·U: units whose loads a lane issues before it waits for them
 X_BLOCK = 32             # activation elements per int8 scale
 QUANTIZE_THREADS = 32 if simulated() else 128
 LANES_PER_X_BLOCK = 8    # quantiser: each lane takes 4 elements (one packed int8 word)
@@ -60,10 +62,11 @@ load = prepare = load_x = dot = add_unit = None
 
 # --- activations: x -> int8 ------------------------------------------------------------------------
 
-def _quantize_template(STAMP):
+def _quantize_template(STAMP, LAYOUT):
     def quantize_kernel(x, xq, xm_f, xm_i):
-        """Blocks of 32 of x (n, cols) -> xq (n, cols/4) packed int8 words; per block xm (n, 4 per
-        block): dx = max|x|/127, the float sum of x, the int sums of xq over each half of 16.
+        """Blocks of 32 of x (n, cols) -> xq (n, cols/4) packed int8 words, and per block
+        dx = max|x|/127, the float sum of x and the int sums of xq over each half of 16, into xm
+        (n, cols/8) as LAYOUT says.
 
         8 threads per block, 4 elements each; they combine their partial results through
         shared memory in a fixed tree (one barrier each for the floats and the int sums)."""
@@ -95,34 +98,55 @@ def _quantize_template(STAMP):
         q_sums[tid] = int32(q0 + q1 + q2 + q3)
         cuda.syncthreads()
         if live:
-            xq[s, b * 8 + lane] = ((uint32(q0) & uint32(0xFF)) | ((uint32(q1) & uint32(0xFF)) << uint32(8))
-                                   | ((uint32(q2) & uint32(0xFF)) << uint32(16)) | (uint32(q3) << uint32(24)))
+            word = b * 8 + lane
+            if LAYOUT != NATURAL:
+                word = step_slot(word, LAYOUT == Q6K64)
+            xq[s, word] = ((uint32(q0) & uint32(0xFF)) | ((uint32(q1) & uint32(0xFF)) << uint32(8))
+                           | ((uint32(q2) & uint32(0xFF)) << uint32(16)) | (uint32(q3) << uint32(24)))
             if lane == 0:
-                xm_f[s, 4 * b] = dx
-                xm_f[s, 4 * b + 1] = (((partial[first, 1] + partial[first + 1, 1])
-                                       + (partial[first + 2, 1] + partial[first + 3, 1]))
-                                      + ((partial[first + 4, 1] + partial[first + 5, 1])
-                                         + (partial[first + 6, 1] + partial[first + 7, 1])))
-                xm_i[s, 4 * b + 2] = (q_sums[first] + q_sums[first + 1]) + (q_sums[first + 2] + q_sums[first + 3])
-                xm_i[s, 4 * b + 3] = (q_sums[first + 4] + q_sums[first + 5]) + (q_sums[first + 6] + q_sums[first + 7])
+                x_sum = (((partial[first, 1] + partial[first + 1, 1])
+                          + (partial[first + 2, 1] + partial[first + 3, 1]))
+                         + ((partial[first + 4, 1] + partial[first + 5, 1])
+                            + (partial[first + 6, 1] + partial[first + 7, 1])))
+                half0 = (q_sums[first] + q_sums[first + 1]) + (q_sums[first + 2] + q_sums[first + 3])
+                half1 = (q_sums[first + 4] + q_sums[first + 5]) + (q_sums[first + 6] + q_sums[first + 7])
+                if LAYOUT == NATURAL:
+                    xm_f[s, 4 * b] = dx
+                    xm_f[s, 4 * b + 1] = x_sum
+                    xm_i[s, 4 * b + 2] = half0
+                    xm_i[s, 4 * b + 3] = half1
+                elif LAYOUT == K64:  # lane (blk, p) reads blocks 2p, 2p + 1: one 16-byte load
+                    xm_f[s, 2 * b] = dx
+                    xm_f[s, 2 * b + 1] = x_sum
+                else:
+                    # lane (blk, p = 2n + u) reads its four groups' dx (blocks 4n + t of blk) and
+                    # their dp4a start values START − 32·Σ xq over half u, one 16-byte load each
+                    blk, j = b >> 3, b & 7
+                    at = 4 * (4 * blk + 2 * (j >> 2)) + (j & 3)
+                    second_plane = x.shape[1] // 16
+                    xm_f[s, at] = dx
+                    xm_f[s, at + 4] = dx
+                    xm_i[s, second_plane + at] = START - int32(32) * half0
+                    xm_i[s, second_plane + at + 4] = START - int32(32) * half1
     return quantize_kernel
 
 
 @functools.cache
-def quantize_kernel():
-    fn = _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP), {})
+def quantize_kernel(layout: int = NATURAL):
+    fn = _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP, LAYOUT=layout), {})
     return cuda.jit(cache=True)(fn)
 
 
-def quantize(x_dev, stream=None):
+def quantize(x_dev, stream=None, layout: int = NATURAL):
     """(xq, xm): x_dev (n, cols) float32 quantised to int8 per block of 32, in scratch buffers
-    that the next call overwrites (see the module docstring of gpu/quants_q8.py)."""
+    that the next call overwrites (see the module docstring of gpu/quants_q8.py). The 64-weight
+    layouts need cols % 256 == 0."""
     n, cols = x_dev.shape
-    xq = memory.scratch("matvec_q8.xq", (n, cols // 4), np.uint32)
+    xq = memory.scratch("matvec_q8.xq", (n, x_row_words(cols, layout)), np.uint32)
     xm = memory.scratch("matvec_q8.xm", (n, cols // 8), np.uint32)
     threads = n * (cols // X_BLOCK) * LANES_PER_X_BLOCK
     launch_stream = memory.stream() if stream is None else stream
-    quantize_kernel()[-(-threads // QUANTIZE_THREADS), QUANTIZE_THREADS, launch_stream](
+    quantize_kernel(layout)[-(-threads // QUANTIZE_THREADS), QUANTIZE_THREADS, launch_stream](
         x_dev, xq, xm.view(np.float32), xm.view(np.int32))
     return xq, xm
 
@@ -186,14 +210,15 @@ def _kernel_template(N, R, U, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP)
     return matvec_q8_kernel
 
 
-def units_in_flight(rows_per_warp: int) -> int:
-    """U: units per row a lane loads before it uses them."""
-    return max(1, UNITS_IN_FLIGHT // rows_per_warp)
+def units_in_flight(unit: Dp4aUnit, rows_per_warp: int) -> int:
+    """U: units per row a lane loads before it uses them (R·U = the type's in_flight: 128
+    weights of the K-quants, 64 of Q8_0)."""
+    return max(1, unit.in_flight // rows_per_warp)
 
 
 def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int):
     """The kernel (Python function) for one type, slot count and rows per warp."""
-    u = units_in_flight(rows_per_warp)
+    u = units_in_flight(unit, rows_per_warp)
     functions = dict(load=unit.load, prepare=unit.prepare, load_x=unit.load_x, dot=unit.dot)
     functions["add_unit"] = device_function(
         _specialise(_add_unit_template, dict(N=n_slots, R=rows_per_warp, U=u), functions))
@@ -231,8 +256,10 @@ PTX_CHECK_SHAPES_ALL = ((1, 1), (2, 2), (3, 4), (4, 2), (8, 2))
 
 def ptx_targets(every_shape: bool = False):
     """(name, python function, argument types) of the quantiser and every type's kernels."""
-    yield ("matvec q8 quantize x", _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP), {}),
-           (_matrix(np.float32), _matrix(np.uint32), _matrix(np.float32), _matrix(np.int32)))
+    for layout in (NATURAL, K64, Q6K64):
+        yield (f"matvec q8 quantize x layout {layout}",
+               _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP, LAYOUT=layout), {}),
+               (_matrix(np.float32), _matrix(np.uint32), _matrix(np.float32), _matrix(np.int32)))
     for unit in UNITS.values():
         for n, r in (PTX_CHECK_SHAPES_ALL if every_shape else PTX_CHECK_SHAPES):
             yield (f"matvec {unit.type.name} dp4a n={n} rows_per_warp={r}",
@@ -247,10 +274,11 @@ def _sm_count() -> int:
 
 
 def default_rows_per_warp(n_slots: int, rows: int) -> int:
-    """One row per warp for one slot (x is then read once per row, which the L1 serves); two
-    for more slots, where x reuse across rows saves L1 bandwidth. Fewer when the matrix has too
+    """Two rows per warp: each x value a lane loads serves two rows. Measured on the H200
+    (tools/gpu_bench.py --sweep, Q4_K FFN shapes, one slot): 63-69% of the read bandwidth at
+    two rows, 54-66% at one; at more slots two is as good as any. Fewer when the matrix has too
     few rows to give every SM several blocks. Any choice gives the same bits."""
-    r = 1 if n_slots == 1 else 2
+    r = 2
     while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
         r //= 2
     return r
@@ -261,7 +289,7 @@ def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, st
     """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matvec._check): quantise x, then one
     launch per MAX_SLOTS slots."""
     unit = UNITS[type_id]
-    xq, xm = quantize(x_dev, stream)
+    xq, xm = quantize(x_dev, stream, unit.x_layout)
     w = w_dev.view(unit.word)
     n_blocks = cols // unit.type.block_elems
     for s0 in range(0, n, MAX_SLOTS):

@@ -1,11 +1,13 @@
 """How warp lanes dot each quantised type's blocks with int8 activations (gpu/matvec_q8.py).
 
-A ggml block is cut into `units_per_block` units of 16 or 32 weights; unit p of block blk goes
-to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at a
-time, so consecutive lanes read consecutive pieces (coalesced), and a lane's pieces are the same
-columns in every row: the x values it loads serve all the rows of its warp. A unit's weights
-share one scale (Q6_K and the K-quants: two sub-groups with one each), so the float work is a few
-operations per 16 weights while `dp4a` does the products four at a time.
+A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p of block blk
+goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
+a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
+every row: the x values it loads serve all the rows of its warp. The K-quants' units are 64
+weights, two sub-blocks (Q4_K/Q5_K) or four groups of 16 (Q6_K), so that one block-header load
+and one decode of the packed scales serve 64 weights and the float work is a few operations per
+32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
+one exact conversion per scale (dp4a chains start at START: see magic_sum).
 
 Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit):
 * `load(w, w8, row, blk, p, raw, i)` issues the loads of unit (blk, p) of `row` into raw[i, :]
@@ -18,9 +20,10 @@ Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit)
 p is the same for all of a lane's units: what depends on it alone is computed once per lane
 (the compiler hoists it out of the kernel's loop), so the decoding is branch-free selects.
 
-Activations (gpu/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word; xm holds
-per 32-element block four words: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants'
-min term), and the int sums of xq over its two halves of 16 (the zero points of Q4_0 and Q6_K).
+Activations (gpu/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
+per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term),
+the int sums of xq over its two halves of 16 (the zero points of Q4_0 and Q6_K). Where each goes
+depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
 
 Block layouts: ../docs/MODEL_FORMAT.md §6.
 """
@@ -33,18 +36,23 @@ from numba import int32, uint32, uint64
 
 from hybrid import ggml_types as gt
 
-from .intrinsics import (bits_to_f32, device_function, dp4a, f16_bits_to_f32, fma, load_u32x4,
-                         load_u32x4_unaligned, shr_u32, small_int_to_f32, small_uint_to_f32)
+from .intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
+                         f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
+                         small_uint_to_f32)
 from .quants import int8_to_f32, store4
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
+HIGH4 = uint32(0xF0F0F0F0)     # high nibble of each byte
 BIT4 = uint32(0x10101010)      # Q5_K's fifth bit, in place
 BITS45 = uint32(0x30303030)    # Q6_K's two high bits, in place
 LOW16 = uint32(0xFFFF)
 LOW8 = uint32(0xFF)
 ALL = uint32(0xFFFFFFFF)
-TWO, THREE, FOUR, EIGHT, SIXTEEN = uint32(2), uint32(3), uint32(4), uint32(8), uint32(16)
+TWO, THREE, FOUR, EIGHT, SIXTEEN, TWENTY_FOUR = (uint32(2), uint32(3), uint32(4), uint32(8), uint32(16),
+                                               uint32(24))
+START = int32(SIGNED_MAGIC)    # dp4a chains start here (magic_sum)
+ONE, SIXTEENTH = np.float32(1.0), np.float32(0.0625)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,9 @@ class Dp4aUnit:
     type: gt.GGMLType
     word: np.dtype          # dtype the weight rows are viewed as for `w`
     units_per_block: int    # divides 32
+    weights: int            # per unit
+    in_flight: int          # units a lane loads before it uses them, at one row per warp
+    x_layout: int           # how the quantiser lays out x for it (NATURAL, K64, Q6K64)
     raw_words: int          # uint32 loaded per (row, unit)
     q_words: int            # dp4a-ready words per row
     factors: int            # float factors per row
@@ -88,161 +99,241 @@ def dot4(q, r, first, xv, x_first, start):
 
 
 @device_function
+def dot8(q, r, first, xv, x_first, start):
+    return dot4(q, r, first + 4, xv, x_first + 4, dot4(q, r, first, xv, x_first, start))
+
+
+@device_function
+def dot8_unsigned(q, r, first, xv, x_first, start):
+    """dot8 with q's bytes as unsigned (dp4a_us)."""
+    v = start
+    for k in range(8):
+        v = dp4a_us(q[r, first + k], xv[x_first + k], v)
+    return v
+
+
+@device_function
+def magic_sum(v):
+    """The float32 value of a dp4a chain's sum S whose chain started at START: v = START + S
+    (|S| < 2**22), whose bits are exactly the float 1.5·2**23 + S. Starting the chain there
+    instead of at 0 saves small_int_to_f32's integer add."""
+    return bits_to_f32(v) - SIGNED_MAGIC_F
+
+
+@device_function
 def pick(mask, a, b):
     """a where mask's bits are set, b elsewhere (mask all ones or zero): one LOP3, no branch."""
     return (a & mask) | (b & (mask ^ ALL))
 
 
+# ---------------------------------------------------------------- x layouts
+# Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
+NATURAL = 0   # xq in column order; xm: per block of 32 [dx, float sum, int sums of both halves]
+K64 = 1       # Q4_K/Q5_K lanes of 64 weights (xq permuted, step_slot); xm: per block [dx, float sum]
+Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
+
+
+STEP_WORDS = 512  # xq words of a warp's step in the 64-weight layouts: 8 blocks of 256
+
+
+@device_function
+def step_slot(col_word, six_k):
+    """Where xq word `col_word` (column 4·col_word) goes in the 64-weight layouts.
+
+    A warp's step covers 8 blocks of 256 (4 lanes each) and a lane reads its 64 x values in 4
+    loads of 16 bytes, load k of lane (b, p) at 16-byte slot 32k + 4b + p of the step: each load
+    of the warp is then one contiguous 512-byte run, while in column order the lanes' 16-byte
+    pieces lie 64 bytes apart (16 cache lines per load instead of 4). The row is padded to whole
+    steps (x_row_words), so the stride is the same in the row's last step.
+    Q4_K/Q5_K: column 64p + 16k + j of the block; Q6_K: 128n + 32k + 16u + j, p = 2n + u."""
+    blk = col_word >> 6
+    i = (col_word & 63) << 2  # column in the block
+    if six_k:
+        p = ((i >> 7) << 1) | ((i >> 4) & 1)
+        k = (i >> 5) & 3
+    else:
+        p = i >> 6
+        k = (i >> 4) & 3
+    return lane_x_word(blk, p) + 128 * k + (col_word & 3)
+
+
+@device_function
+def lane_x_word(blk, p):
+    """The first xq word of load 0 of lane (blk, p) in the 64-weight layouts (step_slot); load k
+    is 128·k words on."""
+    return 64 * blk - 48 * (blk & 7) + 4 * p
+
+
+def x_row_words(cols: int, layout: int) -> int:
+    """xq words per row: the 64-weight layouts pad the row to whole steps."""
+    return cols // 4 if layout == NATURAL else -(-cols // 2048) * STEP_WORDS
+
+
 # ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
-# Unit p = 16 qs bytes 16p: chunk c = p // 2, half hh = p % 2. Low nibbles are elements
-# 64c + 16hh + j (sub-block 2c), high nibbles 64c + 32 + 16hh + j (sub-block 2c + 1), j < 16.
-# Rows are 16-byte aligned: one 16-byte load each for the qs piece and the block header (d,
-# dmin, scales[12]); Q5_K adds its 16 qh bytes 16hh + j, whose bit 2c is the low nibble's fifth
-# bit and bit 2c + 1 the high nibble's.
-# raw[i] = qs[4] | header[4] (| qh[4]); q[r] = low-nibble words[4] | high-nibble words[4];
-# fac[r] = d·sc(2c), −dmin·m(2c), d·sc(2c+1), −dmin·m(2c+1) (the mins for hh = 0 only).
+# Unit p = chunk c = p of the block: its 32 qs bytes 32c + j hold in their low nibbles the
+# elements 64c + j (sub-block 2c) and in their high nibbles 64c + 32 + j (sub-block 2c + 1),
+# so one header load and one 6-bit scale decode serve 64 weights. Rows are 16-byte aligned:
+# 16-byte loads for the qs, the block header (d, dmin, scales[12]) and Q5_K's 32 qh bytes, whose
+# bit 2c is the low nibble's fifth bit and bit 2c + 1 the high nibble's.
+# raw[i] = qs[8] | header[4] (| qh[8]); q[r] = sub-block 2c words[8] | sub-block 2c+1 words[8];
+# fac[r] = d·sc(2c), −dmin·m(2c), d·sc(2c+1) (Q4_K: /16, see q4_k_prepare), −dmin·m(2c+1).
 
 @device_function
 def q4_k_load(w, w8, row, blk, p, raw, i):
     base = blk * 36  # 144-byte blocks in uint32 words: header 0..3, qs 4..35
-    store4(raw, i, 0, load_u32x4(w, row, base + 4 + 4 * p))
-    store4(raw, i, 4, load_u32x4(w, row, base))
+    store4(raw, i, 0, load_u32x4(w, row, base + 4 + 8 * p))
+    store4(raw, i, 4, load_u32x4(w, row, base + 8 + 8 * p))
+    store4(raw, i, 8, load_u32x4(w, row, base))
 
 
 @device_function
 def q5_k_load(w, w8, row, blk, p, raw, i):
     base = blk * 44  # 176-byte blocks: header 0..3, qh 4..11, qs 12..43
-    store4(raw, i, 0, load_u32x4(w, row, base + 12 + 4 * p))
-    store4(raw, i, 4, load_u32x4(w, row, base))
-    store4(raw, i, 8, load_u32x4(w, row, base + 4 + 4 * (p & 1)))
+    store4(raw, i, 0, load_u32x4(w, row, base + 12 + 8 * p))
+    store4(raw, i, 4, load_u32x4(w, row, base + 16 + 8 * p))
+    store4(raw, i, 8, load_u32x4(w, row, base))
+    store4(raw, i, 12, load_u32x4(w, row, base + 4))
+    store4(raw, i, 16, load_u32x4(w, row, base + 8))
 
 
 @device_function
-def kquant_factors(raw, i, fac, r, p):
-    """fac[r] from the header in raw[i, 4:8]: sub-blocks 2c and 2c+1 (get_scale_min_k4).
+def kquant_factors(raw, i, fac, r, p, high_scale):
+    """fac[r] from the header in raw[i, 8:12]: sub-blocks 2c and 2c+1 (get_scale_min_k4).
 
     Their 6-bit scales and mins sit in adjacent bytes, so both are unpacked as one 16-bit pair:
     bytes 2(c % 2), 2(c % 2) + 1 of the scale words a = scales[0:4], b = [4:8], e = [8:12].
-    The −dmin·m·Σx term is the sub-block's, whose two halves are two lanes' units: the lane of
-    the first half (hh = 0) adds it for the whole sub-block, the other gets zero factors.
+    `high_scale` multiplies the second sub-block's scale (a power of two: exact).
     """
-    c = p >> 1
-    shift = uint32(16 * (c & 1))
-    first_four = ALL if c < 2 else uint32(0)  # sub-blocks 0..3: plain 6-bit fields
-    a = shr_u32(raw[i, 5], shift)
-    b = shr_u32(raw[i, 6], shift)
-    e = shr_u32(raw[i, 7], shift)
+    shift = uint32(16 * (p & 1))
+    first_four = ALL if p < 2 else uint32(0)  # sub-blocks 0..3: plain 6-bit fields
+    a = shr_u32(raw[i, 9], shift)
+    b = shr_u32(raw[i, 10], shift)
+    e = shr_u32(raw[i, 11], shift)
     sc = pick(first_four, a & uint32(0x3F3F), (e & uint32(0x0F0F)) | ((a >> TWO) & uint32(0x3030)))
     m = pick(first_four, b & uint32(0x3F3F), ((e >> FOUR) & uint32(0x0F0F)) | ((b >> TWO) & uint32(0x3030)))
-    d = f16_bits_to_f32(raw[i, 4] & LOW16)
-    dmin = f16_bits_to_f32(raw[i, 4] >> SIXTEEN)
-    dmin = dmin if (p & 1) == 0 else ZERO
+    d = f16_bits_to_f32(raw[i, 8] & LOW16)
+    dmin = f16_bits_to_f32(raw[i, 8] >> SIXTEEN)
     fac[r, 0] = d * small_uint_to_f32(sc & LOW8, ZERO)
     fac[r, 1] = -(dmin * small_uint_to_f32(m & LOW8, ZERO))
-    fac[r, 2] = d * small_uint_to_f32(sc >> EIGHT, ZERO)
+    fac[r, 2] = (d * high_scale) * small_uint_to_f32(sc >> EIGHT, ZERO)
     fac[r, 3] = -(dmin * small_uint_to_f32(m >> EIGHT, ZERO))
 
 
 @device_function
 def q4_k_prepare(raw, i, q, fac, r, p):
-    for j in range(4):
+    # The high nibbles stay where they are (16·q, one mask, no shift): q4_k_dot multiplies them
+    # as unsigned bytes, and their scale carries the 1/16.
+    for j in range(8):
         v = raw[i, j]
         q[r, j] = v & LOW4
-        q[r, 4 + j] = (v >> FOUR) & LOW4
-    kquant_factors(raw, i, fac, r, p)
+        q[r, 8 + j] = v & HIGH4
+    kquant_factors(raw, i, fac, r, p, SIXTEENTH)
 
 
 @device_function
 def q5_k_prepare(raw, i, q, fac, r, p):
-    shift = uint32(2 * (p >> 1))  # bits 2c, 2c+1 of each qh byte -> bits 0, 1
-    for j in range(4):
+    shift = uint32(2 * p)  # bits 2c, 2c+1 of each qh byte -> bits 0, 1
+    for j in range(8):
         v = raw[i, j]
-        h = shr_u32(raw[i, 8 + j], shift)
+        h = shr_u32(raw[i, 12 + j], shift)
         q[r, j] = (v & LOW4) | ((h << FOUR) & BIT4)
-        q[r, 4 + j] = ((v >> FOUR) & LOW4) | ((h << THREE) & BIT4)
-    kquant_factors(raw, i, fac, r, p)
+        q[r, 8 + j] = ((v >> FOUR) & LOW4) | ((h << THREE) & BIT4)
+    kquant_factors(raw, i, fac, r, p, ONE)
 
 
 @device_function
 def kquant_load_x(xq, xm, s, blk, p, xv, xf, xs):
-    word = blk * 64 + 16 * (p >> 1) + 4 * (p & 1)  # element 64c + 16hh of the block, in words
-    put4(xv, 0, load_u32x4(xq, s, word))
-    put4(xv, 4, load_u32x4(xq, s, word + 8))      # 32 elements on: sub-block 2c + 1
-    x_block = blk * 8 + 2 * (p >> 1)
-    lo = load_u32x4(xm, s, 4 * x_block)
-    hi = load_u32x4(xm, s, 4 * x_block + 4)
-    xf[0] = bits_to_f32(lo[0])
-    xf[1] = bits_to_f32(lo[1])
-    xf[2] = bits_to_f32(hi[0])
-    xf[3] = bits_to_f32(hi[1])
+    first = lane_x_word(blk, p)
+    for k in range(4):  # columns 64p + 16k of the block (layout K64)
+        put4(xv, 4 * k, load_u32x4(xq, s, first + 128 * k))
+    m = load_u32x4(xm, s, 4 * (4 * blk + p))  # blocks 2p, 2p + 1 of 32: dx, Σx each
+    xf[0] = bits_to_f32(m[0])
+    xf[1] = bits_to_f32(m[1])
+    xf[2] = bits_to_f32(m[2])
+    xf[3] = bits_to_f32(m[3])
 
 
 @device_function
-def kquant_dot(q, fac, r, xv, xf, xs, acc):
-    lo = dot4(q, r, 0, xv, 0, int32(0))
-    hi = dot4(q, r, 4, xv, 4, int32(0))
-    # Σ (d·sc·q − dmin·m)·x over a sub-block = d·sc·dx·Σ q·xq − dmin·m·Σ x
-    acc = fma(fac[r, 0] * xf[0], small_int_to_f32(lo), acc)
+def kquant_terms(lo, hi, fac, r, xf, acc):
+    """acc + Σ (d·sc·q − dmin·m)·x over both sub-blocks = d·sc·dx·Σ q·xq − dmin·m·Σ x each;
+    lo, hi are the dp4a sums started at SIGNED_MAGIC (see magic_sum)."""
+    acc = fma(fac[r, 0] * xf[0], magic_sum(lo), acc)
     acc = fma(fac[r, 1], xf[1], acc)
-    acc = fma(fac[r, 2] * xf[2], small_int_to_f32(hi), acc)
+    acc = fma(fac[r, 2] * xf[2], magic_sum(hi), acc)
     return fma(fac[r, 3], xf[3], acc)
 
 
+@device_function
+def q4_k_dot(q, fac, r, xv, xf, xs, acc):
+    lo = dot8(q, r, 0, xv, 0, START)
+    hi = dot8_unsigned(q, r, 8, xv, 8, START)  # 16·Σ q·xq: |16·15·127·32| < 2**22
+    return kquant_terms(lo, hi, fac, r, xf, acc)
+
+
+@device_function
+def q5_k_dot(q, fac, r, xv, xf, xs, acc):
+    return kquant_terms(dot8(q, r, 0, xv, 0, START), dot8(q, r, 8, xv, 8, START), fac, r, xf, acc)
+
+
 # ---------------------------------------------------------------- Q6_K (210 B, 2-byte aligned)
-# Unit p = (half n = p // 4, kodd = p // 2 % 2, u = p % 2). Its 16 ql bytes 16p hold, in their
-# low nibbles, the elements 16g + j of group g = 8n + 2kodd + u (scale sc[g]) and in their high
-# nibbles the elements 64 further on (group g + 4). Their 2-bit high parts are bits 2kodd (and
-# 2kodd + 4) of qh bytes 32n + 16u + j.
-# raw[i] = ql[4] | qh[4] | sc[g] | sc[g+4] << 8 | d << 16. q = group g words[4] | group g+4
-# words[4] (unsigned 6-bit); the zero point 32 goes into the dp4a start value: −32·Σ xq.
+# Unit p = (half n = p // 2, u = p % 2): 16 bytes of each of ql[64n + 16u:], ql[64n + 32 + 16u:]
+# and qh[32n + 16u:]. Byte j of them holds four elements 128n + 16u + j + 32t (t = 0..3): t = 0
+# the low nibble of the first ql piece, 1 of the second, 2 and 3 their high nibbles; qh's bit
+# pair 2t the two high bits of each. Element group t (16 elements) has scale sc[8n + u + 2t].
+# raw[i] = ql_a[4] | ql_b[4] | qh[4] | sc[8n+u] | sc[+2] << 8 | sc[+4] << 16 | sc[+6] << 24 | d.
+# q = group t words[4], t = 0..3 (unsigned 6-bit); the zero point 32 goes into the dp4a start
+# value: −32·Σ xq over the group, one half of an x block.
 
 @device_function
 def q6_k_load(w, w8, row, blk, p, raw, i):
-    n = p >> 2
+    n = p >> 1
     base = blk * 210  # ql 0..127, qh 128..191, scales 192..207, d 208
-    store4(raw, i, 0, load_u32x4_unaligned(w8, row, base + 16 * p))
-    store4(raw, i, 4, load_u32x4_unaligned(w8, row, base + 128 + 32 * n + 16 * (p & 1)))
-    scale = uint64(base + 192 + 4 * n + p)  # sc[g]; unsigned indices skip Numba's wraparound
-    raw[i, 8] = (uint32(w8[row, scale]) | (uint32(w8[row, scale + uint64(4)]) << EIGHT)
-                 | (uint32(w[row, uint64(blk * 105 + 104)]) << SIXTEEN))
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, base + 64 * n + 16 * (p & 1)))
+    store4(raw, i, 4, load_u32x4_unaligned(w8, row, base + 64 * n + 32 + 16 * (p & 1)))
+    store4(raw, i, 8, load_u32x4_unaligned(w8, row, base + 128 + 16 * p))
+    scale = uint64(base + 192 + 6 * n + p)  # sc[8n + u]; unsigned indices skip Numba's wraparound
+    raw[i, 12] = (uint32(w8[row, scale]) | (uint32(w8[row, scale + uint64(2)]) << EIGHT)
+                  | (uint32(w8[row, scale + uint64(4)]) << SIXTEEN)
+                  | (uint32(w8[row, scale + uint64(6)]) << TWENTY_FOUR))
+    raw[i, 13] = uint32(w[row, uint64(blk * 105 + 104)])
 
 
 @device_function
 def q6_k_prepare(raw, i, q, fac, r, p):
-    shift = uint32(2 * ((p >> 1) & 1))  # kodd's two bits -> bits 0-1 (group g), 4-5 (g + 4)
     for j in range(4):
-        low = raw[i, j]
-        high = shr_u32(raw[i, 4 + j], shift)
-        q[r, j] = (low & LOW4) | ((high << FOUR) & BITS45)
-        q[r, 4 + j] = ((low >> FOUR) & LOW4) | (high & BITS45)
-    s = raw[i, 8]
-    d = f16_bits_to_f32(s >> SIXTEEN)
+        a = raw[i, j]
+        b = raw[i, 4 + j]
+        h = raw[i, 8 + j]
+        q[r, j] = (a & LOW4) | ((h << FOUR) & BITS45)
+        q[r, 4 + j] = (b & LOW4) | ((h << TWO) & BITS45)
+        q[r, 8 + j] = ((a >> FOUR) & LOW4) | (h & BITS45)
+        q[r, 12 + j] = ((b >> FOUR) & LOW4) | ((h >> TWO) & BITS45)
+    s = raw[i, 12]
+    d = f16_bits_to_f32(raw[i, 13])
     fac[r, 0] = d * int8_to_f32(s & LOW8)
     fac[r, 1] = d * int8_to_f32((s >> EIGHT) & LOW8)
+    fac[r, 2] = d * int8_to_f32((s >> SIXTEEN) & LOW8)
+    fac[r, 3] = d * int8_to_f32(s >> TWENTY_FOUR)
 
 
 @device_function
 def q6_k_load_x(xq, xm, s, blk, p, xv, xf, xs):
-    g = p + 4 * (p >> 2)  # the group: 8n + 2kodd + u
-    word = blk * 64 + 4 * g
-    put4(xv, 0, load_u32x4(xq, s, word))
-    put4(xv, 4, load_u32x4(xq, s, word + 16))  # 64 elements on: group g + 4
-    x_block = blk * 8 + (g >> 1)
-    a = load_u32x4(xm, s, 4 * x_block)
-    b = load_u32x4(xm, s, 4 * x_block + 8)
-    xf[0] = bits_to_f32(a[0])
-    xf[1] = bits_to_f32(b[0])
-    second_half = ALL if p & 1 else uint32(0)  # group g is half u of its block of 32
-    xs[0] = int32(-32) * int32(pick(second_half, a[3], a[2]))
-    xs[1] = int32(-32) * int32(pick(second_half, b[3], b[2]))
+    first = lane_x_word(blk, p)
+    for t in range(4):  # columns 128n + 32t + 16u of the block (layout Q6K64)
+        put4(xv, 4 * t, load_u32x4(xq, s, first + 128 * t))
+    lane_record = 4 * (4 * blk + p)
+    dx = load_u32x4(xm, s, lane_record)
+    start = load_u32x4(xm, s, (xm.shape[1] >> 1) + lane_record)
+    for t in range(4):
+        xf[t] = bits_to_f32(dx[t])
+        xs[t] = int32(start[t])
 
 
 @device_function
 def q6_k_dot(q, fac, r, xv, xf, xs, acc):
-    lo = dot4(q, r, 0, xv, 0, xs[0])  # Σ (q − 32)·xq = Σ q·xq − 32·Σ xq
-    hi = dot4(q, r, 4, xv, 4, xs[1])
-    acc = fma(fac[r, 0] * xf[0], small_int_to_f32(lo), acc)
-    return fma(fac[r, 1] * xf[1], small_int_to_f32(hi), acc)
+    for t in range(4):  # Σ (q − 32)·xq = Σ q·xq − 32·Σ xq
+        acc = fma(fac[r, t] * xf[t], magic_sum(dot4(q, r, 4 * t, xv, 4 * t, xs[t])), acc)
+    return acc
 
 
 # ---------------------------------------------------------------- Q8_0 (34 B: d, qs[32])
@@ -269,7 +360,7 @@ def q8_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
 
 @device_function
 def q8_0_dot(q, fac, r, xv, xf, xs, acc):
-    return fma(fac[r, 0] * xf[0], small_int_to_f32(dot4(q, r, 0, xv, 0, int32(0))), acc)
+    return fma(fac[r, 0] * xf[0], magic_sum(dot4(q, r, 0, xv, 0, START)), acc)
 
 
 # ---------------------------------------------------------------- Q4_0 (18 B: d, qs[16])
@@ -296,20 +387,20 @@ def q4_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
     put4(xv, 4, load_u32x4(xq, s, 8 * blk + 4))
     m = load_u32x4(xm, s, 4 * blk)
     xf[0] = bits_to_f32(m[0])
-    xs[0] = int32(-8) * (int32(m[2]) + int32(m[3]))
+    xs[0] = START - int32(8) * (int32(m[2]) + int32(m[3]))
 
 
 @device_function
 def q4_0_dot(q, fac, r, xv, xf, xs, acc):
     total = dot4(q, r, 4, xv, 4, dot4(q, r, 0, xv, 0, xs[0]))  # Σ (q − 8)·xq
-    return fma(fac[r, 0] * xf[0], small_int_to_f32(total), acc)
+    return fma(fac[r, 0] * xf[0], magic_sum(total), acc)
 
 
 U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
-    Dp4aUnit(gt.Q8_0, U16, 2, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
-    Dp4aUnit(gt.Q4_0, U16, 1, 5, 8, 1, 8, 1, 1, q4_0_load, q4_0_prepare, q4_0_load_x, q4_0_dot),
-    Dp4aUnit(gt.Q4_K, U32, 8, 8, 8, 4, 8, 4, 1, q4_k_load, q4_k_prepare, kquant_load_x, kquant_dot),
-    Dp4aUnit(gt.Q5_K, U32, 8, 12, 8, 4, 8, 4, 1, q5_k_load, q5_k_prepare, kquant_load_x, kquant_dot),
-    Dp4aUnit(gt.Q6_K, U16, 8, 9, 8, 2, 8, 2, 2, q6_k_load, q6_k_prepare, q6_k_load_x, q6_k_dot),
+    Dp4aUnit(gt.Q8_0, U16, 2, 16, 4, NATURAL, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
+    Dp4aUnit(gt.Q4_0, U16, 1, 32, 4, NATURAL, 5, 8, 1, 8, 1, 1, q4_0_load, q4_0_prepare, q4_0_load_x, q4_0_dot),
+    Dp4aUnit(gt.Q4_K, U32, 4, 64, 2, K64, 12, 16, 4, 16, 4, 1, q4_k_load, q4_k_prepare, kquant_load_x, q4_k_dot),
+    Dp4aUnit(gt.Q5_K, U32, 4, 64, 2, K64, 20, 16, 4, 16, 4, 1, q5_k_load, q5_k_prepare, kquant_load_x, q5_k_dot),
+    Dp4aUnit(gt.Q6_K, U16, 4, 64, 2, Q6K64, 14, 16, 4, 16, 4, 4, q6_k_load, q6_k_prepare, q6_k_load_x, q6_k_dot),
 )}

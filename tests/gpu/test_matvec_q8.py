@@ -16,7 +16,7 @@ from numba import cuda
 
 from gpu import matvec_q8
 from gpu.matvec import MAX_SLOTS
-from gpu.quants_q8 import UNITS
+from gpu.quants_q8 import K64, Q6K64, START, UNITS
 from hybrid import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
@@ -24,7 +24,7 @@ from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 Q_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
 U = 2.0 ** -24                      # unit roundoff of float32
 MIN_FIELD = {"Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 dmin in a block
-TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_K": 4, "Q5_K": 4, "Q6_K": 2}
+TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
 
 
 def quantize_reference(x: np.ndarray):
@@ -101,6 +101,51 @@ def test_quantiser_matches_the_numpy_spec_bit_for_bit():
     np.testing.assert_array_equal(xm[..., 2:].view(np.int32), halves)
 
 
+def lane_columns(layout: int, blk: int, p: int, k: int) -> np.ndarray:
+    """Columns of x that lane (blk, p) of a 64-weight type reads in its load k: the weights it
+    owns (gpu/quants_q8.py), written here from the block layouts, not from the kernel."""
+    if layout == K64:      # Q4_K/Q5_K chunk p: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+        first = 64 * p + 16 * k
+    else:                  # Q6_K half p // 2, 16 bytes p % 2: groups 32k on
+        first = 128 * (p // 2) + 16 * (p % 2) + 32 * k
+    return blk * 256 + first + np.arange(16)
+
+
+@pytest.mark.parametrize("layout", [K64, Q6K64])
+def test_quantiser_lays_x_out_for_the_64_weight_lanes(layout):
+    """Load k of lane (blk, p) must find its 16 columns at words 128k + 4(4(blk % 8) + p) of its
+    step of 8 blocks (one contiguous run per warp load), and its block numbers where its kernel
+    reads them. 10 blocks: one whole step and a partial one."""
+    rng = np.random.default_rng(7)
+    cols = 256 * 10
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    xq_dev, xm_dev = matvec_q8.quantize(cuda.to_device(x), layout=layout)
+    xq = xq_dev.copy_to_host()
+    xm = xm_dev.copy_to_host()
+    want_q, dx, sums, halves = quantize_reference(x)
+    assert xq.shape == (2, 2 * 512)  # padded to whole steps
+    got_bytes = xq.view(np.int8).astype(np.int64)
+    for blk in range(10):
+        for p in range(4):
+            for k in range(4):
+                word = 512 * (blk // 8) + 128 * k + 4 * (4 * (blk % 8) + p)
+                np.testing.assert_array_equal(got_bytes[:, 4 * word:4 * word + 16],
+                                              want_q[:, lane_columns(layout, blk, p, k)])
+    if layout == K64:   # [dx, Σx] per block of 32
+        np.testing.assert_array_equal(xm[:, 0:2 * 80:2].view(np.float32), dx)
+        np.testing.assert_array_equal(xm[:, 1:2 * 80:2].view(np.float32), sums)
+        return
+    # Q6_K: lane (blk, p = 2n + u) record: dx of blocks 8blk + 4n + t, then (second half of the
+    # row) the dp4a start values START − 32·Σ xq over half u of each
+    for blk in range(10):
+        for p in range(4):
+            blocks = 8 * blk + 4 * (p // 2) + np.arange(4)
+            at = 4 * (4 * blk + p)
+            np.testing.assert_array_equal(xm[:, at:at + 4].view(np.float32), dx[:, blocks])
+            start = xm[:, cols // 16 + at:cols // 16 + at + 4].view(np.int32).astype(np.int64)
+            np.testing.assert_array_equal(start, int(START) - 32 * halves[:, blocks, p % 2])
+
+
 def check_against_oracles(t, w_bytes, x, got):
     want, bound = int8_reference(t, w_bytes, x)
     assert_within(got, want, bound, f"{t.name} vs the int8 algorithm")
@@ -111,8 +156,8 @@ def check_against_oracles(t, w_bytes, x, got):
 @pytest.mark.parametrize("name", Q_TYPES)
 def test_matches_the_oracles_and_slots_are_bit_identical(name):
     """Rows: never a multiple of a block's rows. Columns: the last step of 32 units is partial.
-    One slot takes one row per warp and U = 4 units per loop (tail loop only on the simulator's
-    shapes); more slots take two rows and U = 2 (main loop and tail): the bits must agree."""
+    One slot takes one row per warp and R·U units per loop (units_in_flight; tail loop only on
+    the simulator's shapes); more slots take two rows and fewer units: the bits must agree."""
     t = gt.by_name(name)
     rng = np.random.default_rng(sum(map(ord, name)))
     cols = n_cols(t)
