@@ -201,7 +201,7 @@ def bench_gemm(t: gt.GGMLType, rows: int, cols: int, n_rows=GEMM_ROWS) -> list[G
     for n in n_rows:
         x = cuda.to_device(rng.standard_normal((n, cols)).astype(np.float32))
         out = cuda.device_array((n, rows), np.float32)
-        chosen = gemm_module.choose_tile(rows, n)
+        chosen = gemm_module.choose_tile(rows, n, cols=cols)
         for tile in gemm_module.TILES:
             timing = time_launches(lambda: gemm_module.gemm(t.id, w, x, out, tile=tile), repeats=5)
             regs = max(gemm_module.kernel(t.id, tile).get_regs_per_thread().values())

@@ -2,12 +2,14 @@
 
 The decode matvec (gpu/matvec.py) is weight-stationary and re-reads W for every 8 slots; a
 prompt chunk of hundreds of rows needs the weights reused from on-chip memory instead. Two
-kernels, both classic shared-memory tiling with one template per ggml type and tile:
+kernels, one template per ggml type and tile:
 
-* the tensor-core kernel (gpu/gemm_mma.py): fp16 products, float32 sums, mma.sync; the default
-  for every type but F32 (see `precision_for`; its numerics and fp16 range caveat are there);
-* the float32 FMA kernel below: float32 products and sums; F32 weights, any call given one of
-  its tiles, and what the CUDA simulator mostly runs.
+* the tensor-core kernel (gpu/gemm_mma.py): fp16 products, float32 sums, mma.sync, weights
+  decoded straight into the instruction's registers and x converted to fp16 once per call; the
+  default for every type but F32 (see `precision_for`; its numerics and fp16 range caveat are
+  there);
+* the float32 FMA kernel below, classic shared-memory tiling: float32 products and sums; F32
+  weights, any call given one of its tiles, and what the CUDA simulator mostly runs.
 
 The float32 kernel: a block owns a tile of BM weight rows × BN token rows of `out` and walks K
 in steps of BK = 32 columns (one Q8_0/Q4_0 block, one K-quant sub-block): the block's threads
@@ -18,7 +20,8 @@ column of each shared tile per k. Software pipeline: the next step's raw weight 
 values are loaded into registers before this step's FMAs, so global-memory latency overlaps
 the arithmetic.
 
-Accumulation is one chain per output in increasing k in either kernel. So every output's bits
+Accumulation is one chain per output in either kernel, in a fixed k order (increasing; for the
+tensor-core kernel one fixed permutation inside each K step of 64). So every output's bits
 depend only on its weight row, its x row and the kernel's precision: not on n, the tile shape
 or the row's place in the tile (a GEMM call gives a row the bits of that row in any other GEMM
 call of the same precision). They differ from the matvec's bits (other summation order), which
@@ -49,7 +52,7 @@ from .intrinsics import device_function, fma
 from .matvec import _check, _specialise
 
 __all__ = ["GEMM_MIN_ROWS", "BK", "TILES", "Tile", "MmaTile", "UNITS", "GemmUnit", "precision_for",
-           "choose_tile", "gemm", "kernel", "kernel_argtypes", "ptx_targets"]
+           "choose_tile", "estimated_time", "gemm", "kernel", "kernel_argtypes", "ptx_targets"]
 
 # Calls with at least this many rows go through the GEMM (gpu/matvec.py routes them). At 32
 # rows the matvec already reads W four times (8 slots per pass) while a GEMM tile reads it once.
@@ -63,7 +66,8 @@ class Tile:
     thread_tokens: int
     rows_per_thread: int
     tokens_per_thread: int
-    efficiency: float      # relative FMA rate of an SM running this tile (for picking a tile)
+    efficiency: float      # relative FMA rate of a full SM running this tile (for picking a tile)
+    blocks_per_sm: int = 1  # blocks an SM holds at once (by ptxas' registers; no launch bound)
     precision = "fp32"     # float32 products and sums (a class constant, not a field)
 
     @property
@@ -90,17 +94,39 @@ class Tile:
 # chunk is 80 blocks of 128×128 for 132 SMs). ptxas gives the 8×8 tiles ~160-215 registers per
 # thread (one 256-thread block per SM), 8×4 ~95-140 (two), 4×4 ~80-112 (two or three), none
 # spilled.
-# Tensor-core tiles: 8 warps of 64 × 32 (128 × 128, one block per SM by registers) and 4 warps
-# of the same (128 × 64: half the blocks' x reuse, but two or three blocks per SM and twice the
-# blocks to spread over the SMs for a 256-row chunk).
-# Efficiencies (compared within one precision only) are estimates; `python -m gpu.bench --gemm`
-# times every tile on the FFN shapes to check the choice. The simulator runs each thread as a
-# Python thread: tiny tiles, one warp for the tensor-core one.
+# Tensor-core tiles (gpu/gemm_mma.py: warps stacked along the rows, each 8·NB rows × all the
+# block's tokens). sm_90 registers per thread (Q4_K / Q6_K, under the launch bound, none
+# spilled), instructions per mma in the main loop, shared memory per block:
+# * mma128x128w8: 8 warps of 16 rows × 128 tokens, one block per SM; 171 / 191 registers,
+#   6.5 / 7.4 instructions, 32 KiB. x is re-read from L2 once per 128 rows, but a 256-token
+#   chunk of a 5120-row projection makes 80 blocks (160 with split K): SMs idle.
+# * mma64x128w4: the same warps, 4 to a block, bound to 3 blocks per SM; 168 / 168
+#   registers, 6.3 / 7.5 instructions, 32 KiB: twice the blocks for small calls, 12 warps per
+#   SM when full.
+# * mma64x128w8: 8 warps of 8 rows × 128 tokens, bound to 2 blocks per SM; 119 / 124
+#   registers, 8.5 / 9.2 instructions (each x fragment feeds one row block, not two), 32 KiB;
+#   16 warps per SM to hide latency.
+# * mma64x64w4: 4 warps of 16 rows × 64 tokens, bound to 3 blocks per SM; 149 / 151
+#   registers, 10.8 / 13.3 instructions (a decoded weight serves 64 tokens, not 128), 16 KiB:
+#   four times the big tile's blocks.
+# (The first version's 128 × 128 tile took ~15 / ~25 instructions per mma.)
+# Efficiencies (compared within one precision only) are the measured rates at n=2048, where
+# every tile fills the GPU (H200, Q4_K and Q6_K FFN shapes, relative to mma64x128w4: 128x128w8
+# 0.80-0.89, 64x64w4 0.70-0.75, 64x128w8 0.63-0.72): the smaller block with 12 warps per SM beats
+# the fewer instructions of the big one. The call's block count, the SM count and
+# `blocks_per_sm` do the rest (`choose_tile`). `python -m
+# gpu.bench --gemm` times every tile on the FFN shapes to check the choice. The simulator runs
+# each thread as a Python thread: tiny tiles, one warp for the tensor-core one.
 if simulated():
-    TILES = (Tile(4, 4, 2, 2, 1.0), MmaTile(1, 1, 1, 2, 1.0))
+    TILES = (Tile(4, 4, 2, 2, 1.0), MmaTile(1, 1, 1, 1, 1.0))
 else:
-    TILES = (Tile(16, 16, 8, 8, 1.0), Tile(16, 16, 8, 4, 0.85), Tile(16, 16, 4, 4, 0.7),
-             MmaTile(2, 4, 4, 4, 1.0), MmaTile(2, 2, 4, 4, 0.9))
+    TILES = (Tile(16, 16, 8, 8, 1.0, 1), Tile(16, 16, 8, 4, 0.85, 2), Tile(16, 16, 4, 4, 0.7, 2),
+             MmaTile(8, 2, 8, 1, 0.85), MmaTile(4, 2, 8, 3, 1.0), MmaTile(8, 1, 8, 2, 0.67), MmaTile(4, 2, 4, 3, 0.72))
+
+# Resident warps per SM at which a tile runs at its full rate (4 schedulers, two warps each to
+# hide each other's latencies); fewer leave it proportionally slower. An estimate for
+# `choose_tile`, like the efficiencies.
+SATURATING_WARPS = 8
 
 
 def precision_for(wtype: int) -> str:
@@ -171,7 +197,8 @@ def _kernel_template(TR, TT, TM, TN, RAW, UPT, XPT, TYPE_ID, STAMP):
         # Rows and tokens past the end load the last one (in bounds) and are never stored.
         for p in range(UPT):
             u = min(tid + uint32(p * THREADS), uint32(N_UNITS - 1))
-            load(w, w8, min(row0 + u % uint32(BM), last_row), uint32(16) * (u // uint32(BM)), cols, raw, p)
+            r = min(row0 + u % uint32(BM), last_row)
+            load(w[r], w8[r], uint32(16) * (u // uint32(BM)), cols, raw, p)
         for q in range(XPT):
             idx = tid + uint32(q * THREADS)
             col = idx & uint32(31)
@@ -196,8 +223,8 @@ def _kernel_template(TR, TT, TM, TN, RAW, UPT, XPT, TYPE_ID, STAMP):
             k_next = uint32(k0 + BK if k0 + BK < cols else k0)
             for p in range(UPT):
                 u = min(tid + uint32(p * THREADS), uint32(N_UNITS - 1))
-                load(w, w8, min(row0 + u % uint32(BM), last_row), k_next + uint32(16) * (u // uint32(BM)),
-                     cols, raw, p)
+                r = min(row0 + u % uint32(BM), last_row)
+                load(w[r], w8[r], k_next + uint32(16) * (u // uint32(BM)), cols, raw, p)
             for q in range(XPT):
                 idx = tid + uint32(q * THREADS)
                 col = k_next + (idx & uint32(31))
@@ -250,7 +277,9 @@ def _build_kernel(unit: GemmUnit, tile: Tile | MmaTile):
 @functools.cache
 def kernel(type_id: int, tile: Tile | MmaTile):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
-    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], tile))
+    bounds = getattr(tile, "launch_bounds", None)       # the simulator takes none
+    options = dict(launch_bounds=bounds) if bounds and not simulated() else {}
+    return cuda.jit(cache=True, **options)(_build_kernel(UNITS[type_id], tile))
 
 
 @functools.cache
@@ -258,18 +287,31 @@ def _sm_count() -> int:
     return 1 if simulated() else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def choose_tile(rows: int, n: int, precision: str = "fp16") -> Tile | MmaTile:
-    """The tile of `precision` with the least estimated time: the blocks of the busiest SM
-    (blocks spread evenly) times a block's work over the tile's efficiency. Big tiles do less
-    work per product but leave SMs idle when a call makes few blocks. Any choice within one
-    precision gives the same bits."""
-    def cost(tile) -> float:
-        blocks = -(-rows // tile.block_rows) * -(-n // tile.block_tokens)
-        return -(-blocks // _sm_count()) * tile.block_rows * tile.block_tokens / tile.efficiency
+def estimated_time(tile: Tile | MmaTile, rows: int, n: int, splits: int = 1) -> float:
+    """A call's time on `tile`, in units of one product at a full SM's rate: the blocks (of
+    each of `splits` K ranges) are dealt evenly to the SMs, the busiest SM's share runs
+    `blocks_per_sm` at a time, at the tile's efficiency scaled down while fewer than
+    SATURATING_WARPS warps are resident."""
+    blocks = -(-rows // tile.block_rows) * -(-n // tile.block_tokens) * splits
+    per_sm = -(-blocks // _sm_count())
+    warps = min(per_sm, tile.blocks_per_sm) * tile.threads / 32
+    rate = tile.efficiency * min(1.0, warps / SATURATING_WARPS)
+    return per_sm * tile.block_rows * tile.block_tokens / splits / rate
+
+
+def choose_tile(rows: int, n: int, precision: str = "fp16", cols: int | None = None) -> Tile | MmaTile:
+    """The tile of `precision` with the least `estimated_time`: big tiles do less work per
+    product, small ones spread a small call over more SMs. `cols` tells the tensor-core tiles
+    how many K ranges the call is split into (gpu.gemm_mma.k_splits); without it, one. Any
+    choice within one precision gives the same bits."""
     candidates = [tile for tile in TILES if tile.precision == precision]
     if not candidates:
         raise HybridError(f"GPU GEMM: no {precision!r} tiles; precisions: "
                           f"{', '.join(sorted({t.precision for t in TILES}))}")
+
+    def cost(tile) -> float:
+        splits = gemm_mma.k_splits(cols) if cols and isinstance(tile, MmaTile) else 1
+        return estimated_time(tile, rows, n, splits)
     return min(candidates, key=cost)
 
 
@@ -281,32 +323,66 @@ def gemm(wtype: int, w_dev, x_dev, out_dev, stream=None, tile: Tile | MmaTile | 
     sends calls of GEMM_MIN_ROWS rows or more here). Asynchronous on `stream` (gpu.memory's
     when None). The kernel is the tensor-core one or the float32 one as `precision_for(wtype)`
     says; `tile` (one of TILES, a benchmark and test knob) picks a kernel and shape instead.
-    Tiles of one precision give the same bits.
+    Tiles of one precision give the same bits. The tensor-core kernel first converts x to fp16
+    fragments into a scratch buffer, and long rows (gpu.gemm_mma.k_splits) add their split
+    partial sums from another (gpu.memory.scratch, one per shape), on the same stream.
     """
     lane_unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
-    tile = tile or choose_tile(rows, n, precision_for(wtype))
-    grid = (-(-rows // tile.block_rows), -(-n // tile.block_tokens))
+    tile = tile or choose_tile(rows, n, precision_for(wtype), cols)
     launch_stream = memory.stream() if stream is None else stream
+    if not isinstance(tile, MmaTile):
+        grid = (-(-rows // tile.block_rows), -(-n // tile.block_tokens))
+        kernel(lane_unit.type.id, tile)[grid, tile.threads, launch_stream](
+            w_dev.view(lane_unit.word), w_dev, x_dev, out_dev, rows, cols)
+        return
+    x16 = memory.scratch("gemm.x16", gemm_mma.fragments_shape(n, cols, tile.token_blocks), np.uint32)
+    _launch_elementwise(_to_fp16_fragments(), x16.shape[0] * x16.shape[1], launch_stream, x_dev, x16)
+    splits = gemm_mma.k_splits(cols)
+    partials = out_dev.reshape(1, n, rows) if splits == 1 else memory.scratch("gemm.splits", (splits, n, rows))
+    grid = (-(-rows // tile.block_rows), -(-n // tile.block_tokens), splits)
     kernel(lane_unit.type.id, tile)[grid, tile.threads, launch_stream](
-        w_dev.view(lane_unit.word), w_dev, x_dev, out_dev, rows, cols)
+        w_dev.view(lane_unit.word), w_dev, x16, partials, rows, cols)
+    if splits > 1:
+        _launch_elementwise(_sum_splits(), n * rows, launch_stream, partials, out_dev)
 
 
-def kernel_argtypes(unit: GemmUnit) -> tuple:
-    """Numba argument types of a GEMM kernel (w, w8, x, out, rows, cols)."""
+def _launch_elementwise(fn, count: int, stream, *args) -> None:
+    fn[-(-count // memory.THREADS), memory.THREADS, stream](*args)
+
+
+@functools.cache
+def _to_fp16_fragments():
+    return cuda.jit(cache=True)(gemm_mma.build_to_fp16_fragments())
+
+
+@functools.cache
+def _sum_splits():
+    return cuda.jit(cache=True)(gemm_mma.build_sum_splits())
+
+
+def _matrix(dtype, ndim: int = 2):
     from numba import types
     from numba.np import numpy_support
+    return types.Array(numpy_support.from_dtype(np.dtype(dtype)), ndim, "C")
 
-    def matrix(dtype):
-        return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 2, "C")
 
-    return (matrix(unit.word), matrix(np.uint8), matrix(np.float32), matrix(np.float32),
-            types.int64, types.int64)
+def kernel_argtypes(unit: GemmUnit, tile: Tile | MmaTile | None = None) -> tuple:
+    """Numba argument types of a GEMM kernel (w, w8, x, out, rows, cols): for the tensor-core
+    kernel x is fp16 fragments (uint32) and out the splits' partial sums (3-D)."""
+    from numba import types
+    if isinstance(tile, MmaTile):
+        x, out = _matrix(np.uint32), _matrix(np.float32, 3)
+    else:
+        x, out = _matrix(np.float32), _matrix(np.float32)
+    return _matrix(unit.word), _matrix(np.uint8), x, out, types.int64, types.int64
 
 
 def ptx_targets():
     """(name, python function, argument types) of every GEMM kernel (type × tile, both
-    precisions), for the sm_90 PTX check; their PTX must not use local memory (a micro-tile or
-    accumulator array spilled)."""
+    precisions) and of the x conversion, for the sm_90 PTX check; their PTX must not use local
+    memory (a micro-tile or accumulator array spilled)."""
+    yield "gemm x to fp16 fragments", gemm_mma.build_to_fp16_fragments(), (_matrix(np.float32), _matrix(np.uint32))
+    yield "gemm sum splits", gemm_mma.build_sum_splits(), (_matrix(np.float32, 3), _matrix(np.float32))
     for unit in UNITS.values():
         for tile in TILES:
-            yield f"gemm {unit.type.name} {tile.name}", _build_kernel(unit, tile), kernel_argtypes(unit)
+            yield f"gemm {unit.type.name} {tile.name}", _build_kernel(unit, tile), kernel_argtypes(unit, tile)

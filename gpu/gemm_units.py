@@ -1,20 +1,24 @@
 """Per-type loading and decoding of GGUF weights for the prompt-chunk GEMMs (gpu/gemm.py's float32
 kernel and gpu/gemm_mma.py's tensor-core kernel share them).
 
-A "unit" is 16 consecutive weights of one row, inside one K step of 32 columns (one Q8_0/Q4_0
+A "unit" is 16 consecutive weights of one row, half of a 32-column block (one Q8_0/Q4_0
 block, one K-quant sub-block): the unit of column `col` (a multiple of 16) is its half
-col // 16 % 2 of that step. Per type two device functions:
+col // 16 % 2 of that block. The float32 kernel decodes a row's two units of a K step into
+shared memory, the tensor-core kernel one unit per lane straight into its registers. Per type
+two device functions:
 
-* `load(w, w8, row, col, cols, raw, p)` issues the loads of unit p (columns col .. col+15 of
-  `row`) into raw[p, :] and nothing else: the kernels load the next step's words while they
-  multiply this one, and any arithmetic on a loaded value here would wait for DRAM on the spot;
+* `load(w, w8, col, cols, raw, p)` issues the loads of unit p (columns col .. col+15 of the
+  row whose views w, w8 are) into raw[p, :] and nothing else: the kernels load the next step's
+  words while they multiply this one, and any arithmetic on a loaded value here would wait for
+  DRAM on the spot. (Row views, made once per row, keep the row's address arithmetic out of
+  the kernels' loops.)
 * `store(raw, p, col, cols, ws, at, stride)` decodes them into ws[at + i·stride], i < 16, as
   float32 (unsigned indices: Numba adds a negative-index fix-up to every signed index). Columns
   past the row end (dense types only: their column count need not be a multiple of 32) load
   the last column, in bounds, and store zeros.
 
 Formulas: ../docs/MODEL_FORMAT.md §6 (the same as gpu/quants.py, another split of the work).
-`w` is the row-major weight viewed as the type's natural word (the matvec's choice, so the same
+`w` is a weight row viewed as the type's natural word (the matvec's choice, so the same
 alignment rules hold), `w8` the same bytes as uint8.
 """
 from __future__ import annotations
@@ -24,19 +28,189 @@ import pathlib
 from dataclasses import dataclass
 
 import numpy as np
-from numba import float32, uint32
+from numba import cuda, float32, uint32
 
 from hybrid import ggml_types as gt
 
-from .intrinsics import bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, small_uint_to_f32
+from .device import simulated
+from .intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma, shr_u32,
+                         small_uint_to_f32)
 from .matvec import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, kquant_scale_min, store4
+from .quants import int8_to_f32, store4
 
-BK = 32            # columns per K step: one 32-weight block or K-quant sub-block
+BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
 LOW16 = uint32(0xFFFF)
 SIXTEEN = uint32(16)
+
+
+# ---------------------------------------------------------------- bit tricks for the decoders
+# (gpu/intrinsics.py belongs to the matvec; these few serve only the GEMM units.)
+#
+# The K-quant decoders turn a small integer v into float32 without I2F (a quarter-rate
+# instruction): OR-ing it into the mantissa of 2^23 (MAGIC) gives exactly 2^23 + v, and one
+# subtraction gives v. A 4-bit field need not be shifted down first: at bit 8b (b < 3) the OR
+# gives 2^23 + v·2^(8b), still exact, and the decoder scales by scale·2^(-8b) instead, also
+# exact (a power of two), so the product and its rounding are those of scale·v. Masking and
+# OR-ing are one three-input LOP3 when both constants sit in registers: `and_or` forces that
+# (ptxas takes only one immediate per LOP3 and would otherwise split it in two).
+
+if not simulated():
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    def _lop3(lut: int):
+        @intrinsic
+        def lop3(typingctx, a, b, c):
+            if not all(isinstance(v, types.Integer) for v in (a, b, c)):
+                return None
+            sig = types.uint32(a, b, c)
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                values = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+                asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), f"lop3.b32 $0, $1, $2, $3, {lut:#04x};",
+                                   "=r,r,r,r")
+                return builder.call(asm, values)
+
+            return sig, codegen
+        return lop3
+
+    _and_or = _lop3(0xEA)             # (a & b) | c
+    _bit_select = _lop3(0xE4)         # (a & c) | (b & ~c)
+
+    @intrinsic
+    def _funnel_right(typingctx, lo, hi, n):
+        if not all(isinstance(v, types.Integer) for v in (lo, hi, n)):
+            return None
+        sig = types.uint32(lo, hi, n)
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            values = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, values)
+
+        return sig, codegen
+
+    def _aligned_words(count: int):
+        @intrinsic
+        def load(typingctx, array, col):
+            """The `count` aligned 4-byte words from the one holding byte &array[col] on (1-D
+            uint8 array, any alignment), and 8 · (that address % 4): loads only, so that the
+            shift waits for nothing."""
+            if not (isinstance(array, types.Array) and array.dtype == types.uint8 and array.ndim == 1):
+                return None
+            sig = types.UniTuple(types.uint32, count + 1)(array, col)
+
+            def codegen(context, builder, sig, args):
+                aryty, colty = sig.args
+                arystruct = context.make_array(aryty)(context, builder, value=args[0])
+                ptr = builder.gep(arystruct.data, [context.cast(builder, args[1], colty, types.intp)])
+                i32, i64 = ir.IntType(32), ir.IntType(64)
+                addr = builder.ptrtoint(ptr, i64)
+                first = builder.and_(addr, ir.Constant(i64, ~3))
+                # one asm block, so that the consecutive words use immediate offsets
+                text = "\n\t".join(f"ld.global.nc.u32 ${k}, [${count}+{4 * k}];" for k in range(count))
+                returned = ir.LiteralStructType([i32] * count) if count > 1 else i32   # (LLVM: no 1-tuples)
+                load = ir.InlineAsm(ir.FunctionType(returned, [i64]), text, ",".join(["=r"] * count + ["l"]))
+                loaded = builder.call(load, [first])
+                shift = builder.trunc(builder.shl(builder.and_(addr, ir.Constant(i64, 3)), ir.Constant(i64, 3)), i32)
+                words = [builder.extract_value(loaded, k) for k in range(count)] if count > 1 else [loaded]
+                return context.make_tuple(builder, sig.return_type, words + [shift])
+
+            return sig, codegen
+        return load
+
+    _five_words = _aligned_words(5)
+    _one_word = _aligned_words(1)
+
+    @intrinsic
+    def _ld_nc_v4_u32(typingctx, array, col):
+        """ld.global.nc.v4.u32 of array[col:col + 4] (a 1-D uint32 array)."""
+        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 1):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(array, col)
+
+        def codegen(context, builder, sig, args):
+            aryty, colty = sig.args
+            arystruct = context.make_array(aryty)(context, builder, value=args[0])
+            ptr = builder.gep(arystruct.data, [context.cast(builder, args[1], colty, types.intp)])
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type]),
+                               "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
+            words = builder.call(asm, [ptr])
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(words, k) for k in range(4)])
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def and_or(a, mask, bits):
+        """(a & mask) | bits in one LOP3."""
+        return _and_or(a, mask, bits)
+
+    @cuda.jit(device=True, inline=True)
+    def bit_select(a, b, mask):
+        """a's bits where mask is 1, b's where it is 0, in one LOP3."""
+        return _bit_select(a, b, mask)
+
+    @cuda.jit(device=True, inline=True)
+    def funnel_right(lo, hi, n):
+        """The low word of (hi:lo) >> n, n < 32: a word starting n bits into lo."""
+        return _funnel_right(lo, hi, n)
+
+    @cuda.jit(device=True, inline=True)
+    def load_five_words(array8, col):
+        """(w0..w4, shift): the five aligned words from the one holding byte array8[col] (1-D
+        uint8; the 20 bytes from there must be readable); funnel_right(w_k, w_k+1, shift) is
+        then word k of the 16 bytes at array8[col]."""
+        return _five_words(array8, col)
+
+    @cuda.jit(device=True, inline=True)
+    def load_word(array8, col):
+        """The 4 bytes at array8[col] (1-D uint8) as a little-endian word; 4-byte aligned."""
+        return _one_word(array8, col)[0]
+
+    @cuda.jit(device=True, inline=True)
+    def load_row_u32x4(array, col):
+        """array[col:col + 4] of a 1-D uint32 array in one load; 16-byte aligned."""
+        return _ld_nc_v4_u32(array, col)
+
+else:
+
+    def _u32(v):
+        return np.uint32(int(v) & 0xFFFFFFFF)
+
+    def and_or(a, mask, bits):
+        return _u32((int(a) & int(mask)) | int(bits))
+
+    def bit_select(a, b, mask):
+        return _u32((int(a) & int(mask)) | (int(b) & ~int(mask)))
+
+    def funnel_right(lo, hi, n):
+        return _u32(((int(hi) << 32) | int(lo)) >> int(n))
+
+    def load_five_words(array8, col):
+        # a row view: where its bytes sit in a word is where they sit in the whole array, whose
+        # start the real allocator aligns (and the simulator's need not: offsets count from it)
+        base = array8.base if array8.base is not None else array8
+        at = int(col) + (array8.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+        flat = base.reshape(-1)
+        first = at & ~3
+        words = [_u32(int.from_bytes(bytes(flat[first + 4 * k:first + 4 * k + 4]).ljust(4, b"\0"), "little"))
+                 for k in range(5)]
+        return (*words, np.uint32(8 * (at & 3)))
+
+    def load_word(array8, col):
+        words = load_five_words(array8, col)
+        assert words[5] == 0, "word load must be 4-byte aligned"
+        return words[0]
+
+    def load_row_u32x4(array, col):
+        assert col % 4 == 0, "vector load must be 16-byte aligned"
+        return array[col], array[col + 1], array[col + 2], array[col + 3]
 
 
 def _gemm_source_stamp() -> int:
@@ -69,11 +243,27 @@ class GemmUnit:
 
 # ---------------------------------------------------------------- F32 / F16 / BF16
 # Any column count: a unit past the row end loads the last column (in bounds) and stores zeros.
+# F32: raw[p, i] = the bits of weight i (16 words: on the 4-warp tensor-core tiles ptxas
+# spills a few of them, a path F32 weights take only when a caller names the tile, see
+# gpu.gemm.precision_for). F16 / BF16: raw[p, m] = weights 2m and 2m + 1 (low half first), one
+# aligned 4-byte load each when the rows hold an even number of columns (so every row starts
+# 4-byte aligned), else two 2-byte loads joined.
 
 @device_function
-def dense_load(w, w8, row, col, cols, raw, p):
+def dense_load(w, w8, col, cols, raw, p):
     for i in range(16):
-        raw[p, i] = uint32(w[row, min(col + i, cols - 1)])
+        raw[p, i] = uint32(w[min(col + i, cols - 1)])
+
+
+@device_function
+def dense16_load(w, w8, col, cols, raw, p):
+    if cols & 1 == 0:
+        for m in range(8):
+            raw[p, m] = load_word(w8, 2 * min(col + 2 * m, cols - 2))
+    else:
+        for m in range(8):
+            low = uint32(w[min(col + 2 * m, cols - 1)])
+            raw[p, m] = low | (uint32(w[min(col + 2 * m + 1, cols - 1)]) << SIXTEEN)
 
 
 @device_function
@@ -86,14 +276,16 @@ def f32_store(raw, p, col, cols, ws, at, stride):
 @device_function
 def f16_store(raw, p, col, cols, ws, at, stride):
     for i in range(16):
-        value = f16_bits_to_f32(raw[p, i])
+        value = f16_bits_to_f32(raw[p, i >> 1] >> uint32(16 * (i & 1)))
         ws[at + uint32(i) * stride] = value if col + i < cols else ZERO
 
 
 @device_function
 def bf16_store(raw, p, col, cols, ws, at, stride):
     for i in range(16):
-        value = bits_to_f32(raw[p, i] << SIXTEEN)      # bf16 is the top half of an f32
+        word = raw[p, i >> 1]
+        bits = word & uint32(0xFFFF0000) if i & 1 else word << SIXTEEN    # bf16 is the top half of an f32
+        value = bits_to_f32(bits)
         ws[at + uint32(i) * stride] = value if col + i < cols else ZERO
 
 
@@ -101,12 +293,12 @@ def bf16_store(raw, p, col, cols, ws, at, stride):
 # uint16 words: d at 17·blk, qs bytes 16h .. 16h+15 of half h at 17·blk + 1 + 8h ...
 
 @device_function
-def q8_0_load(w, w8, row, col, cols, raw, p):
+def q8_0_load(w, w8, col, cols, raw, p):
     base = (col >> 5) * 17
     half = (col >> 4) & 1
-    raw[p, 8] = uint32(w[row, base])
+    raw[p, 8] = uint32(w[base])
     for j in range(8):
-        raw[p, j] = uint32(w[row, base + 1 + 8 * half + j])
+        raw[p, j] = uint32(w[base + 1 + 8 * half + j])
 
 
 @device_function
@@ -122,11 +314,11 @@ def q8_0_store(raw, p, col, cols, ws, at, stride):
 # reads all 16 qs bytes (8 uint16 words) and takes nibble h.
 
 @device_function
-def q4_0_load(w, w8, row, col, cols, raw, p):
+def q4_0_load(w, w8, col, cols, raw, p):
     base = (col >> 5) * 9
-    raw[p, 8] = uint32(w[row, base])
+    raw[p, 8] = uint32(w[base])
     for j in range(8):
-        raw[p, j] = uint32(w[row, base + 1 + j])
+        raw[p, j] = uint32(w[base + 1 + j])
 
 
 @device_function
@@ -145,20 +337,36 @@ def q4_0_store(raw, p, col, cols, ws, at, stride):
 # raw[p, 0:4] = header (d | dmin << 16, scales[12]); raw[p, 4:8] = qs; Q5_K: raw[p, 8:12] = qh.
 
 @device_function
-def q4_k_load(w, w8, row, col, cols, raw, p):
+def q4_k_load(w, w8, col, cols, raw, p):
     word0 = (col >> 8) * 36                     # 144 bytes: header 16, qs 128
     half = (col >> 4) & 1
-    store4(raw, p, 0, load_u32x4(w, row, word0))
-    store4(raw, p, 4, load_u32x4(w, row, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
+    store4(raw, p, 0, load_row_u32x4(w, word0))
+    store4(raw, p, 4, load_row_u32x4(w, word0 + 4 + 8 * ((col >> 6) & 3) + 4 * half))
 
 
 @device_function
-def q5_k_load(w, w8, row, col, cols, raw, p):
+def q5_k_load(w, w8, col, cols, raw, p):
     word0 = (col >> 8) * 44                     # 176 bytes: header 16, qh 32, qs 128
     half = (col >> 4) & 1
-    store4(raw, p, 0, load_u32x4(w, row, word0))
-    store4(raw, p, 4, load_u32x4(w, row, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
-    store4(raw, p, 8, load_u32x4(w, row, word0 + 4 + 4 * half))
+    store4(raw, p, 0, load_row_u32x4(w, word0))
+    store4(raw, p, 4, load_row_u32x4(w, word0 + 12 + 8 * ((col >> 6) & 3) + 4 * half))
+    store4(raw, p, 8, load_row_u32x4(w, word0 + 4 + 4 * half))
+
+
+@device_function
+def kquant_scale_min(s0, s1, s2, j):
+    """get_scale_min_k4(j): 6-bit (scale, min) j of a Q4_K/Q5_K block, as float32, from the
+    12 scale bytes as three little-endian words. (gpu.quants has the same with a branch; here
+    both halves are computed and one selected, so that the decode stays one basic block the
+    compiler can interleave with the tensor-core products.)"""
+    shift = uint32(8 * (j & 3))
+    a = (s0 >> shift) & uint32(0xFF)  # scales[j % 4]
+    b = (s1 >> shift) & uint32(0xFF)  # scales[4 + j % 4]
+    c = (s2 >> shift) & uint32(0xFF)  # scales[8 + j % 4]
+    low = j < 4
+    sc = a & uint32(63) if low else (c & uint32(15)) | ((a >> uint32(6)) << uint32(4))
+    m = b & uint32(63) if low else (c >> uint32(4)) | ((b >> uint32(6)) << uint32(4))
+    return small_uint_to_f32(sc, ZERO), small_uint_to_f32(m, ZERO)
 
 
 @device_function
@@ -174,10 +382,22 @@ def kquant_factors(raw, p, j):
 def q4_k_store(raw, p, col, cols, ws, at, stride):
     j = (col >> 5) & 7
     scale, offset = kquant_factors(raw, p, j)
+    # the nibble at bit 8b of a word scales by scale·2^(-8b) (see and_or); byte 3 is shifted
+    # to bit 16 first
+    scale8 = scale * float32(2.0 ** -8)
+    scale16 = scale * float32(2.0 ** -16)
     shift = uint32(4 * (j & 1))
-    for i in range(16):
-        nib = (raw[p, 4 + (i >> 2)] >> (uint32(8 * (i & 3)) + shift)) & uint32(15)
-        ws[at + uint32(i) * stride] = fma(scale, small_uint_to_f32(nib, ZERO), -offset)
+    for k in range(4):
+        q = shr_u32(raw[p, 4 + k], shift)
+        top = shr_u32(q, uint32(8))
+        i = uint32(4 * k)
+        ws[at + i * stride] = fma(bits_to_f32(and_or(q, uint32(0xF), MAGIC)) - MAGIC_F, scale, -offset)
+        ws[at + (i + uint32(1)) * stride] = fma(bits_to_f32(and_or(q, uint32(0xF00), MAGIC)) - MAGIC_F,
+                                                 scale8, -offset)
+        ws[at + (i + uint32(2)) * stride] = fma(bits_to_f32(and_or(q, uint32(0xF0000), MAGIC)) - MAGIC_F,
+                                                 scale16, -offset)
+        ws[at + (i + uint32(3)) * stride] = fma(bits_to_f32(and_or(top, uint32(0xF0000), MAGIC)) - MAGIC_F,
+                                                 scale16, -offset)
 
 
 @device_function
@@ -196,46 +416,70 @@ def q5_k_store(raw, p, col, cols, ws, at, stride):
 # Weight e of a block: half = e // 128, group g = (e % 128) // 32, l = e % 32. Low 4 bits:
 # nibble g // 2 of ql[64·half + 32·(g % 2) + l]; high 2 bits: bits 2g of qh[32·half + l];
 # scale sc[8·half + l // 16 + 2g] (int8); d the fp16 at byte 208. A unit (16 consecutive l)
-# reads 16 ql and 16 qh bytes (8 uint16 words each), one scale byte and d.
-# raw[p, 0:8] = ql, raw[p, 8:16] = qh, raw[p, 16] = scale byte | d bits << 16.
+# reads 16 ql and 16 qh bytes, one scale byte and d. The 16-byte runs start 2-byte aligned:
+# five aligned words each (12 loads a unit, not 18 of 2 bytes), shifted into place on decode.
+# raw[p, 0:5] = ql words, raw[p, 5:10] = qh words, raw[p, 10] = scale byte, raw[p, 11] = d
+# bits, raw[p, 12] = the runs' shift (both start at the same place in a word).
 
 @device_function
-def q6_k_load(w, w8, row, col, cols, raw, p):
+def q6_k_load(w, w8, col, cols, raw, p):
     blk = col >> 8
     e = col & 255
     half = e >> 7
     g = (e >> 5) & 3
     l0 = e & 16
-    base = blk * 105                            # in uint16 words
-    ql = base + 32 * half + 16 * (g & 1) + (l0 >> 1)
-    qh = base + 64 + 16 * half + (l0 >> 1)
-    for j in range(8):
-        raw[p, j] = uint32(w[row, ql + j])
-        raw[p, 8 + j] = uint32(w[row, qh + j])
-    scale = uint32(w8[row, blk * 210 + 192 + 8 * half + (l0 >> 4) + 2 * g])
-    raw[p, 16] = scale | (uint32(w[row, base + 104]) << SIXTEEN)
+    base = blk * 210
+    q0, q1, q2, q3, q4, shift = load_five_words(w8, base + 64 * half + 32 * (g & 1) + l0)
+    h0, h1, h2, h3, h4, _ = load_five_words(w8, base + 128 + 32 * half + l0)
+    raw[p, 0] = q0
+    raw[p, 1] = q1
+    raw[p, 2] = q2
+    raw[p, 3] = q3
+    raw[p, 4] = q4
+    raw[p, 5] = h0
+    raw[p, 6] = h1
+    raw[p, 7] = h2
+    raw[p, 8] = h3
+    raw[p, 9] = h4
+    raw[p, 10] = uint32(w8[base + 192 + 8 * half + (l0 >> 4) + 2 * g])
+    raw[p, 11] = uint32(w[blk * 105 + 104])
+    raw[p, 12] = shift
 
 
 @device_function
 def q6_k_store(raw, p, col, cols, ws, at, stride):
     g = (col >> 5) & 3
-    factor = f16_bits_to_f32(raw[p, 16] >> SIXTEEN) * int8_to_f32(raw[p, 16] & uint32(0xFF))
+    factor = f16_bits_to_f32(raw[p, 11]) * int8_to_f32(raw[p, 10])
+    # the 6-bit value at bit 8b of a word is assembled in place and scales by factor·2^(-8b)
+    # (see and_or; the zero point 32 goes into the subtracted constant); byte 3 is shifted to
+    # bit 16 first
+    factor8 = factor * float32(2.0 ** -8)
+    factor16 = factor * float32(2.0 ** -16)
     low_shift = uint32(4 * (g >> 1))
     high_shift = uint32(2 * g)
-    for i in range(16):
-        byte_shift = uint32(8 * (i & 1))
-        low = (raw[p, i >> 1] >> (byte_shift + low_shift)) & uint32(15)
-        high = (raw[p, 8 + (i >> 1)] >> (byte_shift + high_shift)) & uint32(3)
-        ws[at + uint32(i) * stride] = factor * small_uint_to_f32(low | (high << uint32(4)), float32(32.0))
+    shift = raw[p, 12]
+    for k in range(4):
+        low = shr_u32(funnel_right(raw[p, k], raw[p, k + 1], shift), low_shift)
+        high = shr_u32(funnel_right(raw[p, 5 + k], raw[p, 6 + k], shift), high_shift)
+        v = bit_select(low, high << uint32(4), uint32(0x0F0F0F0F))     # bits 0-5 of each byte
+        top = shr_u32(v, uint32(8))
+        i = uint32(4 * k)
+        ws[at + i * stride] = (bits_to_f32(and_or(v, uint32(0x3F), MAGIC)) - (MAGIC_F + float32(32.0))) * factor
+        ws[at + (i + uint32(1)) * stride] = (bits_to_f32(and_or(v, uint32(0x3F00), MAGIC))
+                                             - (MAGIC_F + float32(32.0 * 2 ** 8))) * factor8
+        ws[at + (i + uint32(2)) * stride] = (bits_to_f32(and_or(v, uint32(0x3F0000), MAGIC))
+                                             - (MAGIC_F + float32(32.0 * 2 ** 16))) * factor16
+        ws[at + (i + uint32(3)) * stride] = (bits_to_f32(and_or(top, uint32(0x3F0000), MAGIC))
+                                             - (MAGIC_F + float32(32.0 * 2 ** 16))) * factor16
 
 
 UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.F32, 16, dense_load, f32_store),
-    GemmUnit(gt.F16, 16, dense_load, f16_store),
-    GemmUnit(gt.BF16, 16, dense_load, bf16_store),
+    GemmUnit(gt.F16, 8, dense16_load, f16_store),
+    GemmUnit(gt.BF16, 8, dense16_load, bf16_store),
     GemmUnit(gt.Q8_0, 9, q8_0_load, q8_0_store),
     GemmUnit(gt.Q4_0, 9, q4_0_load, q4_0_store),
     GemmUnit(gt.Q4_K, 8, q4_k_load, q4_k_store),
     GemmUnit(gt.Q5_K, 12, q5_k_load, q5_k_store),
-    GemmUnit(gt.Q6_K, 17, q6_k_load, q6_k_store),
+    GemmUnit(gt.Q6_K, 13, q6_k_load, q6_k_store),
 )}

@@ -30,10 +30,10 @@ REAL_GPU = available() and not simulated()
 ROWS = 389 if REAL_GPU else 13
 N = 300 if REAL_GPU else 11
 # fp32 (4, 4, 1, 2): 16 threads for 8 weight units; (2, 2, 4, 2): 4 threads for 16 units.
-# fp16 (2, 1, 1, 1): two warps along the rows; (1, 2, 1, 1): two along the tokens, half the
-# threads without a weight unit.
+# fp16 (2, 1, 1): two warps along the rows, each copying half a block of x; (1, 2, 2): two row
+# blocks and two token blocks per warp, two x copies per thread.
 EXTRA_TILES = () if REAL_GPU else (Tile(4, 4, 1, 2, 1.0), Tile(2, 2, 4, 2, 1.0),
-                                   MmaTile(2, 1, 1, 1, 1.0), MmaTile(1, 2, 1, 1, 1.0))
+                                   MmaTile(2, 1, 1, 1, 1.0), MmaTile(1, 2, 2, 1, 1.0))
 PRECISIONS = ("fp32", "fp16")
 
 FP16_UNIT = 2.0 ** -11        # relative rounding error of fp16 (11 significant bits)
@@ -110,6 +110,21 @@ def test_matches_reference_and_rows_keep_their_bits(name, precision):
     # a row's bits do not depend on the call's other rows or on its place in a token tile
     part = run(t, w_dev, x[3:8], ROWS, tile=tile_of(precision, ROWS, 5))
     assert np.array_equal(bits(part), bits(got[3:8]))
+
+
+@pytest.mark.parametrize("name", ["F16", "BF16"])
+def test_half_types_with_an_odd_column_count(name):
+    """F16 / BF16 units load weight pairs as aligned words when the rows hold an even number of
+    columns; an odd count (rows alternately 2 bytes off) takes the 2-byte loads instead."""
+    t = gt.by_name(name)
+    rng = np.random.default_rng(19)
+    rows, n, cols = 11, GEMM_MIN_ROWS, 37
+    w_bytes = random_weights(t, rows, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    want, magnitude = reference(t, w_bytes, x)
+    for precision in PRECISIONS:
+        check(t, precision, run(t, w_dev, x, rows, tile=tile_of(precision, rows, n)), want, magnitude, w_bytes, x)
 
 
 def test_each_type_gets_its_precision_by_default():
@@ -202,16 +217,51 @@ def test_fp16_range_caveat_overflow_is_not_hidden():
 
 def test_tile_choice_takes_big_tiles_for_big_calls_and_small_ones_to_fill_the_sms(monkeypatch):
     import gpu.gemm
-    big, medium, small = Tile(16, 16, 8, 8, 1.0), Tile(16, 16, 8, 4, 0.85), Tile(16, 16, 4, 4, 0.7)
-    mma_big, mma_half = MmaTile(2, 4, 4, 4, 1.0), MmaTile(2, 2, 4, 4, 0.9)
-    monkeypatch.setattr(gpu.gemm, "TILES", (big, medium, small, mma_big, mma_half))
+    big, medium, small = Tile(16, 16, 8, 8, 1.0, 1), Tile(16, 16, 8, 4, 0.85, 2), Tile(16, 16, 4, 4, 0.7, 2)
+    mma_big, mma_quarter = MmaTile(8, 2, 8, 1, 1.0), MmaTile(4, 2, 4, 3, 0.6)
+    mma_half = MmaTile(4, 2, 8, 3, 1.0)          # the big tile's warps, 4 to a block, 3 blocks per SM
+    monkeypatch.setattr(gpu.gemm, "TILES", (big, medium, small, mma_big, mma_half, mma_quarter))
     monkeypatch.setattr(gpu.gemm, "_sm_count", lambda: 132)
     assert choose_tile(17408, 2048, "fp32") == big     # thousands of blocks either way: least work per FMA
     assert choose_tile(5120, 64, "fp32") == small      # 40 big blocks would leave 92 SMs idle
-    assert choose_tile(17408, 2048) == mma_big         # fp16 by default
-    assert choose_tile(17408, 256) == mma_half         # 272 blocks of 128 x 128: a third wave for 8 SMs
+    # fp16 by default. 272 blocks of 128 x 128 at one per SM: 3 rounds for 2.06 SMs' worth; 544
+    # half blocks at 3 per SM: 5 blocks' time for 4.12
+    assert choose_tile(17408, 256) == mma_half
+    # 40 blocks of 128 x 128 leave 92 SMs idle; 320 quarter tiles fill them at 1.7x the work each
+    assert choose_tile(5120, 64) == mma_quarter
+    # A split K doubles the blocks: for the long rows of a down projection the half tiles fill
+    # all SMs three deep where one split leaves them at two or fewer
+    assert gpu.gemm.estimated_time(mma_half, 5120, 256, splits=2) < gpu.gemm.estimated_time(mma_half, 5120, 256)
+    assert choose_tile(5120, 256, cols=17408) == mma_half
     with pytest.raises(HybridError, match="no 'bf16' tiles"):
         choose_tile(64, 64, "bf16")
+
+
+def test_split_k_rows_keep_their_bits_and_match_the_reference(monkeypatch):
+    """K split in parts whose partial sums add in split order (gpu.gemm_mma.k_splits, forced
+    here for short rows; three uneven parts of a Q4_K row's 4 K steps on the simulator): the
+    tensor-core GEMM's result is still within its bound, and a row's bits still do not depend
+    on n or the tile."""
+    from gpu import gemm_mma
+    t = gt.Q4_K
+    rng = np.random.default_rng(17)
+    cols = n_cols(t, "fp16")
+    steps = -(-cols // gemm_mma.BK)
+    monkeypatch.setattr(gemm_mma, "SPLIT_MIN_STEPS", 2)
+    monkeypatch.setattr(gemm_mma, "SPLITS", 3)
+    assert gemm_mma.k_splits(cols) == min(3, steps) > 1
+    w_bytes = random_weights(t, ROWS, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    x = rng.standard_normal((N, cols)).astype(np.float32)
+    want, magnitude = reference(t, w_bytes, x)
+    tiles = [tile for tile in TILES + EXTRA_TILES if tile.precision == "fp16"]
+    got = run(t, w_dev, x, ROWS, tile=tiles[0])
+    check(t, "fp16", got, want, magnitude, w_bytes, x)
+    assert np.array_equal(bits(run(t, w_dev, x, ROWS, tile=tiles[-1])), bits(got))
+    assert np.array_equal(bits(run(t, w_dev, x[3:8], ROWS, tile=tiles[-2])), bits(got[3:8]))
+    monkeypatch.setattr(gemm_mma, "SPLIT_MIN_STEPS", 10 ** 9)
+    assert not np.array_equal(bits(run(t, w_dev, x, ROWS, tile=tiles[0])), bits(got)), \
+        "one chain and three partial sums should round differently somewhere"
 
 
 def test_rejects_bad_input_with_a_clear_error():

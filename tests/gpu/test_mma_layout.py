@@ -1,27 +1,31 @@
 """The tensor-core GEMM's fragment bookkeeping, in numpy, no GPU needed.
 
 gpu/mma_layout.py transcribes the PTX ISA's fragment layout of mma.m16n8k16 (which lane holds
-which element of A, B, C/D); gpu/gemm_mma.py's addressing functions say where the kernel stores
-weights and x in shared memory and which words a lane loads as its registers. Here:
+which element of A, B, C/D); gpu/gemm_mma.py's addressing functions say in which order x is
+converted (`fragment_source`), where each lane's A registers sit in shared memory
+(`fragment_slot`), which weights a lane decodes as its B registers (`unit_row`,
+`unit_column`) and where its accumulators go (`accumulator_position`). Here:
 
 * the transcription is a layout at all: every element held by exactly one (lane, slot), and
   one modelled instruction computes A·B + C;
-* the kernel's addresses give each lane exactly the registers the ISA layout asks for, for
-  every warp, row block, token block and k16 step of a real 128 × 128 tile, and a numpy model of
-  a whole block (the kernel's walk over warps, blocks and steps, its output placement)
-  reproduces a plain matmul: a layout mistake in the kernel fails here, on any machine;
-* the padding and slot mappings keep shared-memory accesses free of bank conflicts.
+* the kernel's A registers (x) and B registers (weights) of every k16 step hold the same
+  physical column for each k, and the four steps of a K step cover its 64 columns once: the
+  permuted k order is still x · Wᵀ;
+* a numpy model of a whole block (the kernel's copies, walk over warps, blocks and steps, its
+  output placement) reproduces a plain matmul for every tile shape: a layout mistake in the
+  kernel fails here, on any machine;
+* the swizzled shared layout keeps the 16-byte fragment loads free of bank conflicts.
 """
 import numpy as np
 import pytest
 
 from gpu import gemm_mma
 from gpu import mma_layout as L
-from gpu.gemm_mma import STRIDE, MmaTile
+from gpu.gemm_mma import BK, BLOCK_WORDS, CHUNKS, MmaTile
 
 BANKS = 32
-REAL_TILE = MmaTile(2, 4, 4, 4, 1.0)      # the 128 × 128 tile gpu.gemm runs on the GPU
-TILES = [REAL_TILE, MmaTile(2, 2, 4, 4, 1.0), MmaTile(1, 1, 1, 2, 1.0), MmaTile(2, 1, 1, 1, 1.0)]
+TILES = [MmaTile(8, 2, 8, 1, 1.0), MmaTile(4, 2, 8, 3, 1.0), MmaTile(8, 1, 8, 2, 1.0), MmaTile(4, 2, 4, 3, 1.0),
+         MmaTile(1, 1, 1, 1, 1.0), MmaTile(2, 1, 1, 1, 1.0), MmaTile(1, 2, 2, 1, 1.0)]
 
 
 def py(device_function):
@@ -29,9 +33,10 @@ def py(device_function):
     return getattr(device_function, "py_func", device_function)
 
 
-lane_offset, a_fragment, b_fragment = py(gemm_mma.lane_offset), py(gemm_mma.a_fragment), py(gemm_mma.b_fragment)
-accumulator_position, unit_offset = py(gemm_mma.accumulator_position), py(gemm_mma.unit_offset)
-x_pair_slot = py(gemm_mma.x_pair_slot)
+fragment_source, fragment_slot = py(gemm_mma.fragment_source), py(gemm_mma.fragment_slot)
+unit_row, unit_column, accumulator_position = py(gemm_mma.unit_row), py(gemm_mma.unit_column), \
+    py(gemm_mma.accumulator_position)
+u32 = np.uint32
 
 
 def fp16_values(rng, shape) -> np.ndarray:
@@ -68,103 +73,132 @@ def test_pair_packing_puts_the_lower_k_in_the_low_half():
     assert word == 0xC0003C00          # fp16 bits: 1.0 = 0x3C00, -2.0 = 0xC000
 
 
-def stage_tiles(tile: MmaTile, w: np.ndarray, x: np.ndarray):
-    """Flat uint32 shared tiles as the kernel's `stage` writes them (one buffer each)."""
-    bm, bn = tile.block_rows, tile.block_tokens
-    ws = np.full(bm * STRIDE, 0xFFFFFFFF, np.uint32)      # padding and unwritten words: NaN pairs
-    xs = np.full(bn * STRIDE, 0xFFFFFFFF, np.uint32)
-    for u in range(2 * bm):                                # weight unit u: row u % BM, half u // BM
-        row, half = u % bm, u // bm
-        at = int(unit_offset(np.uint32(row), np.uint32(half)))
-        vals = w[row, 16 * half:16 * half + 16]
-        ws[at:at + 8] = L.pack_halves(vals[0::2], vals[1::2])
-    slots = set()
-    for idx in range(16 * bn):
-        token, pair = (int(v) for v in x_pair_slot(np.uint32(idx)))
-        slots.add((token, pair))
-        xs[token * STRIDE + pair] = L.pack_halves(x[token, 2 * pair], x[token, 2 * pair + 1])
-    assert slots == {(t, p) for t in range(bn) for p in range(16)}, "x pairs: each staged exactly once"
-    return ws, xs
+def test_fragment_order_holds_every_x_word_once():
+    held = np.zeros((16, BK // 2), int)
+    for e in range(BLOCK_WORDS):
+        token, word = (int(v) for v in fragment_source(u32(e)))
+        held[token, word] += 1
+    assert np.all(held == 1)
 
 
-def warp_origins(tile: MmaTile, warp: int) -> tuple[int, int]:
-    """(first weight row, first token) of a warp's sub-tile, as the kernel computes them."""
-    return (warp % tile.warps_rows) * 16 * tile.row_blocks, (warp // tile.warps_rows) * 8 * tile.token_blocks
+def fragment_row(x: np.ndarray) -> np.ndarray:
+    """One x16 row (16 tokens × one K step) as gpu.gemm_mma.to_fp16_fragments writes it."""
+    row = np.zeros(BLOCK_WORDS, np.uint32)
+    for e in range(BLOCK_WORDS):
+        token, word = (int(v) for v in fragment_source(u32(e)))
+        row[e] = L.pack_halves(x[token, 2 * word], x[token, 2 * word + 1])
+    return row
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-def test_kernel_fragments_are_the_isa_registers(tile):
-    rng = np.random.default_rng(1)
-    w, x = fp16_values(rng, (tile.block_rows, 32)), fp16_values(rng, (tile.block_tokens, 32))
-    ws, xs = stage_tiles(tile, w, x)
-    for warp in range(tile.threads // 32):
-        m0, n0 = warp_origins(tile, warp)
-        for s in range(2):
-            for i in range(tile.row_blocks):
-                want = L.scatter_a(w[m0 + 16 * i:m0 + 16 * i + 16, 16 * s:16 * s + 16])
-                got = [a_fragment(ws, np.uint32(m0 * STRIDE + lane_offset(np.uint32(lane)) + 16 * STRIDE * i + 8 * s))
-                       for lane in range(32)]
-                assert np.array_equal(np.array(got, np.uint32), want), (warp, s, i)
-            for j in range(tile.token_blocks):
-                want = L.scatter_b(x[n0 + 8 * j:n0 + 8 * j + 8, 16 * s:16 * s + 16].T)
-                got = [b_fragment(xs, np.uint32(n0 * STRIDE + lane_offset(np.uint32(lane)) + 8 * STRIDE * j + 8 * s))
-                       for lane in range(32)]
-                assert np.array_equal(np.array(got, np.uint32), want), (warp, s, j)
+def stage(row: np.ndarray) -> np.ndarray:
+    """The shared tile of one 16-token block after the kernel's copies: copy number c (chunk c
+    of the block) goes from word 4c to `fragment_slot` of lane c / 4, step c % 4."""
+    tile = np.full(BLOCK_WORDS, 0xFFFFFFFF, np.uint32)      # unwritten words: NaN pairs
+    for c in range(CHUNKS):
+        at = int(fragment_slot(u32(c >> 2), u32(c & 3)))
+        assert np.all(tile[at:at + 4] == 0xFFFFFFFF), "a shared slot written twice"
+        tile[at:at + 4] = row[4 * c:4 * c + 4]
+    return tile
 
 
-@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
-def test_block_model_reproduces_a_matmul(tile):
-    """The kernel's walk for two K steps: staging, fragments, modelled mma, output placement."""
-    rng = np.random.default_rng(2)
-    bm, bn = tile.block_rows, tile.block_tokens
-    w, x = fp16_values(rng, (bm, 64)), fp16_values(rng, (bn, 64))
-    acc = np.zeros((tile.threads // 32, tile.row_blocks, tile.token_blocks, 32, 4), np.float32)
-    for k in (0, 32):
-        ws, xs = stage_tiles(tile, w[:, k:k + 32], x[:, k:k + 32])
-        for warp in range(tile.threads // 32):
-            m0, n0 = warp_origins(tile, warp)
-            lanes = [lane_offset(np.uint32(lane)) for lane in range(32)]
-            for s in range(2):
-                for i in range(tile.row_blocks):
-                    a = np.array([a_fragment(ws, np.uint32(m0 * STRIDE + o + 16 * STRIDE * i + 8 * s)) for o in lanes])
-                    for j in range(tile.token_blocks):
-                        b = np.array([b_fragment(xs, np.uint32(n0 * STRIDE + o + 8 * STRIDE * j + 8 * s)) for o in lanes])
-                        acc[warp, i, j] = L.warp_mma(a.astype(np.uint32), b.astype(np.uint32), acc[warp, i, j])
-    out = np.full((bn, bm), np.nan, np.float32)            # (tokens, rows), like the kernel's `out`
-    for warp in range(tile.threads // 32):
-        m0, n0 = warp_origins(tile, warp)
-        for i in range(tile.row_blocks):
-            for j in range(tile.token_blocks):
+def a_registers(tile: np.ndarray, s: int) -> np.ndarray:
+    """(32, 4) A registers of k16 step s, loaded as the kernel's multiply does."""
+    return np.array([tile[int(fragment_slot(u32(lane), u32(s))):][:4] for lane in range(32)], np.uint32)
+
+
+def unit_words(w: np.ndarray, lane: int) -> np.ndarray:
+    """The eight B words a lane decodes from the weights w (8 rows × 64 columns of a K step)."""
+    r, c = int(unit_row(u32(lane))), int(unit_column(u32(lane)))
+    vals = w[r, c:c + 16]
+    return L.pack_halves(vals[0::2], vals[1::2])
+
+
+def b_registers(w: np.ndarray, s: int) -> np.ndarray:
+    """(32, 2) B registers of k16 step s: pair slots q of the lane's words 2s + q."""
+    return np.array([unit_words(w, lane)[2 * s:2 * s + 2] for lane in range(32)], np.uint32)
+
+
+def test_a_and_b_registers_hold_the_same_column_for_every_k():
+    # Tag every column: x[token, col] = col, w[row, col] = col (exact in fp16). In each k16
+    # step, A's column k and B's row k must then name the same column, and the 4 steps × 16 k
+    # must name each of the K step's 64 columns once.
+    x = np.tile(np.arange(BK, dtype=np.float32), (16, 1))
+    w = np.tile(np.arange(BK, dtype=np.float32), (8, 1))
+    tile = stage(fragment_row(x))
+    seen = []
+    for s in range(4):
+        a = L.gather_a(a_registers(tile, s))            # 16 tokens × 16 k
+        b = L.gather_b(b_registers(w, s))               # 16 k × 8 rows
+        assert np.all(a == a[:1]) and np.all(b == b[:, :1]), "a k mixes columns across tokens or rows"
+        assert np.array_equal(a[0], b[:, 0])
+        seen += list(a[0])
+    assert sorted(seen) == list(range(BK))
+
+
+def block_model(tile: MmaTile, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The kernel's walk for one block over w (BM × K) and x (BN × K), modelled instruction by
+    instruction: x converted and copied per K step, each warp's units as B registers, the
+    fragments, the mma chain and the output placement. Returns out (BN × BM)."""
+    bm, bn, mt, nb = tile.block_rows, tile.block_tokens, tile.token_blocks, tile.row_blocks
+    acc = np.zeros((tile.warps, mt, nb, 32, 4), np.float32)
+    for k in range(0, w.shape[1], BK):
+        tiles = [stage(fragment_row(x[16 * i:16 * i + 16, k:k + BK])) for i in range(mt)]
+        for warp in range(tile.warps):
+            for s in range(4):
+                for i in range(mt):
+                    a = a_registers(tiles[i], s)
+                    for j in range(nb):
+                        r0 = warp * 8 * nb + 8 * j
+                        b = b_registers(w[r0:r0 + 8, k:k + BK], s)
+                        acc[warp, i, j] = L.warp_mma(a, b, acc[warp, i, j])
+    out = np.full((bn, bm), np.nan, np.float32)
+    for warp in range(tile.warps):
+        for i in range(mt):
+            for j in range(nb):
                 for lane in range(32):
                     for c in range(4):
-                        dr, dt = (int(v) for v in accumulator_position(np.uint32(lane), np.uint32(c)))
-                        assert np.isnan(out[n0 + 8 * j + dt, m0 + 16 * i + dr]), "an output written twice"
-                        out[n0 + 8 * j + dt, m0 + 16 * i + dr] = acc[warp, i, j, lane, c]
+                        dt, dr = (int(v) for v in accumulator_position(u32(lane), u32(c)))
+                        t, r = 16 * i + dt, warp * 8 * nb + 8 * j + dr
+                        assert np.isnan(out[t, r]), "an output written twice"
+                        out[t, r] = acc[warp, i, j, lane, c]
+    return out
+
+
+@pytest.mark.parametrize("tile", TILES[4:] + TILES[:1], ids=lambda t: t.name)
+def test_block_model_reproduces_a_matmul(tile):
+    rng = np.random.default_rng(2)
+    w, x = fp16_values(rng, (tile.block_rows, 2 * BK)), fp16_values(rng, (tile.block_tokens, 2 * BK))
+    out = block_model(tile, w, x)
     want = x.astype(np.float64) @ w.astype(np.float64).T
     assert np.allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tile", TILES, ids=lambda t: t.name)
+def test_tile_shapes_split_the_copies_evenly(tile):
+    assert (CHUNKS * tile.token_blocks) % tile.threads == 0
+    assert tile.threads % 32 == 0 and tile.launch_bounds == (tile.threads, tile.blocks_per_sm)
 
 
 def banks(words) -> np.ndarray:
     return np.asarray(words, np.int64) % BANKS
 
 
-def test_fragment_loads_hit_32_different_banks():
-    offsets = [int(lane_offset(np.uint32(lane))) for lane in range(32)]
-    for extra in (0, 4, 8 * STRIDE, 8 * STRIDE + 4):          # the four A registers (B: the first two)
-        assert len(set(banks(np.add(offsets, extra)))) == 32
+def test_fragment_loads_do_not_conflict():
+    # 16-byte loads are served a quarter warp (8 lanes) at a time: its lanes must touch 8
+    # different 4-bank groups, in every step
+    for s in range(4):
+        for quarter in range(4):
+            groups = {int(fragment_slot(u32(lane), u32(s))) // 4 % 8 for lane in range(8 * quarter, 8 * quarter + 8)}
+            assert len(groups) == 8, (s, quarter)
 
 
-def test_staging_stores_do_not_conflict():
-    # x: one 32-bit store per lane, a warp's 32 consecutive pair numbers
-    for first in range(0, 16 * 128, 32):
-        words = []
-        for lane in range(32):
-            token, pair = (int(v) for v in x_pair_slot(np.uint32(first + lane)))
-            words.append(token * STRIDE + pair)
-        assert len(set(banks(words))) == 32
-    # weights: 16-byte stores, served a quarter-warp (8 lanes, consecutive rows) at a time; the 8
-    # lanes must touch 8 different 4-bank groups
-    for half in (0, 1):
-        for first_row in range(0, 128, 8):
-            groups = {int(unit_offset(np.uint32(r), np.uint32(half))) // 4 % 8 for r in range(first_row, first_row + 8)}
-            assert len(groups) == 8
+def test_copy_offsets_are_linear_in_the_copy_number():
+    # gpu.gemm_mma.copy_x adds 4·p·THREADS to both offsets of a thread's first copy: true when
+    # the swizzle only depends on bits of c that a multiple of 32 leaves alone
+    for threads in (32, 64, 128, 256):
+        for tid in range(threads):
+            first = int(fragment_slot(u32((tid % CHUNKS) >> 2), u32(tid & 3))) + BLOCK_WORDS * (tid // CHUNKS)
+            for p in range(1, 4):
+                c = tid + p * threads
+                want = int(fragment_slot(u32((c % CHUNKS) >> 2), u32(c & 3))) + BLOCK_WORDS * (c // CHUNKS)
+                assert want == first + 4 * p * threads
