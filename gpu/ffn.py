@@ -142,18 +142,38 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
 
 def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
-    one hand-off for routing and all routed experts, the shared expert on the device."""
-    n = x.shape[0]
+    one hand-off for routing and all routed experts; the shared expert on the device, computed
+    while the host runs the routed ones (it only needs x), added once their sum is back."""
+    n, D = x.shape
+    shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
+    meanwhile = None
+    if ffn.shared is not None:
+        meanwhile = lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)    # noqa: E731
+        if not all(memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate)):
+            meanwhile()     # a part left in host memory (-ot) needs a hand-off of its own: not during this one
+            meanwhile = None
     if memory.is_device(ffn.router.data):
         logits = memory.scratch("moe_logits", (n, ffn.router.rows))
         matvec(ffn.router.wtype, ffn.router.data, x, logits)
         # runs at a graph's replay too: it may only use its arguments, ffn's host weights and stats
         memory.host_call((x, logits), (out,),
-                         lambda x_host, logits_host, out_host: routed_ffn(ffn, x_host, logits_host, out_host, stats))
+                         lambda x_host, logits_host, out_host: routed_ffn(ffn, x_host, logits_host, out_host, stats),
+                         meanwhile)
     else:    # the router left in host memory (an -ot rule): its product joins the same hand-off
         memory.host_call((x,), (out,),
-                         lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats))
-    add_shared_expert(ffn, x, out, matvec, swiglu)
+                         lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
+                         meanwhile)
+    if ffn.shared is not None:
+        _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+
+
+def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:
+    """shared (n, D) = SharedFFN(x) and gate_logit (n, 1) = w_sh · x, on the device."""
+    sh = ffn.shared
+    h = memory.scratch("moe_shared_h", (x.shape[0], sh.gate.rows))
+    swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
+    matvec(sh.down.wtype, sh.down.data, h, shared)
+    matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
 
 
 def add_shared_expert(ffn, x, out, matvec, swiglu) -> None:
@@ -161,11 +181,6 @@ def add_shared_expert(ffn, x, out, matvec, swiglu) -> None:
     if ffn.shared is None:
         return
     n, D = x.shape
-    sh = ffn.shared
-    h = memory.scratch("moe_shared_h", (n, sh.gate.rows))
-    swiglu(sh.gate.wtype, sh.gate.data, sh.up.wtype, sh.up.data, x, h)
-    shared = memory.scratch("moe_shared", (n, D))
-    matvec(sh.down.wtype, sh.down.data, h, shared)
-    gate_logit = memory.scratch("moe_shared_gate", (n, 1))
-    matvec(ffn.shared_gate.wtype, ffn.shared_gate.data, x, gate_logit)
+    shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
+    shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)
     _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)

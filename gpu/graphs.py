@@ -12,7 +12,10 @@ device. The CPU FFN hand-off (`memory.host_call`) cannot be inside a graph: the 
 for the rows, run the CPU kernel and send its result back. A step is therefore a list of
 segments: graph, host call, graph, host call, ..., graph. The host call's copies are part
 of the graphs (the D2H at the end of one segment, the H2D at the start of the next) through
-pinned buffers that are never reallocated, so their addresses stay valid.
+pinned buffers that are never reallocated, so their addresses stay valid. A host call's
+`meanwhile` work is a graph of its own, launched after the segment's and before the host
+waits: the host waits for an event recorded between the two, so that graph runs on the GPU
+while the host call runs on the CPU.
 
 Recording does not run anything: launches and copies are only captured, host calls only
 remembered, then the step is replayed. An op that cannot be captured (one that reads device
@@ -24,6 +27,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
@@ -47,22 +51,37 @@ def _check(result):
     return values[0] if len(values) == 1 else values
 
 
+def launch(graph_exec) -> None:
+    """Queue an executable graph on the stream."""
+    from cuda.bindings import driver as cu
+    _check(cu.cuGraphLaunch(graph_exec, memory.stream().handle))
+
+
+class Segment(NamedTuple):
+    graph: object                                  # executable graph, ending with a host call's input copies
+    meanwhile: object | None = None                # executable graph the GPU runs during the host call
+    host_call: Callable[[], None] | None = None    # None: the step's last segment
+
+
 class StepGraph:
-    """A captured step: segments (executable graph, host call or None), run in order."""
+    """A captured step: segments, run in order."""
 
     def __init__(self):
-        self.segments: list[tuple[object, Callable[[], None] | None]] = []
+        self.segments: list[Segment] = []
 
     def replay(self, seconds: dict[str, float]) -> None:
         """Run the step; adds to seconds["gpu"] the time the host waited for the graphs (GPU
         work and the hand-off copies) and to seconds["cpu"] the host calls' time."""
-        from cuda.bindings import driver as cu
-        handle = memory.stream().handle
         t0 = time.perf_counter()
-        for graph_exec, host_call in self.segments:
-            _check(cu.cuGraphLaunch(graph_exec, handle))
+        for graph_exec, meanwhile, host_call in self.segments:
+            launch(graph_exec)
             if host_call is not None:
-                memory.synchronize()
+                if meanwhile is None:
+                    memory.synchronize()
+                else:
+                    copied = memory.mark()
+                    launch(meanwhile)
+                    memory.wait_for(copied)
                 t1 = time.perf_counter()
                 host_call()
                 t2 = time.perf_counter()
@@ -74,8 +93,10 @@ class StepGraph:
 
     def close(self) -> None:
         from cuda.bindings import driver as cu
-        for graph_exec, _ in self.segments:
-            cu.cuGraphExecDestroy(graph_exec)
+        for graph_exec, meanwhile, _ in self.segments:
+            for g in (graph_exec, meanwhile):
+                if g is not None:
+                    cu.cuGraphExecDestroy(g)
         self.segments.clear()
 
 
@@ -90,14 +111,14 @@ class _Recorder:
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         _check(cu.cuStreamBeginCapture(memory.stream().handle, mode))
 
-    def end(self, host_call) -> None:
+    def end(self):
+        """End the capture: its executable graph."""
         from cuda.bindings import driver as cu
         graph = _check(cu.cuStreamEndCapture(memory.stream().handle))
         try:
-            graph_exec = _check(cu.cuGraphInstantiate(graph, 0))
+            return _check(cu.cuGraphInstantiate(graph, 0))
         finally:
             cu.cuGraphDestroy(graph)
-        self.step.segments.append((graph_exec, host_call))
 
     def abort(self) -> None:
         """End a capture that failed; whatever it recorded is dropped."""
@@ -109,13 +130,17 @@ class _Recorder:
                 cu.cuGraphDestroy(result[1])
         self.step.close()
 
-    def host_call(self, inputs, outputs, fn) -> None:
+    def host_call(self, inputs, outputs, fn, meanwhile=None) -> None:
         stream = memory.stream()
         host_in = [self._pinned("in", i, a) for i, a in enumerate(inputs)]
         host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
         for dev, host in zip(inputs, host_in):
             dev.copy_to_host(host, stream=stream)
-        self.end(lambda: fn(*host_in, *host_out))
+        self.step.segments.append(Segment(self.end(), None, lambda: fn(*host_in, *host_out)))
+        if meanwhile is not None:       # (added to the segment once captured: abort frees the rest)
+            self.begin()
+            meanwhile()
+            self.step.segments[-1] = self.step.segments[-1]._replace(meanwhile=self.end())
         self.begin()
         for dev, host in zip(outputs, host_out):
             dev.copy_to_device(host, stream=stream)
@@ -151,7 +176,7 @@ def capture(body: Callable[[], None]) -> StepGraph:
         with cuda.defer_cleanup():           # no frees while the stream is being captured
             rec.begin()
             body()
-            rec.end(None)
+            rec.step.segments.append(Segment(rec.end()))
     except Exception as e:       # any failure inside a capture: nothing ran, so stay eager
         rec.abort()
         raise e if isinstance(e, NotCapturable) else NotCapturable(str(e)) from e

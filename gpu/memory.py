@@ -4,10 +4,11 @@
   strides), `fill_zero`, `is_device`.
 * Scratch: `scratch(key, shape)` is a device buffer reused by every call that asks for the same
   key and shape (temporaries inside one op: never held across ops).
-* Staging: `host_call(inputs, outputs, fn)` copies device arrays into pinned host memory, runs
-  a CPU function on them and sends its outputs back up. Pinned memory makes both copies plain
-  DMA (no bounce through a pageable buffer), and the buffers only grow, so steady-state
-  decoding allocates nothing.
+* Staging: `host_call(inputs, outputs, fn, meanwhile)` copies device arrays into pinned host
+  memory, runs a CPU function on them and sends its outputs back up. Pinned memory makes both
+  copies plain DMA (no bounce through a pageable buffer), and the buffers only grow, so
+  steady-state decoding allocates nothing. GPU work that does not depend on the CPU function
+  (`meanwhile`) runs on the device while the host runs it.
 
 Everything of gpu/ runs in order on ONE stream (`stream()`): kernels and copies are queued
 there, and the host waits for it (`synchronize`) only where it reads device data. One
@@ -39,6 +40,25 @@ def stream():
 def synchronize() -> None:
     """Wait until everything queued on the stream has run."""
     stream().synchronize()
+
+
+_marker = None
+
+
+def mark():
+    """An event recorded on the stream now: `wait_for(mark())` later waits only for the work
+    queued before this point, not for what is queued after it. One event, reused (a host call
+    waits for it before the next host call records it again)."""
+    global _marker
+    if _marker is None:
+        _marker = cuda.event() if simulated() else cuda.event(timing=False)   # the simulator's takes no flag
+    _marker.record(stream())
+    return _marker
+
+
+def wait_for(event) -> None:
+    """Wait until the stream has run everything queued before `event` was recorded."""
+    event.synchronize()
 
 
 def is_device(a) -> bool:
@@ -158,10 +178,15 @@ def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     return _staging.setdefault(key, _Pinned()).view(tuple(shape), dtype)
 
 
-def host_call(inputs, outputs, fn) -> None:
+def host_call(inputs, outputs, fn, meanwhile=None) -> None:
     """Run a CPU function on device arrays: fn(*inputs_host, *outputs_host) gets pinned host
     copies of the device arrays `inputs` and fills `outputs_host`, which then go up into the
     device arrays `outputs`.
+
+    `meanwhile()`, if given, queues GPU work that neither feeds fn nor reads `outputs` (the
+    shared expert of a MoE layer): it is queued after the input copies and the host waits only
+    for those copies, so the GPU runs it while the CPU runs fn. The output copies queue after
+    it, so work queued later sees both.
 
     This is the one place where a forward waits for the device (the CPU FFN hand-off). Inside
     a CUDA-graph capture (gpu/graphs.py) it ends one captured segment and starts the next, and
@@ -169,13 +194,18 @@ def host_call(inputs, outputs, fn) -> None:
     from . import graphs
     recorder = graphs.recording()
     if recorder is not None:
-        recorder.host_call(inputs, outputs, fn)
+        recorder.host_call(inputs, outputs, fn, meanwhile)
         return
     host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
     host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]
     for dev, host in zip(inputs, host_in):
         dev.copy_to_host(host, stream=stream())
-    synchronize()
+    if meanwhile is None:
+        synchronize()
+    else:
+        copied = mark()
+        meanwhile()
+        wait_for(copied)
     fn(*host_in, *host_out)
     for dev, host in zip(outputs, host_out):
         dev.copy_to_device(host, stream=stream())

@@ -69,9 +69,9 @@ def test_forward_matches_the_cpu_with_one_hand_off_per_moe_layer(hybrid, model_f
     hand_offs, calls_in_moe = [], []
     real_host_call, real_moe = gpu.memory.host_call, gpu.ops.moe_ffn
 
-    def counting_host_call(inputs, outputs, fn):
+    def counting_host_call(inputs, outputs, fn, meanwhile=None):
         hand_offs.append(1)
-        real_host_call(inputs, outputs, fn)
+        real_host_call(inputs, outputs, fn, meanwhile)
 
     def counting_moe(moe, x, out, stats=None):
         before = len(hand_offs)

@@ -125,23 +125,8 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     patch(memory, "upload", lambda f: prof.wrap("upload", f))
     patch(memory, "copy", lambda f: prof.wrap("copy (python)", f))
     patch(memory, "host_call", lambda f: prof.wrap("hand-off (eager)", f))
-
-    launch = prof.wrap("graph launch", lambda g, h: graphs._check(_launch(g, h)))
-
-    def _launch(graph_exec, handle):
-        from cuda.bindings import driver as cu
-        return cu.cuGraphLaunch(graph_exec, handle)
-
-    def replay(self, seconds):
-        """StepGraph.replay with each segment's launch, wait and host call timed."""
-        handle = memory.stream().handle
-        for graph_exec, host_call in self.segments:
-            launch(graph_exec, handle)
-            if host_call is not None:
-                memory.synchronize()
-                host_call()
-        memory.synchronize()
-    graphs.StepGraph.replay = replay
+    patch(memory, "wait_for", lambda f: prof.wrap("GPU wait", f))
+    patch(graphs, "launch", lambda f: prof.wrap("graph launch", f))
 
 
 # --- the runs ---------------------------------------------------------------------------------------

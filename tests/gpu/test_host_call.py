@@ -1,0 +1,110 @@
+"""gpu.memory.host_call with `meanwhile` GPU work, eager and replayed from a CUDA graph.
+
+Everywhere: fn sees the inputs as they were when the call began, the outputs come back up, the
+meanwhile work lands, and work queued after the call sees both. On a real GPU, also the point of
+it: the host runs fn while the GPU still runs the meanwhile work (an event recorded after that
+work has not fired when fn starts), in an eager call and in a replayed graph.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from gpu import graphs, memory
+from gpu.device import simulated
+
+real_gpu = pytest.mark.skipif(simulated(), reason="the simulator runs every launch to completion at once")
+
+
+@cuda.jit
+def _add_one(src, dst):
+    i = cuda.grid(1)
+    if i < dst.size:
+        dst[i] = src[i] + 1
+
+
+@cuda.jit
+def _add(dst, src):
+    i = cuda.grid(1)
+    if i < dst.size:
+        dst[i] += src[i]
+
+
+@cuda.jit
+def _sleep_ms(ms):
+    for _ in range(ms):
+        cuda.nanosleep(1000000)        # at most ~1 ms per call
+
+
+def _launch(kernel, *args):
+    kernel[1, 32, memory.stream()](*args)
+
+
+def _step(x, out, side, total, seen, meanwhile_extra=None, check=None):
+    """One hand-off: fn doubles x on the host into out (calling check first); meanwhile side =
+    x + 1 on the GPU (then meanwhile_extra); then total = out + side on the GPU."""
+    def fn(x_host, out_host):
+        if check is not None:
+            check()
+        seen.append(x_host.copy())
+        out_host[:] = 2 * x_host
+
+    def meanwhile():
+        _launch(_add_one, x, side)
+        if meanwhile_extra is not None:
+            meanwhile_extra()
+    memory.host_call((x,), (out,), fn, meanwhile)
+    memory.copy(total, out)
+    _launch(_add, total, side)
+
+
+def _buffers(n=32):
+    x = memory.upload(np.arange(n, dtype=np.float32))
+    return x, *(memory.zeros(n) for _ in range(3))
+
+
+def test_meanwhile_work_lands_and_later_work_sees_both_outputs():
+    x, out, side, total = _buffers()
+    seen = []
+    _step(x, out, side, total, seen)
+    want = np.arange(32, dtype=np.float32)
+    np.testing.assert_array_equal(seen[0], want)
+    np.testing.assert_array_equal(memory.to_host(out), 2 * want)
+    np.testing.assert_array_equal(memory.to_host(side), want + 1)
+    np.testing.assert_array_equal(memory.to_host(total), 3 * want + 1)
+
+
+def _overlap_probe():
+    """(meanwhile_extra, fn_check): the extra work sleeps ~50 ms on the GPU then records an event;
+    the check says whether that event had fired when fn ran."""
+    done = cuda.event(timing=False)
+    fired = []
+
+    def extra():
+        _launch(_sleep_ms, 50)
+        done.record(memory.stream())
+    return extra, lambda: fired.append(done.query()), fired
+
+
+@real_gpu
+def test_the_host_runs_fn_while_the_gpu_runs_the_meanwhile_work():
+    x, out, side, total = _buffers()
+    extra, check, fired = _overlap_probe()
+    _step(x, out, side, total, [], extra, check)
+    memory.synchronize()
+    assert fired == [False]
+    np.testing.assert_array_equal(memory.to_host(total), 3 * np.arange(32, dtype=np.float32) + 1)
+
+
+@real_gpu
+def test_a_replayed_hand_off_overlaps_too():
+    x, out, side, total = _buffers()
+    extra, check, fired = _overlap_probe()
+    cache = graphs.StepGraphs()
+    for _ in range(3):                     # eager, captured + replayed, replayed
+        memory.fill_zero(total)
+        cache.run("step", lambda: _step(x, out, side, total, [], extra, check))
+        memory.synchronize()
+    assert cache.captures == 1 and cache.replays == 2
+    assert fired == [False, False, False]
+    np.testing.assert_array_equal(memory.to_host(total), 3 * np.arange(32, dtype=np.float32) + 1)
+
