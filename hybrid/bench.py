@@ -33,11 +33,16 @@ def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> np.ndarray
 
 
 def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
-    """Prefill `n_prompt` random tokens into a fresh state, in the engine's prefill chunks."""
+    """Prefill `n_prompt` random tokens into a fresh state, in the engine's prefill chunks,
+    after one untimed chunk (as llama-bench warms up): the first prompt-sized call compiles or
+    loads the prompt kernels (on the GPU the chunk GEMMs and weight streaming), which would
+    otherwise land in the first repetition."""
     from .generate import PREFILL_CHUNK
     rng = np.random.default_rng(seed)
     times = []
     state = model.new_state(n_prompt + 1)
+    model.forward.forward(state, _random_tokens(min(n_prompt, PREFILL_CHUNK), model.config.n_vocab, rng),
+                          logits="last")
     for _ in range(reps):
         ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
         state.reset()
@@ -50,11 +55,16 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
 
 
 def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
-    """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench does."""
+    """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench
+    does, after two untimed steps (the decode step's first run and its CUDA-graph capture)."""
     rng = np.random.default_rng(seed)
     times = []
-    state = model.new_state(n_gen + 2)        # one state, reset per repetition (as llama-bench reuses
-    for _ in range(reps):                     # its context): steps captured as CUDA graphs replay
+    # one state, reset per repetition (as llama-bench reuses its context): steps captured as
+    # CUDA graphs replay
+    state = model.new_state(n_gen + 2)
+    for _ in range(2):
+        model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
+    for _ in range(reps):
         state.reset()
         logits, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
         t0 = time.perf_counter()

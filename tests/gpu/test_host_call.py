@@ -2,8 +2,8 @@
 
 Everywhere: fn sees the inputs as they were when the call began, the outputs come back up, the
 meanwhile work lands, and work queued after the call sees both. On a real GPU, also the point of
-it: the host runs fn while the GPU still runs the meanwhile work (an event recorded after that
-work has not fired when fn starts), in an eager call and in a replayed graph.
+it: the host runs fn while the GPU still runs the meanwhile work (a flag that work sets last is
+not set when fn starts), in an eager call and in a replayed graph.
 """
 import numpy as np
 import pytest
@@ -30,9 +30,11 @@ def _add(dst, src):
 
 
 @cuda.jit
-def _sleep_ms(ms):
+def _sleep_then_flag(ms, flag):
     for _ in range(ms):
         cuda.nanosleep(1000000)        # at most ~1 ms per call
+    cuda.threadfence_system()
+    flag[0] = 1
 
 
 def _launch(kernel, *args):
@@ -74,15 +76,17 @@ def test_meanwhile_work_lands_and_later_work_sees_both_outputs():
 
 
 def _overlap_probe():
-    """(meanwhile_extra, fn_check): the extra work sleeps ~50 ms on the GPU then records an event;
-    the check says whether that event had fired when fn ran."""
-    done = cuda.event(timing=False)
+    """(meanwhile_extra, fn_check, fired): the extra work sleeps ~50 ms on the GPU, then sets a
+    flag in mapped host memory (readable by the host at any time, and a fixed address for a
+    graph); the check records whether the flag was set when fn ran, and clears it."""
+    flag = cuda.mapped_array(1, np.int32)
+    flag[0] = 0
     fired = []
 
-    def extra():
-        _launch(_sleep_ms, 50)
-        done.record(memory.stream())
-    return extra, lambda: fired.append(done.query()), fired
+    def check():
+        fired.append(bool(flag[0]))
+        flag[0] = 0
+    return lambda: _launch(_sleep_then_flag, 50, flag), check, fired
 
 
 @real_gpu
