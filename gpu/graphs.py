@@ -13,9 +13,11 @@ for the rows, run the CPU kernel and send its result back. A step is therefore a
 segments: graph, host call, graph, host call, ..., graph. The host call's copies are part
 of the graphs (the D2H at the end of one segment, the H2D at the start of the next) through
 pinned buffers that are never reallocated, so their addresses stay valid. A host call's
-`meanwhile` work ends its segment's graph, after an event-record node (memory.marker) that
-follows the input copies: at replay the host waits for that event, not for the graph, so the
-meanwhile work runs on the GPU while the host call runs on the CPU.
+`meanwhile` work is a graph of its own, launched after the segment's and before the host
+waits: the host waits for an event recorded between the two, so that graph runs on the GPU
+while the host call runs on the CPU. (One graph with an event-record node after the copies
+would save the second launch, but on the H200 the host's wait on that event returned only
+when the whole graph had run: no overlap.)
 
 Recording does not run anything: launches and copies are only captured, host calls only
 remembered, then the step is replayed. An op that cannot be captured (one that reads device
@@ -58,9 +60,9 @@ def launch(graph_exec) -> None:
 
 
 class Segment(NamedTuple):
-    graph: object                                  # executable graph: work, a host call's input copies
+    graph: object                                  # executable graph, ending with a host call's input copies
+    meanwhile: object | None = None                # executable graph the GPU runs during the host call
     host_call: Callable[[], None] | None = None    # None: the step's last segment
-    marked: bool = False                           # the copies end at memory.marker; meanwhile work follows
 
 
 class StepGraph:
@@ -73,13 +75,15 @@ class StepGraph:
         """Run the step; adds to seconds["gpu"] the time the host waited for the graphs (GPU
         work and the hand-off copies) and to seconds["cpu"] the host calls' time."""
         t0 = time.perf_counter()
-        for graph_exec, host_call, marked in self.segments:
+        for graph_exec, meanwhile, host_call in self.segments:
             launch(graph_exec)
             if host_call is not None:
-                if marked:
-                    memory.wait_for(memory.marker())
-                else:
+                if meanwhile is None:
                     memory.synchronize()
+                else:
+                    copied = memory.mark()
+                    launch(meanwhile)
+                    memory.wait_for(copied)
                 t1 = time.perf_counter()
                 host_call()
                 t2 = time.perf_counter()
@@ -91,17 +95,11 @@ class StepGraph:
 
     def close(self) -> None:
         from cuda.bindings import driver as cu
-        for segment in self.segments:
-            cu.cuGraphExecDestroy(segment.graph)
+        for graph_exec, meanwhile, _ in self.segments:
+            for g in (graph_exec, meanwhile):
+                if g is not None:
+                    cu.cuGraphExecDestroy(g)
         self.segments.clear()
-
-
-def _record_node(event) -> None:
-    """Capture an event-record node: replaying the graph records `event` at this point (a plain
-    record during capture would only order the capture's own streams)."""
-    from cuda.bindings import driver as cu
-    _check(cu.cuEventRecordWithFlags(event.handle, memory.stream().handle,
-                                     cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL))
 
 
 class _Recorder:
@@ -140,10 +138,11 @@ class _Recorder:
         host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
         for dev, host in zip(inputs, host_in):
             dev.copy_to_host(host, stream=stream)
-        if meanwhile is not None:
-            _record_node(memory.marker())
+        self.step.segments.append(Segment(self.end(), None, lambda: fn(*host_in, *host_out)))
+        if meanwhile is not None:       # (added to the segment once captured: abort frees the rest)
+            self.begin()
             meanwhile()
-        self.step.segments.append(Segment(self.end(), lambda: fn(*host_in, *host_out), meanwhile is not None))
+            self.step.segments[-1] = self.step.segments[-1]._replace(meanwhile=self.end())
         self.begin()
         for dev, host in zip(outputs, host_out):
             dev.copy_to_device(host, stream=stream)

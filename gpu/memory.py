@@ -45,21 +45,15 @@ def synchronize() -> None:
 _marker = None
 
 
-def marker():
-    """The event a host call waits on instead of the whole stream. One event, reused: a host
-    call waits for it before the next host call records it again."""
+def mark():
+    """An event recorded on the stream now: `wait_for(mark())` later waits only for the work
+    queued before this point, not for what is queued after it. One event, reused (a host call
+    waits for it before the next host call records it again)."""
     global _marker
     if _marker is None:
         _marker = cuda.event() if simulated() else cuda.event(timing=False)   # the simulator's takes no flag
+    _marker.record(stream())
     return _marker
-
-
-def mark():
-    """marker(), recorded on the stream now: `wait_for(mark())` later waits only for the work
-    queued before this point, not for what is queued after it."""
-    event = marker()
-    event.record(stream())
-    return event
 
 
 def wait_for(event) -> None:
