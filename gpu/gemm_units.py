@@ -61,39 +61,11 @@ if not simulated():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    def _lop3(lut: int):
-        @intrinsic
-        def lop3(typingctx, a, b, c):
-            if not all(isinstance(v, types.Integer) for v in (a, b, c)):
-                return None
-            sig = types.uint32(a, b, c)
+    from .intrinsics import asm_u32x3
 
-            def codegen(context, builder, sig, args):
-                i32 = ir.IntType(32)
-                values = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-                asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), f"lop3.b32 $0, $1, $2, $3, {lut:#04x};",
-                                   "=r,r,r,r")
-                return builder.call(asm, values)
-
-            return sig, codegen
-        return lop3
-
-    _and_or = _lop3(0xEA)             # (a & b) | c
-    _bit_select = _lop3(0xE4)         # (a & c) | (b & ~c)
-
-    @intrinsic
-    def _funnel_right(typingctx, lo, hi, n):
-        if not all(isinstance(v, types.Integer) for v in (lo, hi, n)):
-            return None
-        sig = types.uint32(lo, hi, n)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            values = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r")
-            return builder.call(asm, values)
-
-        return sig, codegen
+    _and_or = asm_u32x3("lop3.b32 $0, $1, $2, $3, 0xea;")                # (a & b) | c
+    _bit_select = asm_u32x3("lop3.b32 $0, $1, $2, $3, 0xe4;")            # (a & c) | (b & ~c)
+    _funnel_right = asm_u32x3("shf.r.wrap.b32 $0, $1, $2, $3;")          # (hi:lo) >> n, low word
 
     def _aligned_words(count: int):
         @intrinsic

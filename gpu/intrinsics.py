@@ -19,6 +19,25 @@ if not simulated():
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
+    def asm_u32x3(template: str, result=types.uint32):
+        """An intrinsic for one PTX instruction on three 32-bit integer operands: `template`
+        names the result $0 and the operands $1-$3, e.g. "dp4a.s32.s32 $0, $1, $2, $3;". The
+        operands are cast to `result`'s type, which the intrinsic returns."""
+        @intrinsic
+        def instruction(typingctx, a, b, c):
+            if not all(isinstance(t, types.Integer) for t in (a, b, c)):
+                return None
+            sig = result(a, b, c)
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                values = [context.cast(builder, v, t, result) for v, t in zip(args, sig.args)]
+                asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), template, "=r,r,r,r")
+                return builder.call(asm, values)
+
+            return sig, codegen
+        return instruction
+
     def _element_pointer(context, builder, sig, args):
         """Pointer to array[row, col] for an intrinsic taking (array, row, col)."""
         aryty, rowty, colty = sig.args
@@ -109,20 +128,7 @@ if not simulated():
         64 bits: two instructions)."""
         return _lshr_u32(x, n)
 
-    @intrinsic
-    def _dp4a(typingctx, a, b, c):
-        """dp4a.s32.s32: c + the dot product of a's and b's four signed bytes."""
-        if not all(isinstance(t, types.Integer) for t in (a, b, c)):
-            return None
-        sig = types.int32(a, b, c)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            values = [context.cast(builder, v, t, types.int32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r")
-            return builder.call(asm, values)
-
-        return sig, codegen
+    _dp4a = asm_u32x3("dp4a.s32.s32 $0, $1, $2, $3;", types.int32)
 
     @cuda.jit(device=True, inline=True)
     def dp4a(a, b, c):
@@ -265,20 +271,7 @@ if not simulated():
 
     # ---- int8 matvec (gpu/quants_q8.py) -----------------------------------------------------------
 
-    @intrinsic
-    def _dp4a_us(typingctx, a, b, c):
-        """dp4a.u32.s32: c + the dot product of a's four unsigned bytes and b's signed ones."""
-        if not all(isinstance(t, types.Integer) for t in (a, b, c)):
-            return None
-        sig = types.int32(a, b, c)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            values = [context.cast(builder, v, t, types.int32) for v, t in zip(args, sig.args)]
-            asm = ir.InlineAsm(ir.FunctionType(i32, [i32] * 3), "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r")
-            return builder.call(asm, values)
-
-        return sig, codegen
+    _dp4a_us = asm_u32x3("dp4a.u32.s32 $0, $1, $2, $3;", types.int32)
 
     @cuda.jit(device=True, inline=True)
     def dp4a_us(a, b, c):
