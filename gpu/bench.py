@@ -22,7 +22,7 @@ from hybrid import ggml_types as gt
 
 from . import gemm as gemm_module
 from .intrinsics import load_u32x4
-from .matvec import MAX_ROWS_X_SLOTS, default_rows_per_warp, kernel, matvec
+from .matvec import MAX_ROWS_X_SLOTS, default_rows_per_warp, kernel, lanes_per_row, matvec
 
 SPIN_NS = 1000
 
@@ -144,16 +144,18 @@ class MatvecResult:
     rows: int
     cols: int
     n: int
-    requested: int | None  # rows per warp asked for (None: the default choice)
-    rows_per_warp: int      # rows per warp used
+    requested: tuple        # (rows per warp, lanes per row) asked for (None: the default)
+    rows_per_warp: int      # rows per warp (per lane group) used
+    lanes: int              # lanes per row used
     gbps: float
     flagged: bool
     registers: int          # per thread, of the kernel that ran
 
 
 def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
-                 rows_per_warp=(None,)) -> list[MatvecResult]:
-    """Weight bytes streamed per second for each slot count (and rows-per-warp choice)."""
+                 choices=((None, None),)) -> list[MatvecResult]:
+    """Weight bytes streamed per second for each slot count and (rows per warp, lanes per row)
+    choice (None: the default)."""
     w = random_weights(t, rows, cols)
     nbytes = w.shape[0] * w.shape[1]
     rng = np.random.default_rng(0)
@@ -161,13 +163,14 @@ def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
     for n in slots:
         x = cuda.to_device(rng.standard_normal((n, cols)).astype(np.float32))
         out = cuda.device_array((n, rows), np.float32)
-        for r in rows_per_warp:
+        for r, lanes in choices:
             if r is not None and r * n > MAX_ROWS_X_SLOTS:
                 continue
-            timing = time_launches(lambda: matvec(t.id, w, x, out, rows_per_warp=r))
-            used = r or default_rows_per_warp(n, rows, t.id)
-            regs = max(kernel(t.id, n, used).get_regs_per_thread().values())
-            results.append(MatvecResult(t.name, rows, cols, n, r, used,
+            timing = time_launches(lambda: matvec(t.id, w, x, out, rows_per_warp=r, lanes=lanes))
+            used_lanes = lanes or lanes_per_row(t.id, cols)
+            used = r or default_rows_per_warp(n, rows, t.id, used_lanes)
+            regs = max(kernel(t.id, n, used, used_lanes).get_regs_per_thread().values())
+            results.append(MatvecResult(t.name, rows, cols, n, (r, lanes), used, used_lanes,
                                         nbytes / timing.seconds / 1e9, timing.flagged, regs))
     return results
 

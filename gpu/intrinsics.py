@@ -176,17 +176,23 @@ if not simulated():
         return cuda.fma(a, b, c)
 
     @cuda.jit(device=True, inline=True)
-    def warp_reduce(acc):
-        """acc[r, s] = its sum over the warp's 32 lanes, in every lane. A fixed butterfly: each
-        result depends only on the 32 inputs, never on the array's shape."""
+    def group_reduce(acc, width):
+        """acc[r, s] = its sum over the lane's group of `width` consecutive lanes (a power of two
+        up to 32), in every lane of the group. A fixed butterfly: each result depends only on the
+        group's inputs, never on the array's shape or on the other groups."""
         for r in range(acc.shape[0]):
             for s in range(acc.shape[1]):
                 value = acc[r, s]
-                offset = 16
+                offset = width >> 1
                 while offset > 0:
                     value += cuda.shfl_xor_sync(FULL_MASK, value, offset)
                     offset >>= 1
                 acc[r, s] = value
+
+    @cuda.jit(device=True, inline=True)
+    def warp_reduce(acc):
+        """acc[r, s] = its sum over the warp's 32 lanes, in every lane (group_reduce)."""
+        group_reduce(acc, 32)
 
     # ---- tensor-core GEMM (gpu/gemm_mma.py) ------------------------------------------------------
 
@@ -318,7 +324,7 @@ else:
         return np.int32(np.rint(np.float32(v)))
 
     @cuda.jit(device=True)
-    def warp_reduce(acc):
+    def group_reduce(acc, width):
         # The simulator has no shuffles: pass values through shared memory, same butterfly.
         scratch = cuda.shared.array((1024, 64), np.float32)
         tid = cuda.threadIdx.x
@@ -327,11 +333,15 @@ else:
         scratch[tid, :acc.size] = acc.reshape(-1)
         cuda.syncthreads()
         lanes = scratch[base:base + 32, :acc.size].copy()
-        offset = 16
+        offset = width >> 1
         while offset > 0:
             lanes = (lanes + lanes[np.arange(32) ^ offset]).astype(np.float32)
             offset >>= 1
         acc[...] = lanes[tid & 31].reshape(acc.shape)
+
+    @cuda.jit(device=True)
+    def warp_reduce(acc):
+        group_reduce(acc, 32)
 
     # ---- tensor-core GEMM (gpu/gemm_mma.py): plain-Python stand-ins ------------------------------
 

@@ -178,13 +178,21 @@ def _uses_dp4a(type_id: int) -> bool:
     return int(type_id) in matvec_q8.UNITS
 
 
-def kernel(type_id: int, n_slots: int, rows_per_warp: int):
+def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The kernel `matvec` launches for this type and shape (compiled on first launch, cached
-    on disk by Numba)."""
+    on disk by Numba); `lanes` per row: the dp4a kernel's (lanes_per_row), 32 for the others."""
     if _uses_dp4a(type_id):
         from . import matvec_q8
-        return matvec_q8.kernel(type_id, n_slots, rows_per_warp)
+        return matvec_q8.kernel(type_id, n_slots, rows_per_warp, lanes)
     return float_kernel(type_id, n_slots, rows_per_warp)
+
+
+def lanes_per_row(type_id: int, cols: int) -> int:
+    """Lanes of a warp that share one row in `matvec` (all 32 but in the dp4a kernel)."""
+    if _uses_dp4a(type_id):
+        from . import matvec_q8
+        return matvec_q8.lanes_per_row(matvec_q8.UNITS[int(type_id)], cols)
+    return 32
 
 
 @functools.cache
@@ -229,13 +237,14 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def default_rows_per_warp(n_slots: int, rows: int, type_id: int | None = None) -> int:
-    """Rows per warp of the kernel `matvec` launches for `type_id` (the float kernel's when
-    None). Float kernel: the most that the registers allow (more x reuse), fewer when the
-    matrix has too few rows to give every SM several blocks. Any choice gives the same bits."""
+def default_rows_per_warp(n_slots: int, rows: int, type_id: int | None = None, lanes: int = 32) -> int:
+    """Rows per warp (per group of `lanes` lanes) of the kernel `matvec` launches for `type_id`
+    (the float kernel's when None). Float kernel: the most that the registers allow (more x
+    reuse), fewer when the matrix has too few rows to give every SM several blocks. Any choice
+    gives the same bits."""
     if type_id is not None and _uses_dp4a(type_id):
         from . import matvec_q8
-        return matvec_q8.default_rows_per_warp(n_slots, rows)
+        return matvec_q8.default_rows_per_warp(n_slots, rows, lanes)
     r = max(1, min(4, MAX_ROWS_X_SLOTS // n_slots))
     while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
         r //= 2
@@ -270,23 +279,25 @@ def _check(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:
     return unit, rows, cols, n
 
 
-def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | None = None) -> None:
+def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | None = None,
+           lanes: int | None = None) -> None:
     """out_dev[s, :] = W @ x_dev[s, :] for every slot s; W is `wtype` rows of raw GGUF blocks.
 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
     (n, rows). Asynchronous on `stream` (gpu.memory's stream when None). `rows_per_warp` is a
-    tuning knob for benchmarks; it never changes the result.
+    tuning knob for benchmarks; it never changes the result. So is `lanes` (lanes per row of the
+    dp4a kernel), which does change the bits (gpu/matvec_q8.py).
 
     Quantised types use int8 activations (gpu/matvec_q8.py): x is rounded per block of 32 to
     max|x|/127 steps, a relative error of up to 1/254 of the block's largest |x| per element.
 
     Calls of gpu.gemm.GEMM_MIN_ROWS rows or more (prompt chunks) go to the tiled GEMM, which
     reads each weight once per tile of rows instead of once per 8 slots: its rows have the
-    GEMM's bits (the same in every GEMM call), not a one-slot call's. A `rows_per_warp`
-    (benchmarks) keeps any call on this kernel.
+    GEMM's bits (the same in every GEMM call), not a one-slot call's. A `rows_per_warp` or
+    `lanes` (benchmarks) keeps any call on this kernel.
     """
     unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
-    if rows_per_warp is None:
+    if rows_per_warp is None and lanes is None:
         from . import gemm       # imported here: gpu.gemm builds on this module
         if n >= gemm.GEMM_MIN_ROWS:
             gemm.gemm(wtype, w_dev, x_dev, out_dev, stream)
@@ -294,7 +305,7 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     launch_stream = memory.stream() if stream is None else stream
     if _uses_dp4a(unit.type.id):
         from . import matvec_q8
-        matvec_q8.matvec(unit.type.id, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, rows_per_warp)
+        matvec_q8.matvec(unit.type.id, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, rows_per_warp, lanes)
         return
     w = w_dev.view(unit.word)
     for s0 in range(0, n, MAX_SLOTS):

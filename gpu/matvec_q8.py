@@ -6,20 +6,23 @@ idea) x is quantised once per call to int8 in blocks of 32 (`quantize`), and eac
 is dotted with it by `dp4a`, four int8 products per instruction; the scales are applied in
 float32 once per 16 or 32 weights. Per-type lane work: gpu/quants_q8.py.
 
-Work split: a warp owns R consecutive rows; lane l takes units l, l + 32, l + 64, ... of every
-one of them (the same columns in each row, so each x word it loads serves R rows). A unit is 64
+Work split: a group of L lanes (L = 32, 16, 8 or 4; `lanes_per_row`) owns R consecutive rows,
+a warp 32/L such groups; lane l of a group takes units l, l + L, l + 2L, ... of every one of its
+rows (the same columns in each row, so each x word it loads serves R rows). L is the width that
+leaves few lanes idle in a row's last step: a 5120-wide Q4_K row is 80 units, 2.5 steps of 32
+lanes (a sixth of the lane-steps idle) but 5 steps of 16. A unit is 64
 weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 or 32
 for Q8_0/Q4_0. A lane issues the loads of U units of its R rows (R·U = the type's in_flight: 128
 weights of the K-quants) before it uses any, so that several loads per lane are in flight; x
 (small, L1/L2-resident) is read from global memory, nothing goes through shared memory. For the
 64-weight types the quantiser lays x out so that each 16-byte x load of a warp is one contiguous
-run (gpu/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the warp at the end
+run (gpu/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the group at the end
 by a fixed butterfly.
 
 Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
 slot count, R or U: the same lane adds the same units, one after another in column order, then
 the same butterfly. x is quantised per slot. So a k-slot call gives each slot exactly the bits
-of a 1-slot call.
+of a 1-slot call. L does change the order, so it depends on the row length only.
 
 Error: x·w is computed with x rounded to dx·xq, |x − dx·xq| ≤ dx/2 with dx = max|x|/127 over
 its block of 32; the K-quants' min term uses the exact float sum of x.
@@ -35,7 +38,7 @@ from numba import cuda, float32, int32, uint32
 
 from . import memory
 from .device import simulated
-from .intrinsics import device_function, round_to_int, warp_reduce
+from .intrinsics import device_function, group_reduce, round_to_int
 from .matvec import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
 
@@ -165,8 +168,9 @@ def _add_unit_template(N, R, U):
     return add_unit
 
 
-def _kernel_template(N, R, U, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP):
-    BPS = 32 // UPB  # blocks per step of 32 units
+def _kernel_template(N, R, U, L, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP):
+    BPS = L // UPB     # blocks per step of L units
+    GROUPS = 32 // L   # row groups per warp
 
     def matvec_q8_kernel(w, w8, xq, xm, out, rows, n_blocks):
         if TYPE_ID < 0 or STAMP < 0:  # never true: puts both in the cache key (_specialise)
@@ -179,12 +183,12 @@ def _kernel_template(N, R, U, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP)
         xs = cuda.local.array(XS, int32)
         acc = cuda.local.array((R, N), float32)
         tid = cuda.threadIdx.x
-        lane = tid & 31
-        row0 = (cuda.blockIdx.x * WARPS + (tid >> 5)) * R
+        lane = tid & (L - 1)   # within the row group
+        row0 = ((cuda.blockIdx.x * WARPS + (tid >> 5)) * GROUPS + (tid & 31) // L) * R
         for r in range(R):
             for s in range(N):
                 acc[r, s] = float32(0.0)
-        # unit 32·step + lane of the row is piece p of block blk
+        # unit L·step + lane of the row is piece p of block blk
         p = lane % UPB
         blk = lane // UPB
         # U steps at a time: all their loads first (rows past the end reload the last row)
@@ -201,7 +205,7 @@ def _kernel_template(N, R, U, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP)
                     load(w, w8, min(row0 + r, rows - 1), blk, p, raw, r * U)
                 add_unit(raw, 0, blk, p, q, fac, xq, xm, xv, xf, xs, acc)
                 blk += BPS
-        warp_reduce(acc)
+        group_reduce(acc, L)
         if lane == 0:
             for r in range(R):
                 if row0 + r < rows:
@@ -216,25 +220,42 @@ def units_in_flight(unit: Dp4aUnit, rows_per_warp: int) -> int:
     return max(1, unit.in_flight // rows_per_warp)
 
 
-def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int):
-    """The kernel (Python function) for one type, slot count and rows per warp."""
+def lanes_per_row(unit: Dp4aUnit, cols: int) -> int:
+    """L, the lanes that share a row (module docstring): 32 unless that leaves more than an
+    eighth of the lane-steps idle in the row's last step; then, of 16, 8, 4 (at least a
+    block's units), the one with the fewest idle lane-steps, the widest on a tie. On the H200 a
+    5120-wide row (80 units, a sixth idle at 32) read fastest at 16; a 17408-wide one (272
+    units, 6% idle) at 32. A function of the row length alone, so every call on a matrix adds
+    in the same order."""
+    units = unit.units_per_row(cols)
+
+    def idle(w):
+        return -(-units // w) * w - units
+    if 8 * idle(32) <= -(-units // 32) * 32:
+        return 32
+    widths = [w for w in (16, 8, 4) if w >= unit.units_per_block]
+    return min(widths, key=lambda w: (idle(w), -w))
+
+
+def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int = 32):
+    """The kernel (Python function) for one type, slot count, rows per lane group and group width."""
     u = units_in_flight(unit, rows_per_warp)
     functions = dict(load=unit.load, prepare=unit.prepare, load_x=unit.load_x, dot=unit.dot)
     functions["add_unit"] = device_function(
         _specialise(_add_unit_template, dict(N=n_slots, R=rows_per_warp, U=u), functions))
-    constants = dict(N=n_slots, R=rows_per_warp, U=u, RU=rows_per_warp * u, UPB=unit.units_per_block,
+    constants = dict(N=n_slots, R=rows_per_warp, U=u, L=lanes, RU=rows_per_warp * u, UPB=unit.units_per_block,
                      RAW=unit.raw_words, QW=unit.q_words,
                      FAC=unit.factors, XV=unit.x_words, XF=unit.x_floats, XS=unit.x_ints,
                      TYPE_ID=unit.type.id, STAMP=SOURCE_STAMP)
     kernel_fn = _specialise(_kernel_template, constants, functions)
-    kernel_fn.__name__ = kernel_fn.__qualname__ = f"matvec_q8_{unit.type.name}_n{n_slots}_r{rows_per_warp}"
+    kernel_fn.__name__ = kernel_fn.__qualname__ = f"matvec_q8_{unit.type.name}_n{n_slots}_r{rows_per_warp}_l{lanes}"
     return kernel_fn
 
 
 @functools.cache
-def kernel(type_id: int, n_slots: int, rows_per_warp: int):
+def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
-    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp))
+    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes))
 
 
 def _matrix(dtype):
@@ -250,8 +271,9 @@ def kernel_argtypes(unit: Dp4aUnit) -> tuple:
             _matrix(np.float32), types.int64, types.int64)
 
 
-PTX_CHECK_SHAPES = ((1, 1), (8, 2))   # (slots, rows per warp): the most units in flight; the most accumulators
-PTX_CHECK_SHAPES_ALL = ((1, 1), (2, 2), (3, 4), (4, 2), (8, 2))
+# (slots, rows per group, lanes per row): the most units in flight; the most accumulators
+PTX_CHECK_SHAPES = ((1, 1, 32), (8, 2, 16))
+PTX_CHECK_SHAPES_ALL = ((1, 1, 32), (2, 2, 8), (3, 4, 32), (4, 2, 16), (8, 2, 4))
 
 
 def ptx_targets(every_shape: bool = False):
@@ -261,9 +283,10 @@ def ptx_targets(every_shape: bool = False):
                _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP, LAYOUT=layout), {}),
                (_matrix(np.float32), _matrix(np.uint32), _matrix(np.float32), _matrix(np.int32)))
     for unit in UNITS.values():
-        for n, r in (PTX_CHECK_SHAPES_ALL if every_shape else PTX_CHECK_SHAPES):
-            yield (f"matvec {unit.type.name} dp4a n={n} rows_per_warp={r}",
-                   _build_kernel(unit, n, r), kernel_argtypes(unit))
+        for n, r, lanes in (PTX_CHECK_SHAPES_ALL if every_shape else PTX_CHECK_SHAPES):
+            if lanes >= unit.units_per_block:
+                yield (f"matvec {unit.type.name} dp4a n={n} rows_per_warp={r} lanes={lanes}",
+                       _build_kernel(unit, n, r, lanes), kernel_argtypes(unit))
 
 
 @functools.cache
@@ -273,30 +296,37 @@ def _sm_count() -> int:
     return cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
-def default_rows_per_warp(n_slots: int, rows: int) -> int:
-    """Two rows per warp: each x value a lane loads serves two rows. Measured on the H200
-    (tools/gpu_bench.py --sweep, Q4_K FFN shapes, one slot): 63-69% of the read bandwidth at
-    two rows, 54-66% at one; at more slots two is as good as any. Fewer when the matrix has too
-    few rows to give every SM several blocks. Any choice gives the same bits."""
-    r = 2
-    while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
+def default_rows_per_warp(n_slots: int, rows: int, lanes: int = 32) -> int:
+    """Rows per lane group. Two, so that each x value a lane loads serves two rows, except at
+    one slot with lane groups narrower than the warp: one row per group (the warp still owns
+    two) and twice the warps. Fewer when the matrix has too few rows to give every SM several
+    blocks. Any choice gives the same bits. Measured on the H200 (tools/gpu_bench.py --sweep,
+    % of the read bandwidth at n = 1; 32 lanes: two rows vs one 63-65 vs 54-66):
+    | 17408×5120 Q4_K (80 units)      | 32 lanes, 2 rows 63 | 16 lanes, 1 row 64 | 16, 2 rows 55 |
+    | 248320×5120 Q6_K (lm_head)      | 72                  | 80                 | 76            |
+    | 5120×17408 Q4_K (272 units)     | 65                  | 54-60              | (too few rows)|
+    (lanes_per_row keeps the last one at 32 lanes; at n = 4 it read 27% there, 37-39% at 16.)"""
+    r = 1 if n_slots == 1 and lanes < 32 else 2
+    while r > 1 and -(-rows // (WARPS * (32 // lanes) * r)) < 4 * _sm_count():
         r //= 2
     return r
 
 
 def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, stream,
-           rows_per_warp: int | None = None) -> None:
+           rows_per_warp: int | None = None, lanes: int | None = None) -> None:
     """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matvec._check): quantise x, then one
-    launch per MAX_SLOTS slots."""
+    launch per MAX_SLOTS slots. `rows_per_warp` (rows per lane group) and `lanes` (lanes per
+    row, which changes the bits) override the defaults for benchmarks and tests."""
     unit = UNITS[type_id]
     xq, xm = quantize(x_dev, stream, unit.x_layout)
     w = w_dev.view(unit.word)
     n_blocks = cols // unit.type.block_elems
+    lanes = lanes or lanes_per_row(unit, cols)
     for s0 in range(0, n, MAX_SLOTS):
         k = min(MAX_SLOTS, n - s0)
         r = (min(rows_per_warp, max(1, MAX_ROWS_X_SLOTS // k)) if rows_per_warp
-             else default_rows_per_warp(k, rows))
+             else default_rows_per_warp(k, rows, lanes))
         ok = out_dev if k == n else out_dev[s0:s0 + k]
-        blocks = -(-rows // (WARPS * r))
-        kernel(type_id, k, r)[blocks, BLOCK_THREADS, stream](
+        blocks = -(-rows // (WARPS * (32 // lanes) * r))
+        kernel(type_id, k, r, lanes)[blocks, BLOCK_THREADS, stream](
             w, w_dev, xq[s0:s0 + k], xm[s0:s0 + k], ok, rows, n_blocks)

@@ -2,11 +2,11 @@
 
     python tools/gpu_bench.py            # decode shapes of a dense 27B, every type, n = 1, 2, 4, 8
     python tools/gpu_bench.py --quick    # smaller shapes
-    python tools/gpu_bench.py --sweep    # also try every rows-per-warp on the decode shapes
+    python tools/gpu_bench.py --sweep    # also try other rows per warp and lanes per row on the decode shapes
 
 GB/s counts weight bytes only (x and out are tiny). A '*' marks a time that may include idle
-gaps (Python enqueued slower than the device ran); rN is the rows per warp used; regs are the
-registers per thread of each n's kernel.
+gaps (Python enqueued slower than the device ran); rN is the rows per warp (per lane group)
+used, lN the lanes per row; regs are the registers per thread of each n's kernel.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from gpu import bench, require_cuda
 from hybrid import ggml_types as gt
 
 SLOTS = (1, 2, 4, 8)
+# --sweep: (rows per warp, lanes per row), None = the default
+SWEEP = [(None, None), (1, None), (2, None), (4, None), (None, 32), (None, 16), (None, 8)]
 # (type, rows, cols): FFN gate/up and down of a dense 27B (D=5120, n_ff=17408), its lm_head
 DECODE_SHAPES = [(gt.Q4_K, 17408, 5120), (gt.Q4_K, 5120, 17408), (gt.Q6_K, 248320, 5120)]
 OTHER_TYPES = [gt.F32, gt.F16, gt.BF16, gt.Q8_0, gt.Q4_0, gt.Q5_K, gt.Q6_K]
@@ -40,19 +42,19 @@ def main(argv: list[str]) -> int:
     print(header)
     print("-" * len(header))
     for i, (t, rows, cols) in enumerate(cases):
-        choices = (None, 1, 2, 4) if sweep and i < len(DECODE_SHAPES) else (None,)
+        choices = SWEEP if sweep and i < len(DECODE_SHAPES) else SWEEP[:1]
         results = bench.bench_matvec(t, rows, cols, SLOTS, choices)
         mb = rows * t.row_bytes(cols) / 1e6
         by_choice: dict = {}
         for res in results:
             by_choice.setdefault(res.requested, {})[res.n] = res
         for choice, row in by_choice.items():
-            label = "" if choice is None else f" r={choice}"
+            label = "".join(f" {k}={v}" for k, v in zip(("r", "lanes"), choice) if v is not None)
             cells = []
             for n in SLOTS:
                 res = row.get(n)
                 cells.append(f"{'-':>17s}" if res is None else
-                             f"{res.gbps:7.0f} ({100 * res.gbps / read:3.0f}%)r{res.rows_per_warp}"
+                             f"{res.gbps:7.0f} ({100 * res.gbps / read:3.0f}%)r{res.rows_per_warp}l{res.lanes}"
                              f"{'*' if res.flagged else ' '}")
             regs = "/".join(str(row[n].registers) for n in SLOTS if n in row)
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)

@@ -76,23 +76,23 @@ def test_meanwhile_work_lands_and_later_work_sees_both_outputs():
 
 
 def _overlap_probe():
-    """(meanwhile_extra, fn_check, fired): the extra work sleeps ~50 ms on the GPU, then sets a
-    flag in mapped host memory (readable by the host at any time, and a fixed address for a
-    graph); the check records whether the flag was set when fn ran, and clears it."""
+    """(meanwhile_extra, fn_check, fired, clear): the extra work sleeps ~50 ms on the GPU, then
+    sets a flag in mapped host memory (readable by the host at any time, and a fixed address for
+    a graph); the check records whether the flag was set when fn ran. The flag is set after fn
+    has run, so it must be cleared (once the GPU is done) before the next step."""
     flag = cuda.mapped_array(1, np.int32)
     flag[0] = 0
     fired = []
 
-    def check():
-        fired.append(bool(flag[0]))
+    def clear():
         flag[0] = 0
-    return lambda: _launch(_sleep_then_flag, 50, flag), check, fired
+    return lambda: _launch(_sleep_then_flag, 50, flag), lambda: fired.append(bool(flag[0])), fired, clear
 
 
 @real_gpu
 def test_the_host_runs_fn_while_the_gpu_runs_the_meanwhile_work():
     x, out, side, total = _buffers()
-    extra, check, fired = _overlap_probe()
+    extra, check, fired, _ = _overlap_probe()
     _step(x, out, side, total, [], extra, check)
     memory.synchronize()
     assert fired == [False]
@@ -102,12 +102,13 @@ def test_the_host_runs_fn_while_the_gpu_runs_the_meanwhile_work():
 @real_gpu
 def test_a_replayed_hand_off_overlaps_too():
     x, out, side, total = _buffers()
-    extra, check, fired = _overlap_probe()
+    extra, check, fired, clear = _overlap_probe()
     cache = graphs.StepGraphs()
     for _ in range(3):                     # eager, captured + replayed, replayed
         memory.fill_zero(total)
         cache.run("step", lambda: _step(x, out, side, total, [], extra, check))
         memory.synchronize()
+        clear()
     assert cache.captures == 1 and cache.replays == 2
     assert fired == [False, False, False]
     np.testing.assert_array_equal(memory.to_host(total), 3 * np.arange(32, dtype=np.float32) + 1)

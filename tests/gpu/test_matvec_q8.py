@@ -50,10 +50,11 @@ def scale_part(t: gt.GGMLType, w_bytes: np.ndarray) -> np.ndarray:
     return dequantize(blocks.reshape(w_bytes.shape), GGMLQuantizationType(t.id))
 
 
-def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray):
+def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray, lanes: int):
     """(want, bound): the kernel's algorithm in float64, and its float32 rounding bound.
 
-    Each lane adds T terms in a chain of fmas, then 5 butterfly levels add the lanes: at most
+    Each of the row's `lanes` lanes adds T terms in a chain of fmas, then at most 5 butterfly
+    levels add the lanes: at most
     (T + 5)·u of Σ|term| (the usual γ bound). Each term's factors carry ≤ 4 roundings (d·sc, ·dx,
     the fp16/f32 products of the dequantiser A is taken from, the simulator's unfused fma), the
     float sum of x 5 more: T + 16 in all.
@@ -66,7 +67,7 @@ def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray):
     want = x_hat @ a.T + x64 @ (w - a).T
     magnitude = np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(w - a).T
     units = UNITS[t.id].units_per_row(x.shape[1])
-    terms_per_lane = TERMS_PER_UNIT[t.name] * -(-units // 32)
+    terms_per_lane = TERMS_PER_UNIT[t.name] * -(-units // lanes)
     return want, (terms_per_lane + 16) * U * magnitude
 
 
@@ -146,8 +147,11 @@ def test_quantiser_lays_x_out_for_the_64_weight_lanes(layout):
             np.testing.assert_array_equal(start, int(START) - 32 * halves[:, blocks, p % 2])
 
 
-def check_against_oracles(t, w_bytes, x, got):
-    want, bound = int8_reference(t, w_bytes, x)
+def check_against_oracles(t, w_bytes, x, got, lanes=None):
+    """got against the int8 algorithm (tight) and W·x (within x's rounding); `lanes` per row:
+    the kernel's choice when None."""
+    lanes = lanes or matvec_q8.lanes_per_row(UNITS[t.id], x.shape[1])
+    want, bound = int8_reference(t, w_bytes, x, lanes)
     assert_within(got, want, bound, f"{t.name} vs the int8 algorithm")
     w = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
     assert_within(got, x.astype(np.float64) @ w.T, bound + rounding_bound(t, w_bytes, x), f"{t.name} vs W·x")
@@ -173,19 +177,47 @@ def test_matches_the_oracles_and_slots_are_bit_identical(name):
 
 
 def test_main_loop_and_tail_of_one_row_per_warp():
-    """Q8_0 units are 16 weights: 102 units per row give lanes 0-5 one pass of the U = 4 loop
-    and every lane a tail; rows per warp 1, 2, 4 (U = 4, 2, 1) give the same bits."""
+    """Q8_0 units are 16 weights: 102 units per row give lanes 0-5 of 32 one pass of the U = 4
+    loop and every lane a tail; rows per warp 1, 2, 4 (U = 4, 2, 1) give the same bits."""
     t = gt.Q8_0
     rng = np.random.default_rng(5)
     cols = 32 * 51
     w_bytes = random_weights(t, ROWS, cols, rng)
     w_dev = cuda.to_device(w_bytes)
     x = rng.standard_normal((1, cols)).astype(np.float32)
-    base = run(t, w_dev, x, ROWS, rows_per_warp=1)
-    check_against_oracles(t, w_bytes, x, base)
+    base = run(t, w_dev, x, ROWS, rows_per_warp=1, lanes=32)
+    check_against_oracles(t, w_bytes, x, base, lanes=32)
     for r in (2, 4):
-        got = run(t, w_dev, x, ROWS, rows_per_warp=r)
+        got = run(t, w_dev, x, ROWS, rows_per_warp=r, lanes=32)
         assert np.array_equal(got.view(np.uint32), base.view(np.uint32)), f"rows_per_warp={r}"
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_every_lane_group_width(name):
+    """32, 16, 8 or 4 lanes per row (a warp of 1, 2, 4 or 8 row groups): each width agrees
+    with the oracles, and within a width slots and rows per group never change the bits."""
+    t = gt.by_name(name)
+    rng = np.random.default_rng(13)
+    cols = n_cols(t)
+    w_bytes = random_weights(t, ROWS, cols, rng)
+    w_dev = cuda.to_device(w_bytes)
+    x = rng.standard_normal((2, cols)).astype(np.float32)
+    for lanes in (32, 16, 8, 4):
+        pair = run(t, w_dev, x, ROWS, lanes=lanes)
+        check_against_oracles(t, w_bytes, x, pair, lanes)
+        alone = run(t, w_dev, x[1:], ROWS, lanes=lanes, rows_per_warp=1)
+        assert np.array_equal(pair[1].view(np.uint32), alone[0].view(np.uint32)), f"lanes={lanes}"
+
+
+def test_lanes_per_row_leaves_few_lanes_idle():
+    """The widths the kernel picks at the 27B shapes and the small ones (module docstring)."""
+    q4_k, q8_0 = UNITS[gt.Q4_K.id], UNITS[gt.Q8_0.id]
+    assert matvec_q8.lanes_per_row(q4_k, 5120) == 16       # 80 units: 5 steps of 16, not 2.5 of 32
+    assert matvec_q8.lanes_per_row(q4_k, 17408) == 32      # 272 units: 8.5 steps, 6% idle
+    assert matvec_q8.lanes_per_row(q4_k, 2048) == 32       # 32 units: one step
+    assert matvec_q8.lanes_per_row(q4_k, 1280) == 4        # 20 units: 5 steps of 4
+    assert matvec_q8.lanes_per_row(q4_k, 256) == 4         # one block: its 4 units
+    assert matvec_q8.lanes_per_row(q8_0, 5120) == 32       # 320 units: 10 steps
 
 
 def test_more_slots_than_one_launch_takes():
