@@ -33,8 +33,8 @@ from numba import cuda, float32, uint32
 from hybrid import ggml_types as gt
 
 from .device import simulated
-from .intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma, shr_u32,
-                         small_uint_to_f32)
+from .intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma,
+                         load_row_u32x4, shr_u32, small_uint_to_f32)
 from .matvec import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
 from .quants import int8_to_f32, store4
@@ -99,25 +99,6 @@ if not simulated():
     _five_words = _aligned_words(5)
     _one_word = _aligned_words(1)
 
-    @intrinsic
-    def _ld_nc_v4_u32(typingctx, array, col):
-        """ld.global.nc.v4.u32 of array[col:col + 4] (a 1-D uint32 array)."""
-        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 1):
-            return None
-        sig = types.UniTuple(types.uint32, 4)(array, col)
-
-        def codegen(context, builder, sig, args):
-            aryty, colty = sig.args
-            arystruct = context.make_array(aryty)(context, builder, value=args[0])
-            ptr = builder.gep(arystruct.data, [context.cast(builder, args[1], colty, types.intp)])
-            i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type]),
-                               "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l")
-            words = builder.call(asm, [ptr])
-            return context.make_tuple(builder, sig.return_type, [builder.extract_value(words, k) for k in range(4)])
-
-        return sig, codegen
-
     @cuda.jit(device=True, inline=True)
     def and_or(a, mask, bits):
         """(a & mask) | bits in one LOP3."""
@@ -144,11 +125,6 @@ if not simulated():
     def load_word(array8, col):
         """The 4 bytes at array8[col] (1-D uint8) as a little-endian word; 4-byte aligned."""
         return _one_word(array8, col)[0]
-
-    @cuda.jit(device=True, inline=True)
-    def load_row_u32x4(array, col):
-        """array[col:col + 4] of a 1-D uint32 array in one load; 16-byte aligned."""
-        return _ld_nc_v4_u32(array, col)
 
 else:
 
@@ -180,9 +156,6 @@ else:
         assert words[5] == 0, "word load must be 4-byte aligned"
         return words[0]
 
-    def load_row_u32x4(array, col):
-        assert col % 4 == 0, "vector load must be 16-byte aligned"
-        return array[col], array[col + 1], array[col + 2], array[col + 3]
 
 
 def _gemm_source_stamp() -> int:

@@ -47,22 +47,43 @@ if not simulated():
         arystruct = context.make_array(aryty)(context, builder, value=ary)
         return cgutils.get_item_pointer(context, builder, aryty, arystruct, indices)
 
+    def _ld_nc_v4(context, builder, sig, ptr):
+        """ld.global.nc.v4.u32 at ptr, as the intrinsic's 4-tuple of uint32."""
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
+        asm = ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
+                           "=r,=r,=r,=r,l")
+        words = builder.call(asm, [ptr])
+        return context.make_tuple(builder, sig.return_type,
+                                  [builder.extract_value(words, k) for k in range(4)])
+
+    def _is_u32_array(array, ndim):
+        return isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == ndim
+
     @intrinsic
     def _ld_nc_v4_u32(typingctx, array, row, col):
         """ld.global.nc.v4.u32 of array[row, col:col+4]: one 16-byte load per lane."""
-        if not (isinstance(array, types.Array) and array.dtype == types.uint32 and array.ndim == 2):
+        if not _is_u32_array(array, 2):
             return None
         sig = types.UniTuple(types.uint32, 4)(array, row, col)
 
         def codegen(context, builder, sig, args):
-            ptr = _element_pointer(context, builder, sig, args)
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ptr.type])
-            asm = ir.InlineAsm(fnty, "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];",
-                               "=r,=r,=r,=r,l")
-            words = builder.call(asm, [ptr])
-            return context.make_tuple(builder, sig.return_type,
-                                      [builder.extract_value(words, k) for k in range(4)])
+            return _ld_nc_v4(context, builder, sig, _element_pointer(context, builder, sig, args))
+
+        return sig, codegen
+
+    @intrinsic
+    def _ld_nc_v4_u32_row(typingctx, array, col):
+        """ld.global.nc.v4.u32 of array[col:col+4] (a 1-D array)."""
+        if not _is_u32_array(array, 1):
+            return None
+        sig = types.UniTuple(types.uint32, 4)(array, col)
+
+        def codegen(context, builder, sig, args):
+            aryty, colty = sig.args
+            arystruct = context.make_array(aryty)(context, builder, value=args[0])
+            ptr = builder.gep(arystruct.data, [context.cast(builder, args[1], colty, types.intp)])
+            return _ld_nc_v4(context, builder, sig, ptr)
 
         return sig, codegen
 
@@ -70,6 +91,11 @@ if not simulated():
     def load_u32x4(array, row, col):
         """array[row, col:col+4] in one load; col % 4 == 0 and rows 16-byte aligned."""
         return _ld_nc_v4_u32(array, row, col)
+
+    @cuda.jit(device=True, inline=True)
+    def load_row_u32x4(array, col):
+        """array[col:col + 4] of a 1-D uint32 array in one load; 16-byte aligned."""
+        return _ld_nc_v4_u32_row(array, col)
 
     @intrinsic
     def _ld_nc_16_bytes(typingctx, array, row, col):
@@ -298,6 +324,10 @@ else:
     def load_u32x4(array, row, col):
         assert col % 4 == 0, "vector load must be 16-byte aligned"
         return (array[row, col], array[row, col + 1], array[row, col + 2], array[row, col + 3])
+
+    def load_row_u32x4(array, col):
+        assert col % 4 == 0, "vector load must be 16-byte aligned"
+        return array[col], array[col + 1], array[col + 2], array[col + 3]
 
     def bits_to_f32(bits):
         return np.array([bits], dtype=np.uint32).view(np.float32)[0]
