@@ -93,3 +93,11 @@ def test_decode_json_draft_stats_and_lossless():
 def test_decode_rejects_bad_draft_depth():
     r = run_cli("decode", "-p", "x", "--draft", "lots")
     assert r.returncode == 1 and "draft depth" in r.stderr
+
+
+def test_bench_draft_row():
+    r = run_cli("bench", "-p", "0", "-n", "4", "-r", "1", "-d", "2", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["test"] for row in rows] == ["tg4", "tg4 draft=2"]
+    assert rows[1]["t_s"] > 0 and 1 <= rows[1]["tokens_per_step"] <= 3

@@ -77,16 +77,9 @@ def time_verify(model, k: int, reps: int) -> float:
 
 def time_draft(model, n_gen: int, depth: int, reps: int) -> tuple[float, float, dict]:
     """(seconds per token, tokens per step, last run's draft stats) of greedy MTP drafting."""
-    from hybrid.bench import BENCH_PROMPT
-    per_token, per_step, ds = [], [], {}
-    for _ in range(reps):
-        stats = None
-        for ev in model.generate(BENCH_PROMPT, max_tokens=n_gen, temperature=0, draft=depth, ignore_eos=True):
-            stats = getattr(ev, "stats", stats)
-        per_token.append(stats.decode_seconds / max(stats.generated_tokens, 1))
-        ds = stats.draft or {}
-        per_step.append(ds.get("tokens_per_step", 1.0))
-    return statistics.median(per_token), statistics.fmean(per_step), ds
+    from hybrid.bench import bench_draft
+    row = bench_draft(model, n_gen, depth, reps)
+    return 1.0 / row.mean, row.tokens_per_step, row.draft
 
 
 @contextmanager
