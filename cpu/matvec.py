@@ -105,103 +105,68 @@ def quantize_activations(x: np.ndarray):
 # ---- one weight row against all slots (shared by matvec and the fused FFN) --------------------
 
 @njit(inline="always")
-def _row_k_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, G):
-    """acc[n .. n+G) += one K-quant row (at byte row_off) · x, super-block by super-block. One
-    tight loop per (type, G): with the type test and the slot groups inside the block loop, LLVM
-    compiled a loop that took 1.4-1.8x the cycles per block of this one (in-cache, one thread)."""
-    if wtype == _Q4_K:
-        for b in range(w.shape[1] // 144):
-            dot_q4_k(w, row_off + b * 144, xq, dx, bs, b, acc, n, pf, G)
-    elif wtype == _Q5_K:
-        for b in range(w.shape[1] // 176):
-            dot_q5_k(w, row_off + b * 176, xq, dx, bs, b, acc, n, pf, G)
-    else:
-        for b in range(w.shape[1] // 210):
-            dot_q6_k(w, row_off + b * 210, xq, dx, bs, b, acc, n, pf, G)
-
-
-@njit(inline="always")
-def _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf):
-    """acc[n] += row r of a K-quant matrix · x[n], all slots. Slots go in groups of 4, then one
-    group of the 1-3 left: a group shares one decode of the weights (4 is what the registers
-    hold; a k=3 verify step decodes once, not as 2 + 1). Past 4 slots the row is read once per
-    group (from L1: a row is a few KB). Grouping cannot change any slot's bits: integer sums,
-    per-lane combine, and each slot still adds the blocks in row order."""
-    n_slots = acc.shape[0]
-    row_off = r * w.shape[1]
-    n = 0
-    while n + 4 <= n_slots:
-        _row_k_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 4)
-        n += 4
-    rest = n_slots - n
-    if rest == 3:
-        _row_k_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 3)
-    elif rest == 2:
-        _row_k_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 2)
-    elif rest == 1:
-        _row_k_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 1)
-
-
-@njit(inline="always")
-def _small_blocks(is_q8, w, off, xq, dx, k, e0, acc, n, pf, G, NB):
-    if is_q8:
-        dot_q8_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
-    else:
-        dot_q4_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
-
-
-@njit(inline="always")
-def _row_small_group(is_q8, w, row_off, xq, dx, acc, n, pf, G):
-    """acc[n .. n+G) += one Q8_0/Q4_0 row (at byte row_off) · x: the 8 blocks under one
-    activation scale are summed together, a shorter tail block by block. is_q8 is a constant at
-    each call site, so every (type, G) gets its own loop (as `_row_k_group`)."""
+def _row_small_blocks(is_q8, w, row_off, xq, dx, acc, n, pf, G):
+    """The Q8_0/Q4_0 case of `_row_group`: the 8 blocks under one activation scale are summed
+    together, a shorter tail block by block. is_q8 is a constant at each call site."""
     block_bytes = 34 if is_q8 else 18
     n_blk = w.shape[1] // block_bytes
     for k in range(dx.shape[0]):
         first = k * 8
         off = row_off + first * block_bytes
-        if first + 8 <= n_blk:
-            _small_blocks(is_q8, w, off, xq, dx, k, 0, acc, n, pf, G, 8)
+        if first + 8 <= n_blk and is_q8:
+            dot_q8_0(w, off, xq, dx, k, 0, acc, n, pf, G, 8)
+        elif first + 8 <= n_blk:
+            dot_q4_0(w, off, xq, dx, k, 0, acc, n, pf, G, 8)
         else:
             for i in range(n_blk - first):
-                _small_blocks(is_q8, w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
+                if is_q8:
+                    dot_q8_0(w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
+                else:
+                    dot_q4_0(w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
 
 
 @njit(inline="always")
-def _row_small_typed(is_q8, w, row_off, xq, dx, acc, pf):
-    n_slots = acc.shape[0]
-    n = 0
-    while n + 4 <= n_slots:
-        _row_small_group(is_q8, w, row_off, xq, dx, acc, n, pf, 4)
-        n += 4
-    rest = n_slots - n
-    if rest == 3:
-        _row_small_group(is_q8, w, row_off, xq, dx, acc, n, pf, 3)
-    elif rest == 2:
-        _row_small_group(is_q8, w, row_off, xq, dx, acc, n, pf, 2)
-    elif rest == 1:
-        _row_small_group(is_q8, w, row_off, xq, dx, acc, n, pf, 1)
-
-
-@njit(inline="always")
-def _row_small_blocks(wtype, w, r, xq, dx, acc, pf):
-    """acc[n] += row r of a Q8_0/Q4_0 matrix · x[n], slot groups as `_row_k_quant`."""
-    if wtype == _Q8_0:
-        _row_small_typed(True, w, r * w.shape[1], xq, dx, acc, pf)
+def _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, G):
+    """acc[n .. n+G) += one weight row (at byte row_off) · x, block by block: one tight loop per
+    (type, G) (the K-quant intrinsics emit theirs, see `cpu.simd._k_quant_intrinsic`). Inlined:
+    a called function compiles faster but its call costs ~60 ns per row, 3x the time of a
+    512-wide expert row."""
+    if wtype == _Q4_K:
+        dot_q4_k(w, row_off, xq, dx, bs, acc, n, pf, G)
+    elif wtype == _Q5_K:
+        dot_q5_k(w, row_off, xq, dx, bs, acc, n, pf, G)
+    elif wtype == _Q6_K:
+        dot_q6_k(w, row_off, xq, dx, bs, acc, n, pf, G)
+    elif wtype == _Q8_0:
+        _row_small_blocks(True, w, row_off, xq, dx, acc, n, pf, G)
     else:
-        _row_small_typed(False, w, r * w.shape[1], xq, dx, acc, pf)
+        _row_small_blocks(False, w, row_off, xq, dx, acc, n, pf, G)
 
 
 @njit(inline="always")
 def row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf):
     """acc[n] = Σ_c W[r, c] · x[n, c] for every slot n (acc is overwritten), quantised types;
-    weights `pf` bytes ahead are prefetched."""
-    for n in range(acc.shape[0]):
+    weights `pf` bytes ahead are prefetched.
+
+    Slots go in groups of 4, then one group of the 1-3 left: a group shares one decode of the
+    weights (4 is what the registers hold; a k=3 verify step decodes once, not as 2 + 1). Past
+    4 slots the row is read once per group (again from L1: a row is a few KB). Grouping cannot
+    change any slot's bits: integer sums, per-lane combine, each slot adds the blocks in order."""
+    n_slots = acc.shape[0]
+    for n in range(n_slots):
         acc[n] = 0.0
-    if wtype == _Q4_K or wtype == _Q5_K or wtype == _Q6_K:
-        _row_k_quant(wtype, w, r, xq, dx, bs, acc, pf)
-    else:
-        _row_small_blocks(wtype, w, r, xq, dx, acc, pf)
+    row_off = r * w.shape[1]
+    n = 0
+    while n + 4 <= n_slots:
+        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 4)
+        n += 4
+    rest = n_slots - n
+    if rest == 3:
+        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 3)
+    elif rest == 2:
+        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 2)
+    elif rest == 1:
+        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 1)
 
 
 # ---- kernels ---------------------------------------------------------------------------------
