@@ -105,6 +105,14 @@ def quantize_activations(x: np.ndarray):
 # ---- one weight row against all slots (shared by matvec and the fused FFN) --------------------
 
 @njit(inline="always")
+def _small_blocks(is_q8, w, off, xq, dx, k, e0, acc, n, pf, G, NB):
+    if is_q8:
+        dot_q8_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
+    else:
+        dot_q4_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
+
+
+@njit(inline="always")
 def _row_small_blocks(is_q8, w, row_off, xq, dx, acc, n, pf, G):
     """The Q8_0/Q4_0 case of `_row_group`: the 8 blocks under one activation scale are summed
     together, a shorter tail block by block. is_q8 is a constant at each call site."""
@@ -113,16 +121,11 @@ def _row_small_blocks(is_q8, w, row_off, xq, dx, acc, n, pf, G):
     for k in range(dx.shape[0]):
         first = k * 8
         off = row_off + first * block_bytes
-        if first + 8 <= n_blk and is_q8:
-            dot_q8_0(w, off, xq, dx, k, 0, acc, n, pf, G, 8)
-        elif first + 8 <= n_blk:
-            dot_q4_0(w, off, xq, dx, k, 0, acc, n, pf, G, 8)
+        if first + 8 <= n_blk:
+            _small_blocks(is_q8, w, off, xq, dx, k, 0, acc, n, pf, G, 8)
         else:
             for i in range(n_blk - first):
-                if is_q8:
-                    dot_q8_0(w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
-                else:
-                    dot_q4_0(w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
+                _small_blocks(is_q8, w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
 
 
 @njit(inline="always")

@@ -157,7 +157,6 @@ else:
         return words[0]
 
 
-
 def _gemm_source_stamp() -> int:
     """Part of every GEMM kernel's cache key (see gpu.matvec._specialise): Numba's disk cache
     only watches the file that defines a kernel, and the GEMM kernels are built from these
