@@ -17,6 +17,7 @@ import cpu.ops as host_ops
 from cpu.quants import dequantize_rows as host_dequantize_rows
 
 from . import embed, ffn, memory
+from .argmax import argmax_rows
 from .attention import gated_attention, kv_append
 from .gdn import conv1d_silu, gated_delta_rule
 from .matvec import matvec as device_matvec
@@ -98,7 +99,7 @@ def add_inplace(x, y) -> None:
 
 
 __all__ = [
-    "NAME", "add_inplace", "add_rms_norm", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
+    "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu",
 ]
@@ -109,7 +110,7 @@ def ptx_targets():
     as the forward calls them: for the sm_90 PTX check (tools/gpu_ptx_check.py)."""
     from numba import types
 
-    from . import attention, gdn, norm, rope
+    from . import argmax, attention, gdn, norm, rope
 
     f32, f64, i64 = types.float32, types.float64, types.int64
 
@@ -118,6 +119,7 @@ def ptx_targets():
 
     m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
     kernels = [
+        ("argmax_rows", argmax._argmax_rows, (m2, m2)),
         ("rms_norm", norm._rms_norm, (m2, m1, f64, m2)),
         ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
         ("head_rms_norm", norm._head_rms_norm, (m3, m1, f64, m3)),

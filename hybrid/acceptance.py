@@ -42,6 +42,18 @@ def accept_drafts(logits: np.ndarray, drafts: Sequence[int], sampler, history: l
     return emitted
 
 
+def accept_greedy(picked: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """`accept_drafts` for an argmax-only sampler, from the verifier rows' greedy picks
+    (`Picks.ids`): the drafts that equal the pick before them, then the next pick."""
+    emitted: list[int] = []
+    for i, d in enumerate(drafts):
+        if int(picked[i]) != d:
+            break
+        emitted.append(int(d))
+    emitted.append(int(picked[len(emitted)]))
+    return emitted
+
+
 def _draw_without(p: np.ndarray, d: int, rng: np.random.Generator) -> int:
     """Draw from p with token d removed (the residual max(0, p − one_hot(d)), renormalised)."""
     r = p.astype(np.float64)

@@ -64,14 +64,15 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
     # CUDA graphs replay
     state = model.new_state(n_gen + 2)
     for _ in range(2):
-        model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
+        model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last", pick=True)
     for _ in range(reps):
         state.reset()
-        logits, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last")
+        picks, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last",
+                                         pick=True)
         t0 = time.perf_counter()
-        for _ in range(n_gen):
-            tok = np.array([int(np.argmax(logits[-1]))], dtype=np.int32)
-            logits, _ = model.forward.forward(state, tok, logits="last")
+        for _ in range(n_gen):     # greedy, as `hybrid decode --temp 0`: the pick is made on the device
+            tok = np.array([picks.ids[-1]], dtype=np.int32)
+            picks, _ = model.forward.forward(state, tok, logits="last", pick=True)
         times.append(time.perf_counter() - t0)
     return BenchRow(f"tg{n_gen}", n_gen, times)
 

@@ -57,11 +57,13 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             else:
                 logits = item
         t0 = time.perf_counter()
+        argmax_only = sampler.config.argmax_only
+        picked = None        # the next token, when the last forward call picked it on the device
         while True:
             if stats.generated_tokens >= max_tokens:
                 stats.stop_reason = "length"
                 break
-            tok = sampler.sample(logits, history)
+            tok = sampler.sample(logits, history) if picked is None else picked
             history.append(tok)
             stats.generated_tokens += 1
             if tokenizer.is_eog(tok) and not ignore_eos:
@@ -77,8 +79,13 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             if state.n_past + 1 >= n_ctx:
                 stats.stop_reason = "context"
                 break
-            logits, _ = forward.forward(state, np.array([tok], dtype=np.int32), logits="last")
-            logits = logits[-1]
+            ids = np.array([tok], dtype=np.int32)
+            if argmax_only:
+                picks, _ = forward.forward(state, ids, logits="last", pick=True)
+                picked = int(picks.ids[-1])
+            else:
+                logits, _ = forward.forward(state, ids, logits="last")
+                logits = logits[-1]
             stats.decode_seconds = time.perf_counter() - t0
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"

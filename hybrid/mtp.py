@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpu.argmax import PICK_COLUMNS
+
 from .errors import HybridError
+from .sampling import Picks
 
 # rows that produce logits and hidden, by logits mode (n: the call's rows)
 _OUTPUT_ROWS = {"all": lambda n: n, "last": lambda n: 1, "none": lambda n: 0}
@@ -38,12 +41,13 @@ class MTPHead:
                               "use --draft 0")
         self.layer = self.w.block.index
 
-    def forward(self, state, token_ids, hidden_prev: np.ndarray, logits: str = "last"):
+    def forward(self, state, token_ids, hidden_prev: np.ndarray, logits: str = "last", pick: bool = False):
         """Run n MTP rows at positions state.mtp_n_past.. and advance it.
 
         hidden_prev: float32 (n, D), row i the hidden paired with token i.
         Returns (logits, hidden) of the output rows: all n rows for "all", the last row for
         "last" ((1, n_vocab), (1, D)); (None, None) for "none", which only fills the cache.
+        pick=True returns the rows' greedy `Picks` in place of their logits (as Forward.forward).
         """
         fwd, c, b = self.fwd, self.fwd.config, self.fwd.backend
         ids = fwd.check_tokens(token_ids)
@@ -55,24 +59,30 @@ class MTPHead:
         if state.mtp_n_past + n > state.n_ctx:
             raise HybridError(f"{n} MTP rows do not fit the context of {state.n_ctx}")
         n_out = _OUTPUT_ROWS[logits](n)
+        pick = pick and n_out > 0
+        if pick:
+            Picks.check_vocab(V)
         # inputs into buffers that stay put, so the GPU backend can replay the block as a graph
         emb, h_prev = b.result("mtp_emb", (n, D)), b.result("mtp_h_prev", (n, D))
         b.copy(emb, fwd.embed(ids, table=self.w.embed))
         b.copy(h_prev, np.ascontiguousarray(hidden_prev, dtype=np.float32))
         rows = fwd.prepare_rows(n, state.mtp_n_past)        # all n rows: projections, K and V
         out_rows = rows if n_out in (0, n) else fwd.prepare_rows(n_out, state.mtp_n_past + n - n_out)
-        # logits and hidden of the output rows in one buffer: one copy to the host, one wait
-        result = b.result("mtp_out", (1, n_out * (V + D))) if n_out else None
-        out, hidden = _split(result, n_out, V, D)
+        # what comes back (logits or picks, then hidden) in one buffer: one copy to the host, one wait
+        first = PICK_COLUMNS if pick else V
+        result = b.result("mtp_pick" if pick else "mtp_out", (1, n_out * (first + D))) if n_out else None
+        head, hidden = _split(result, n_out, first, D)
+        out = b.result("mtp_logits", (n_out, V)) if pick else head
         kv = state.mtp_kv[self.layer]
-        b.run_step(("mtp", n, logits, state.identity, rows.identity, out_rows.identity),
-                   lambda: self._block(emb, h_prev, kv, rows, out_rows, hidden, out))
+        b.run_step(("mtp", n, logits, pick, state.identity, rows.identity, out_rows.identity),
+                   lambda: self._block(emb, h_prev, kv, rows, out_rows, hidden, out, head if pick else None))
         state.mtp_n_past += n
         if result is None:
             return None, None
-        return _split(b.to_host(result), n_out, V, D)
+        head, hidden = _split(b.to_host(result), n_out, first, D)
+        return (Picks.of(head) if pick else head), hidden
 
-    def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out) -> None:
+    def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out, picks) -> None:
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
         n, D = emb.shape
         cat = b.result("mtp_cat", (n, 2 * D))
@@ -91,6 +101,8 @@ class MTPHead:
             fwd.attention_block_on(w.block, x_out, kv, out_rows)
             ops.rms_norm(x_out, w.shared_head_norm, c.rms_eps, hidden)
             ops.matvec(w.head.wtype, w.head.data, hidden, out)
+            if picks is not None:
+                ops.argmax_rows(out, picks)
 
     def _fill_kv(self, x, kv, s) -> None:
         """Append the K and V of rows x to the cache, at s's positions: the first half of the
@@ -102,11 +114,11 @@ class MTPHead:
         fwd.append_kv(layer, kv, s)
 
 
-def _split(buffer, n_out: int, n_vocab: int, D: int):
-    """(logits (n_out, n_vocab), hidden (n_out, D)): contiguous views of a (1, n_out·(n_vocab+D))
-    buffer, host or device; (None, None) without one."""
+def _split(buffer, n_out: int, first: int, D: int):
+    """(head (n_out, first), hidden (n_out, D)): contiguous views of a (1, n_out·(first+D))
+    buffer, host or device, head being logits (first = n_vocab) or picks; (None, None) without one."""
     if buffer is None:
         return None, None
     flat = buffer.reshape(buffer.size)
-    cut = n_out * n_vocab
-    return flat[:cut].reshape(n_out, n_vocab), flat[cut:].reshape(n_out, D)
+    cut = n_out * first
+    return flat[:cut].reshape(n_out, first), flat[cut:].reshape(n_out, D)

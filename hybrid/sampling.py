@@ -13,6 +13,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from cpu.argmax import MAX_EXACT_ID, PICK_ID, PICK_MAX, PICK_P
+
 from .errors import HybridError
 
 
@@ -51,6 +53,36 @@ class SamplerConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def argmax_only(self) -> bool:
+        """Greedy with no penalty: the sample is the first maximum of the raw logits, so the
+        forward's on-device picks (`Picks`) serve and the logits need not come to the host."""
+        return self.greedy and (self.repeat_last_n == 0 or (
+            self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0))
+
+
+class Picks(NamedTuple):
+    """Greedy picks of logit rows (`ops.argmax_rows`): the first maximum of each row and its
+    softmax probability (a draft's confidence)."""
+    ids: np.ndarray          # int64 (n,)
+    top_p: np.ndarray        # float32 (n,)
+
+    @classmethod
+    def of(cls, picks: np.ndarray) -> "Picks":
+        """From argmax_rows' (n, 3) array; raises where the sampler would on those logits."""
+        best = picks[:, PICK_MAX]
+        if np.isnan(best).any():
+            raise HybridError("the logits contain NaN: the model produced invalid numbers")
+        if np.isneginf(best).any():
+            raise HybridError("every token is masked out (all logits are -inf)")
+        return cls(picks[:, PICK_ID].astype(np.int64), picks[:, PICK_P].copy())
+
+    @staticmethod
+    def check_vocab(n_vocab: int) -> None:
+        if n_vocab >= MAX_EXACT_ID:
+            raise HybridError(f"a vocabulary of {n_vocab} tokens is too large for on-device picks "
+                              f"(ids are carried as float32): ask for logits instead")
 
 
 class Sampler:

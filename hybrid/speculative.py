@@ -22,7 +22,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .acceptance import accept_drafts
+from .acceptance import accept_drafts, accept_greedy
 from .draft_depth import DepthController
 from .events import Done, Prefill, Stats, Token
 from .generate import PREFILL_CHUNK, check_fits
@@ -94,19 +94,12 @@ def draft_tokens(mtp, state, pending_ids, pending_h, depth: int, p_min: float) -
     drafts: list[int] = []
     ids, hs = pending_ids, pending_h
     while len(drafts) < depth:
-        logits, hidden = mtp.forward(state, ids, hs, logits="last")
-        row = logits[-1]
-        d = int(np.argmax(row))
-        if p_min > 0.0 and _top_prob(row) < p_min:
+        picks, hidden = mtp.forward(state, ids, hs, logits="last", pick=True)
+        if p_min > 0.0 and picks.top_p[-1] < p_min:
             break
-        drafts.append(d)
-        ids, hs = np.array([d], np.int32), hidden[-1:]
+        drafts.append(int(picks.ids[-1]))
+        ids, hs = np.array([drafts[-1]], np.int32), hidden[-1:]
     return drafts
-
-
-def _top_prob(row: np.ndarray) -> float:
-    m = float(row.max())
-    return 1.0 / float(np.exp(row.astype(np.float64) - m).sum())
 
 
 def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
@@ -132,6 +125,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             stats.stop_reason = "length"
         pending_ids = np.array(emit_queue, np.int32)
         pending_h = h_last
+        argmax_only = sampler.config.argmax_only
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
@@ -165,10 +159,11 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
             t_verify = time.perf_counter()
             n0 = state.n_past
-            vlogits, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
-                                               snapshot=True)
+            verified, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
+                                                snapshot=True, pick=argmax_only)
             t_commit = time.perf_counter()
-            emit_queue = accept_drafts(vlogits, drafts, sampler, history)
+            emit_queue = (accept_greedy(verified.ids, drafts) if argmax_only
+                          else accept_drafts(verified, drafts, sampler, history))
             m = len(emit_queue) - 1
             state.rollback(m + 1)
             state.mtp_n_past = n0 + 1                      # the seed row (t, h_{n0−1}) was a true row

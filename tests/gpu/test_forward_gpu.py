@@ -107,6 +107,9 @@ def test_chunks_equal_token_by_token_bit_for_bit(stepping):
     np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), hidden_whole)
     want, _ = run(Forward(stepping.model_file), ids)
     assert max_error(whole, want) < EXACT_TOL
+    picks, hidden_picked = stepping.forward(stepping.new_state(32), ids, logits="all", pick=True)
+    assert picks.ids.tolist() == whole.argmax(1).tolist()          # picked on the device
+    np.testing.assert_array_equal(hidden_picked, hidden_whole)
 
 
 def test_rollback_copy_and_save_load_on_device_states(stepping, tmp_path):

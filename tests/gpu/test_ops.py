@@ -379,3 +379,25 @@ def test_copy_handles_strided_views_and_host_sources():
     memory.copy(kv[:, :5], dev(src)[:, :5])
     np.testing.assert_array_equal(kv.copy_to_host()[:, :5], src[:, :5])
     assert not kv.copy_to_host()[:, 5:].any()
+
+
+# --- greedy picks -----------------------------------------------------------------------------------
+
+def test_argmax_rows_matches_cpu_on_ties_nan_and_masked_rows():
+    from cpu.argmax import PICK_COLUMNS, PICK_ID, PICK_MAX, PICK_P
+    x = f32(rng(41).standard_normal((5, 333)) * 5)
+    x[1, [300, 40, 41]] = 60.0                     # tie: lowest id, found by different threads
+    x[2, 7] = np.nan
+    x[3, :] = -np.inf
+    x[4, :] = -np.inf
+    x[4, 332] = -3.0                               # one finite value, in the last thread's stride
+    want = np.empty((5, PICK_COLUMNS), np.float32)
+    cpu.ops.argmax_rows(x, want)
+    out = dev(np.full((5, PICK_COLUMNS), 9.0, np.float32))
+    gpu.ops.argmax_rows(dev(x), out)
+    got = out.copy_to_host()
+    finite = [0, 1, 4]
+    np.testing.assert_array_equal(got[finite, PICK_ID], want[finite, PICK_ID])
+    assert got[1, PICK_ID] == 40
+    np.testing.assert_allclose(got[finite, PICK_P], want[finite, PICK_P], rtol=1e-5)
+    np.testing.assert_array_equal(got[:, PICK_MAX], want[:, PICK_MAX])    # NaN and -inf included

@@ -8,7 +8,7 @@ Greedy: drafts are kept while they are the argmax, so output equals plain greedy
 import numpy as np
 import pytest
 
-from hybrid.acceptance import _draw_without, accept_drafts
+from hybrid.acceptance import _draw_without, accept_drafts, accept_greedy
 from hybrid.sampling import Sampler, SamplerConfig
 
 ROWS = np.array([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0],      # verifier row 0: decides position 1
@@ -89,6 +89,17 @@ def test_greedy_keeps_drafts_while_they_are_the_argmax():
     assert accept_drafts(ROWS, [0, 3], s, []) == [0, 1]            # second rejected → row 1's argmax
     assert accept_drafts(ROWS, [4, 1], s, []) == [0]               # first rejected: nothing more
     assert accept_drafts(ROWS[:1], [], s, []) == [0]
+
+
+def test_accept_greedy_on_picks_equals_accept_drafts_on_logits():
+    rng = np.random.default_rng(5)
+    sampler = Sampler(SamplerConfig(temperature=0.0))
+    assert sampler.config.argmax_only
+    for _ in range(50):
+        logits = rng.standard_normal((4, 12)).astype(np.float32)
+        best = logits.argmax(1)
+        drafts = [int(b) if rng.random() < 0.7 else int(b + 1) % 12 for b in best[:3]]
+        assert accept_greedy(best, drafts) == accept_drafts(logits, drafts, sampler, [1, 2])
 
 
 def test_greedy_sees_kept_drafts_in_the_penalty_history():

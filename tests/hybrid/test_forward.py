@@ -136,6 +136,12 @@ def test_logits_modes(q4km):
     none, hidden_none = q4km.forward(q4km.new_state(16), PROMPT[:6].astype(np.int32), logits="none")
     assert none is None
     np.testing.assert_array_equal(hidden_none, hidden)
+    for mode, rows in (("all", whole), ("last", whole[-1:])):
+        picks, hidden_picked = q4km.forward(q4km.new_state(16), PROMPT[:6], logits=mode, pick=True)
+        assert picks.ids.tolist() == rows.argmax(1).tolist()
+        r64 = rows.astype(np.float64)
+        np.testing.assert_allclose(picks.top_p, 1 / np.exp(r64 - r64.max(1, keepdims=True)).sum(1), rtol=1e-5)
+        np.testing.assert_array_equal(hidden_picked, hidden)
 
 
 def test_state_copy_and_save_load_continue_identically(q4km, tmp_path):

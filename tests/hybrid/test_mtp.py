@@ -136,6 +136,9 @@ def test_rows_split_over_calls_equal_one_call(q4km, code_ids):
     np.testing.assert_array_equal(np.concatenate(hiddens), whole_hidden)
     last, _ = head.forward(fw.new_state(32), ids[:3], h_prev[:3], logits="last")
     np.testing.assert_array_equal(last, whole[2:3])
+    picks, picked_hidden = head.forward(fw.new_state(32), ids, h_prev, logits="all", pick=True)
+    assert picks.ids.tolist() == whole.argmax(1).tolist()
+    np.testing.assert_array_equal(picked_hidden, whole_hidden)
 
 
 def test_bad_calls_give_clear_errors(q4km, tmp_path):

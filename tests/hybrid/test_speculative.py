@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import hybrid
+from cpu.argmax import PICK_COLUMNS, argmax_rows
 from hybrid.events import Done, Prefill, Token
 from hybrid.generate import generate_tokens
 from hybrid.mtp import MTPHead
-from hybrid.sampling import Sampler, SamplerConfig
+from hybrid.sampling import Picks, Sampler, SamplerConfig
 from hybrid.speculative import AUTO, generate_speculative
 from hybrid.state import SessionState
 from hybrid.synth import preset, write_model
@@ -40,7 +41,7 @@ class CountingTrunk:
         self.config = SimpleNamespace(n_embd=WIDTH)
         self.verify_calls: list[list[int]] = []
 
-    def forward(self, state, token_ids, logits="last", snapshot=False):
+    def forward(self, state, token_ids, logits="last", snapshot=False, pick=False):
         ids = np.asarray(token_ids, np.int64)
         n = len(ids)
         state.check_fits(n)
@@ -56,7 +57,7 @@ class CountingTrunk:
         rows = ids if logits == "all" else ids[-1:]
         out = np.full((len(rows), V), -10.0, np.float32)
         out[np.arange(len(rows)), (rows + 1) % V] = 10.0
-        return out, hidden
+        return (as_picks(out) if pick else out), hidden
 
 
 class ScriptedHead:
@@ -69,7 +70,7 @@ class ScriptedHead:
         self.rows: dict[int, tuple[int, tuple]] = {}
         self.calls: list[tuple[int, list[int]]] = []
 
-    def forward(self, state, token_ids, hidden_prev, logits="last"):
+    def forward(self, state, token_ids, hidden_prev, logits="last", pick=False):
         ids = np.asarray(token_ids, np.int64)
         n, p0 = len(ids), state.mtp_n_past
         assert hidden_prev.shape == (n, WIDTH)
@@ -86,7 +87,15 @@ class ScriptedHead:
         token, confidence = self.script.pop(0) if self.script is not None else ((int(ids[-1]) + 1) % V, 1.0)
         row = np.full(V, np.log((1.0 - confidence) / (V - 1)) if confidence < 1.0 else -30.0)
         row[token] = np.log(confidence)
-        return row[None].astype(np.float32), hidden
+        out = row[None].astype(np.float32)
+        return (as_picks(out) if pick else out), hidden
+
+
+def as_picks(logits: np.ndarray) -> Picks:
+    """What a forward called with pick=True returns for these logits."""
+    out = np.empty((logits.shape[0], PICK_COLUMNS), np.float32)
+    argmax_rows(np.ascontiguousarray(logits, np.float32), out)
+    return Picks.of(out)
 
 
 class LetterTokenizer:
@@ -283,9 +292,9 @@ class KnownFutureHead:
         self.head, self.sequence, self.n_vocab = head, sequence, n_vocab
         self.wrong = np.random.default_rng(11).random(len(sequence) + 8) < 0.3
 
-    def forward(self, state, token_ids, hidden_prev, logits="last"):
+    def forward(self, state, token_ids, hidden_prev, logits="last", pick=False):
         p = state.mtp_n_past + len(token_ids) - 1          # the row whose logits come back
-        out, hidden = self.head.forward(state, token_ids, hidden_prev, logits=logits)
+        out, hidden = self.head.forward(state, token_ids, hidden_prev, logits=logits, pick=pick)
         if out is None:
             return out, hidden
         target = self.sequence[p + 1] if p + 1 < len(self.sequence) else 0
@@ -293,7 +302,7 @@ class KnownFutureHead:
             target = (target + 1) % self.n_vocab
         fake = np.zeros((1, self.n_vocab), np.float32)
         fake[0, target] = 10.0
-        return fake, hidden
+        return (as_picks(fake) if pick else fake), hidden
 
 
 @pytest.fixture(scope="module", params=["Q4_K_M", "Q8_0"])

@@ -61,15 +61,16 @@ def time_plain(model, n_gen: int, reps: int) -> float:
 
 
 def time_verify(model, k: int, reps: int) -> float:
-    """Median seconds of one k-token verify forward (all logits, snapshotting), as speculative
-    decoding runs it; each step is rolled back to one kept token, so positions barely move."""
+    """Median seconds of one k-token verify forward (greedy picks of all rows, snapshotting), as
+    greedy speculative decoding runs it; each step is rolled back to one kept token, so positions
+    barely move."""
     state = model.forward.new_state(reps + k + 9, n_ring=max(k, 1))
     model.forward.forward(state, np.zeros(1, np.int32), logits="last")
     ids = np.arange(1, k + 1, dtype=np.int32) % model.config.n_vocab
     times = []
     for _ in range(reps + 2):      # the first call sizes the scratch, the second captures a graph
         t0 = time.perf_counter()
-        model.forward.forward(state, ids, logits="all", snapshot=True)
+        model.forward.forward(state, ids, logits="all", snapshot=True, pick=True)
         times.append(time.perf_counter() - t0)
         state.rollback(1)
     return statistics.median(times[2:])
@@ -116,7 +117,7 @@ def time_split(model, k: int, reps: int) -> dict[str, float]:
     state = model.forward.new_state(reps + k + 8, n_ring=k)
     ids = np.arange(1, k + 1, dtype=np.int32) % model.config.n_vocab
     for _ in range(2):                 # scratch sized, kernels warm, the step captured if it can be
-        model.forward.forward(state, ids, logits="all", snapshot=True)
+        model.forward.forward(state, ids, logits="all", snapshot=True, pick=True)
         state.rollback(1)
     graphs = getattr(model.forward.backend, "graphs", None)
     replayed = graphs is not None and graphs.enabled and graphs.replays > 0
@@ -126,7 +127,7 @@ def time_split(model, k: int, reps: int) -> dict[str, float]:
     with (contextlib.nullcontext() if replayed else _timed_parts(model.forward, totals)):
         for _ in range(reps):
             t0 = time.perf_counter()
-            model.forward.forward(state, ids, logits="all", snapshot=True)
+            model.forward.forward(state, ids, logits="all", snapshot=True, pick=True)
             wall += time.perf_counter() - t0
             state.rollback(1)
     if replayed:

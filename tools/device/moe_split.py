@@ -92,13 +92,14 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     from hybrid.mtp import MTPHead
     from hybrid.state import SessionState
 
-    def forward_kind(self, state, token_ids, logits="last", snapshot=False):
+    def forward_kind(self, state, token_ids, logits="last", snapshot=False, pick=False):
         return "verify" if snapshot else ("decode" if len(token_ids) == 1 else "prefill")
 
     patch(Forward, "forward", lambda f: prof.wrap("forward", f, pick=forward_kind))
     patch(MTPHead, "forward", lambda f: prof.wrap("MTP call (rest)", f))
     patch(spec, "draft_tokens", lambda f: prof.wrap("draft", f))
     patch(spec, "accept_drafts", lambda f: prof.wrap("accept", f))
+    patch(spec, "accept_greedy", lambda f: prof.wrap("accept", f))
     patch(SessionState, "rollback", lambda f: prof.wrap("rollback", f))
     patch(MoEStats, "count", lambda f: prof.wrap("MoE counters", f))
     patch(cpu.moe, "route", lambda f: prof.wrap("routing", f))
@@ -138,12 +139,12 @@ def plain_steps(model, prof: Profile, steps: int) -> float:
     fw.forward(state, np.arange(1, 5, dtype=np.int32) % model.config.n_vocab, logits="last")
     tok = np.array([5], np.int32)
     for _ in range(3):
-        fw.forward(state, tok, logits="last")
+        fw.forward(state, tok, logits="last", pick=True)
     prof.reset()
     prof.on = True
     t0 = perf()
-    for _ in range(steps):
-        fw.forward(state, tok, logits="last")
+    for _ in range(steps):                      # greedy decoding: the pick is made on the device
+        fw.forward(state, tok, logits="last", pick=True)
     prof.on = False
     return (perf() - t0) / steps
 
