@@ -1,7 +1,8 @@
 """Device buffers and the pinned host staging that the CPU hand-off goes through.
 
 * Arrays: `zeros`, `upload`, `to_host`, `copy` (device↔device or host→device, any 2-D
-  strides), `fill_zero`, `is_device`.
+  strides), `fill_zero`, `is_device`. A decode step's small copies between host arrays and
+  the device (positions, embedded rows, picks, hidden rows) go through pinned staging.
 * Scratch: `scratch(key, shape)` is a device buffer reused by every call that asks for the same
   key and shape (temporaries inside one op: never held across ops).
 * Staging: `host_call(inputs, outputs, fn, meanwhile)` copies device arrays into pinned host
@@ -84,12 +85,19 @@ def upload(host: np.ndarray):
 
 
 def to_host(a) -> np.ndarray:
-    """A fresh host ndarray with a's contents (host arrays are returned as they are)."""
+    """A fresh host ndarray with a's contents (host arrays are returned as they are). Goes
+    through pinned staging: a copy into pageable memory cost ~70-90 µs on the GPU machine
+    whatever its size (a decode step's few-byte picks included)."""
     if isinstance(a, np.ndarray):
         return a
-    host = a.copy_to_host(stream=stream())
+    if not a.is_c_contiguous():
+        host = a.copy_to_host(stream=stream())
+        synchronize()
+        return host
+    staged = host_buffer("to_host", a.shape, a.dtype)
+    a.copy_to_host(staged, stream=stream())
     synchronize()
-    return host
+    return staged.copy()
 
 
 @cuda.jit(cache=True)
@@ -126,7 +134,9 @@ def copy(dst, src) -> None:
         return
     if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)
-    if _contiguous(dst) and _contiguous(src):
+    if _contiguous(dst) and isinstance(src, np.ndarray) and _contiguous(src):
+        _upload_into(dst, src)
+    elif _contiguous(dst) and _contiguous(src):
         dst.copy_to_device(src, stream=stream())
     elif isinstance(src, np.ndarray):
         copy(dst, upload(src))
@@ -176,6 +186,39 @@ _staging: dict[object, _Pinned] = {}
 def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     """Pinned host scratch for `key` (contents undefined; valid until the next request of it)."""
     return _staging.setdefault(key, _Pinned()).view(tuple(shape), dtype)
+
+
+class _Upload:
+    """Pinned staging for host→device copies of one shape and dtype, and an event recorded
+    after its last copy: it is refilled only once that copy has run."""
+
+    def __init__(self):
+        self.pinned = _Pinned()
+        self.copied = None
+
+
+_uploads: dict[tuple, _Upload] = {}
+
+
+def _upload_into(dst, src: np.ndarray) -> None:
+    """dst ← host src through pinned staging. A copy from pageable memory (which the driver
+    bounces through its own staging) took ~130-170 µs per call on the GPU machine for a decode
+    step's few KB (its positions and embedded rows). src may be reused at once, as with a
+    pageable copy. Inside a capture the copy stays pageable, which fails the capture as before:
+    a captured copy from staging would replay whatever the staging holds then."""
+    from . import graphs
+    if graphs.recording() is not None:
+        dst.copy_to_device(src, stream=stream())
+        return
+    up = _uploads.setdefault((src.shape, src.dtype.str), _Upload())
+    if up.copied is None:
+        up.copied = cuda.event() if simulated() else cuda.event(timing=False)
+    else:
+        up.copied.synchronize()
+    staged = up.pinned.view(src.shape, src.dtype)
+    staged[...] = src
+    dst.copy_to_device(staged, stream=stream())
+    up.copied.record(stream())
 
 
 def host_call(inputs, outputs, fn, meanwhile=None) -> None:

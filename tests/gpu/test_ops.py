@@ -381,6 +381,23 @@ def test_copy_handles_strided_views_and_host_sources():
     assert not kv.copy_to_host()[:, 5:].any()
 
 
+def test_host_copies_go_through_staging_without_mixing_calls():
+    """Copies from host arrays of one shape share pinned staging: each must still land with the
+    values src had at its call (the caller changes src at once), and to_host returns arrays
+    that later copies do not overwrite."""
+    src = np.arange(12, dtype=np.float32).reshape(3, 4)
+    outs = [memory.zeros((3, 4)) for _ in range(4)]
+    for out in outs:
+        memory.copy(out, src)
+        src += 100.0
+    got = [memory.to_host(out) for out in outs]
+    for k, g in enumerate(got):
+        np.testing.assert_array_equal(g, np.arange(12, dtype=np.float32).reshape(3, 4) + 100 * k)
+    positions = memory.zeros((5,), np.int64)
+    memory.copy(positions, np.arange(7, 12))
+    np.testing.assert_array_equal(memory.to_host(positions), np.arange(7, 12))
+
+
 # --- greedy picks -----------------------------------------------------------------------------------
 
 def test_argmax_rows_matches_cpu_on_ties_nan_and_masked_rows():
