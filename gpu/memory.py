@@ -95,7 +95,8 @@ def to_host(a) -> np.ndarray:
         synchronize()
         return host
     staged = host_buffer("to_host", a.shape, a.dtype)
-    a.copy_to_host(staged, stream=stream())
+    if a.size:
+        copy_pinned(staged, a)
     synchronize()
     return staged.copy()
 
@@ -217,8 +218,28 @@ def _upload_into(dst, src: np.ndarray) -> None:
         up.copied.synchronize()
     staged = up.pinned.view(src.shape, src.dtype)
     staged[...] = src
-    dst.copy_to_device(staged, stream=stream())
+    copy_pinned(dst, staged)
     up.copied.record(stream())
+
+
+def copy_pinned(dst, src) -> None:
+    """Queue one copy between pinned host memory and a C-contiguous device array of the same
+    size (either way round) on the stream, by a direct driver call: on the GPU machine Numba's
+    copy_to_device cost ~80 µs of host time per call and copy_to_host ~15, the driver's
+    cuMemcpy*Async ~2 (a decode step makes a few of them)."""
+    if simulated():
+        if isinstance(src, np.ndarray):
+            dst.copy_to_device(src, stream=stream())
+        else:
+            src.copy_to_host(dst, stream=stream())
+        return
+    from cuda.bindings import driver as cu
+    if isinstance(src, np.ndarray):
+        err, = cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, src.nbytes, stream().handle)
+    else:
+        err, = cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, stream().handle)
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA copy failed: {cu.cuGetErrorName(err)[1].decode()}")
 
 
 def host_call(inputs, outputs, fn, meanwhile=None) -> None:
@@ -242,7 +263,7 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
     host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
     host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]
     for dev, host in zip(inputs, host_in):
-        dev.copy_to_host(host, stream=stream())
+        copy_pinned(host, dev)
     if meanwhile is None:
         synchronize()
     else:
@@ -251,4 +272,4 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
         wait_for(copied)
     fn(*host_in, *host_out)
     for dev, host in zip(outputs, host_out):
-        dev.copy_to_device(host, stream=stream())
+        copy_pinned(dev, host)
