@@ -1,8 +1,8 @@
 """Device buffers and the pinned host staging that the CPU hand-off goes through.
 
 * Arrays: `zeros`, `upload`, `to_host`, `copy` (device↔device or host→device, any 2-D
-  strides), `fill_zero`, `is_device`. A decode step's small copies between host arrays and
-  the device (positions, embedded rows, picks, hidden rows) go through pinned staging.
+  strides), `fill_zero`, `is_device`. Copies between host arrays and the device are direct
+  driver calls (`copy_raw`): Numba's own cost tens of µs each.
 * Scratch: `scratch(key, shape)` is a device buffer reused by every call that asks for the same
   key and shape (temporaries inside one op: never held across ops).
 * Staging: `host_call(inputs, outputs, fn, meanwhile)` copies device arrays into pinned host
@@ -85,20 +85,16 @@ def upload(host: np.ndarray):
 
 
 def to_host(a) -> np.ndarray:
-    """A fresh host ndarray with a's contents (host arrays are returned as they are). Goes
-    through pinned staging: a copy into pageable memory cost ~70-90 µs on the GPU machine
-    whatever its size (a decode step's few-byte picks included)."""
+    """A fresh host ndarray with a's contents (host arrays are returned as they are)."""
     if isinstance(a, np.ndarray):
         return a
-    if not a.is_c_contiguous():
+    if not a.is_c_contiguous() or a.size == 0:
         host = a.copy_to_host(stream=stream())
-        synchronize()
-        return host
-    staged = host_buffer("to_host", a.shape, a.dtype)
-    if a.size:
-        copy_pinned(staged, a)
+    else:
+        host = np.empty(a.shape, a.dtype)
+        copy_raw(host, a)
     synchronize()
-    return staged.copy()
+    return host
 
 
 @cuda.jit(cache=True)
@@ -133,10 +129,10 @@ def copy(dst, src) -> None:
         raise ValueError(f"copy: shapes differ: {dst.shape} vs {src.shape}")
     if dst.size == 0:
         return
-    if isinstance(src, np.ndarray) and not src.flags.c_contiguous:
-        src = np.ascontiguousarray(src)
-    if _contiguous(dst) and isinstance(src, np.ndarray) and _contiguous(src):
-        _upload_into(dst, src)
+    if isinstance(src, np.ndarray) and (not src.flags.c_contiguous or src.dtype != dst.dtype):
+        src = np.ascontiguousarray(src, dtype=dst.dtype)
+    if _contiguous(dst) and isinstance(src, np.ndarray):
+        copy_raw(dst, src)
     elif _contiguous(dst) and _contiguous(src):
         dst.copy_to_device(src, stream=stream())
     elif isinstance(src, np.ndarray):
@@ -189,44 +185,13 @@ def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     return _staging.setdefault(key, _Pinned()).view(tuple(shape), dtype)
 
 
-class _Upload:
-    """Pinned staging for host→device copies of one shape and dtype, and an event recorded
-    after its last copy: it is refilled only once that copy has run."""
-
-    def __init__(self):
-        self.pinned = _Pinned()
-        self.copied = None
-
-
-_uploads: dict[tuple, _Upload] = {}
-
-
-def _upload_into(dst, src: np.ndarray) -> None:
-    """dst ← host src through pinned staging. A copy from pageable memory (which the driver
-    bounces through its own staging) took ~130-170 µs per call on the GPU machine for a decode
-    step's few KB (its positions and embedded rows). src may be reused at once, as with a
-    pageable copy. Inside a capture the copy stays pageable, which fails the capture as before:
-    a captured copy from staging would replay whatever the staging holds then."""
-    from . import graphs
-    if graphs.recording() is not None:
-        dst.copy_to_device(src, stream=stream())
-        return
-    up = _uploads.setdefault((src.shape, src.dtype.str), _Upload())
-    if up.copied is None:
-        up.copied = cuda.event() if simulated() else cuda.event(timing=False)
-    else:
-        up.copied.synchronize()
-    staged = up.pinned.view(src.shape, src.dtype)
-    staged[...] = src
-    copy_pinned(dst, staged)
-    up.copied.record(stream())
-
-
-def copy_pinned(dst, src) -> None:
-    """Queue one copy between pinned host memory and a C-contiguous device array of the same
-    size (either way round) on the stream, by a direct driver call: on the GPU machine Numba's
+def copy_raw(dst, src) -> None:
+    """Queue one copy between host memory and a C-contiguous device array of the same size
+    (either way round) on the stream, by a direct driver call: on the GPU machine Numba's
     copy_to_device cost ~80 µs of host time per call and copy_to_host ~15, the driver's
-    cuMemcpy*Async ~2 (a decode step makes a few of them)."""
+    cuMemcpy*Async 2-4 (a decode step makes a few such copies). The driver's rules for pageable
+    host memory hold: a copy up has read src when this returns (src may be reused at once),
+    a copy down has landed."""
     if simulated():
         if isinstance(src, np.ndarray):
             dst.copy_to_device(src, stream=stream())
@@ -234,6 +199,8 @@ def copy_pinned(dst, src) -> None:
             src.copy_to_host(dst, stream=stream())
         return
     from cuda.bindings import driver as cu
+    if src.dtype != dst.dtype or src.size != dst.size:
+        raise ValueError(f"copy: {src.size} {src.dtype} into {dst.size} {dst.dtype}")
     if isinstance(src, np.ndarray):
         err, = cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, src.nbytes, stream().handle)
     else:
@@ -263,7 +230,7 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
     host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
     host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]
     for dev, host in zip(inputs, host_in):
-        copy_pinned(host, dev)
+        copy_raw(host, dev)
     if meanwhile is None:
         synchronize()
     else:
@@ -272,4 +239,4 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
         wait_for(copied)
     fn(*host_in, *host_out)
     for dev, host in zip(outputs, host_out):
-        copy_pinned(dev, host)
+        copy_raw(dev, host)

@@ -381,10 +381,10 @@ def test_copy_handles_strided_views_and_host_sources():
     assert not kv.copy_to_host()[:, 5:].any()
 
 
-def test_host_copies_go_through_staging_without_mixing_calls():
-    """Copies from host arrays of one shape share pinned staging: each must still land with the
-    values src had at its call (the caller changes src at once), and to_host returns arrays
-    that later copies do not overwrite."""
+def test_host_copies_take_src_at_the_call_and_convert_its_dtype():
+    """Copies from host arrays are direct driver calls: each must land with the values src had
+    at its call (the caller changes src at once), to_host must return fresh arrays, and a
+    host src of another dtype is converted, never copied byte for byte."""
     src = np.arange(12, dtype=np.float32).reshape(3, 4)
     outs = [memory.zeros((3, 4)) for _ in range(4)]
     for out in outs:
@@ -396,6 +396,8 @@ def test_host_copies_go_through_staging_without_mixing_calls():
     positions = memory.zeros((5,), np.int64)
     memory.copy(positions, np.arange(7, 12))
     np.testing.assert_array_equal(memory.to_host(positions), np.arange(7, 12))
+    memory.copy(outs[0], np.full((3, 4), 2.5, np.float64))
+    np.testing.assert_array_equal(memory.to_host(outs[0]), np.full((3, 4), 2.5, np.float32))
 
 
 # --- greedy picks -----------------------------------------------------------------------------------
