@@ -92,7 +92,7 @@ def to_host(a) -> np.ndarray:
         host = a.copy_to_host(stream=stream())
     else:
         host = np.empty(a.shape, a.dtype)
-        copy_raw(host, a)
+        copy_raw(host, a, up=False)
     synchronize()
     return host
 
@@ -132,7 +132,7 @@ def copy(dst, src) -> None:
     if isinstance(src, np.ndarray) and (not src.flags.c_contiguous or src.dtype != dst.dtype):
         src = np.ascontiguousarray(src, dtype=dst.dtype)
     if _contiguous(dst) and isinstance(src, np.ndarray):
-        copy_raw(dst, src)
+        copy_raw(dst, src, up=True)
     elif _contiguous(dst) and _contiguous(src):
         dst.copy_to_device(src, stream=stream())
     elif isinstance(src, np.ndarray):
@@ -185,23 +185,25 @@ def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     return _staging.setdefault(key, _Pinned()).view(tuple(shape), dtype)
 
 
-def copy_raw(dst, src) -> None:
-    """Queue one copy between host memory and a C-contiguous device array of the same size
-    (either way round) on the stream, by a direct driver call: on the GPU machine Numba's
-    copy_to_device cost ~80 µs of host time per call and copy_to_host ~15, the driver's
-    cuMemcpy*Async 2-4 (a decode step makes a few such copies). The driver's rules for pageable
-    host memory hold: a copy up has read src when this returns (src may be reused at once),
-    a copy down has landed."""
-    if simulated():
-        if isinstance(src, np.ndarray):
+def copy_raw(dst, src, up: bool) -> None:
+    """Queue one copy between host memory and a C-contiguous device array of the same size on
+    the stream — host src to device dst when `up`, device src to host dst otherwise — by a
+    direct driver call: on the GPU machine Numba's copy_to_device cost ~80 µs of host time per
+    call and copy_to_host ~15, the driver's cuMemcpy*Async 2-4 (a decode step makes a few such
+    copies). The driver's rules for pageable host memory hold: a copy up has read src when this
+    returns (src may be reused at once), a copy down has landed."""
+    if simulated():      # where the simulator's views of device arrays are plain ndarrays: assign
+        if up and hasattr(dst, "copy_to_device"):
             dst.copy_to_device(src, stream=stream())
-        else:
+        elif not up and hasattr(src, "copy_to_host"):
             src.copy_to_host(dst, stream=stream())
+        else:
+            np.copyto(dst, src)
         return
     from cuda.bindings import driver as cu
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ValueError(f"copy: {src.size} {src.dtype} into {dst.size} {dst.dtype}")
-    if isinstance(src, np.ndarray):
+    if up:
         err, = cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, src.nbytes, stream().handle)
     else:
         err, = cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, stream().handle)
@@ -230,7 +232,7 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
     host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
     host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]
     for dev, host in zip(inputs, host_in):
-        copy_raw(host, dev)
+        copy_raw(host, dev, up=False)
     if meanwhile is None:
         synchronize()
     else:
@@ -239,4 +241,4 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
         wait_for(copied)
     fn(*host_in, *host_out)
     for dev, host in zip(outputs, host_out):
-        copy_raw(dev, host)
+        copy_raw(dev, host, up=True)
