@@ -22,9 +22,9 @@ MAX_EXACT_ID = 1 << 24          # float32 holds every integer below this exactly
 def argmax_rows(logits: np.ndarray, picks: np.ndarray) -> None:
     """picks[i] = (id of the first maximum of logits[i], its softmax probability, the maximum)."""
     ids = np.argmax(logits, axis=1)                  # the first NaN where there is one: masked below
-    best = logits[np.arange(logits.shape[0]), ids].astype(np.float64)
+    best = logits[np.arange(logits.shape[0]), ids]
     with np.errstate(invalid="ignore", over="ignore"):
-        total = np.exp(logits - best[:, None].astype(np.float32), dtype=np.float64).sum(axis=1)
+        total = np.exp(logits - best[:, None], dtype=np.float64).sum(axis=1)
     has_nan = np.isnan(logits).any(axis=1)
     picks[:, PICK_ID] = ids
     picks[:, PICK_P] = 1.0 / total

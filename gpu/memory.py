@@ -192,13 +192,11 @@ def copy_raw(dst, src, up: bool) -> None:
     call and copy_to_host ~15, the driver's cuMemcpy*Async 2-4 (a decode step makes a few such
     copies). The driver's rules for pageable host memory hold: a copy up has read src when this
     returns (src may be reused at once), a copy down has landed."""
-    if simulated():      # where the simulator's views of device arrays are plain ndarrays: assign
-        if up and hasattr(dst, "copy_to_device"):
+    if simulated():
+        if up:
             dst.copy_to_device(src, stream=stream())
-        elif not up and hasattr(src, "copy_to_host"):
-            src.copy_to_host(dst, stream=stream())
         else:
-            np.copyto(dst, src)
+            src.copy_to_host(dst, stream=stream())
         return
     from cuda.bindings import driver as cu
     if src.dtype != dst.dtype or src.size != dst.size:

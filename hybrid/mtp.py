@@ -79,8 +79,9 @@ class MTPHead:
         state.mtp_n_past += n
         if result is None:
             return None, None
-        head, hidden = _split(b.to_host(result), n_out, first, D)
-        return (Picks.of(head) if pick else head), hidden
+        # new names: the step's closure above must keep the device views if it is run again
+        head_host, hidden_host = _split(b.to_host(result), n_out, first, D)
+        return (Picks.of(head_host) if pick else head_host), hidden_host
 
     def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out, picks) -> None:
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
