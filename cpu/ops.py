@@ -19,6 +19,7 @@ from cpu.moe import moe_ffn
 from cpu.norm import gated_rms_norm, head_rms_norm, rms_norm
 from cpu.quants import dequantize_rows
 from cpu.rope import rope_inv_freq, rope_neox
+from cpu.top_logits import top_logits
 
 NAME = "cpu"
 
@@ -56,5 +57,5 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, w: np.ndarray, eps: float, out: n
 __all__ = [
     "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
-    "rope_inv_freq", "rope_neox", "swiglu",
+    "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]

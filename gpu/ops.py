@@ -28,6 +28,7 @@ from .memory import THREADS, host_call, is_device, stream
 numba.config.CUDA_LOW_OCCUPANCY_WARNINGS = False
 from .norm import add_rms_norm, gated_rms_norm, head_rms_norm, l2_norm_heads, rms_norm
 from .rope import rope_inv_freq, rope_neox
+from .top_logits import top_logits
 
 NAME = "gpu"
 
@@ -101,7 +102,7 @@ def add_inplace(x, y) -> None:
 __all__ = [
     "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
-    "rope_inv_freq", "rope_neox", "swiglu",
+    "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]
 
 
@@ -110,7 +111,7 @@ def ptx_targets():
     as the forward calls them: for the sm_90 PTX check (tools/gpu_ptx_check.py)."""
     from numba import types
 
-    from . import argmax, attention, gdn, norm, rope
+    from . import argmax, attention, gdn, norm, rope, top_logits as top
 
     f32, f64, i64 = types.float32, types.float64, types.int64
 
@@ -120,6 +121,7 @@ def ptx_targets():
     m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
     kernels = [
         ("argmax_rows", argmax._argmax_rows, (m2, m2)),
+        ("top_logits", top._top_logits, (a(types.uint32, 2), a(types.uint32, 2))),
         ("rms_norm", norm._rms_norm, (m2, m1, f64, m2)),
         ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
         ("head_rms_norm", norm._head_rms_norm, (m3, m1, f64, m3)),

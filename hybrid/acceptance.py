@@ -16,11 +16,12 @@ from typing import Sequence
 import numpy as np
 
 
-def accept_drafts(logits: np.ndarray, drafts: Sequence[int], sampler, history: list[int]) -> list[int]:
+def accept_drafts(logits, drafts: Sequence[int], sampler, history: list[int]) -> list[int]:
     """Tokens to emit from one verify pass: the kept drafts, then one target token.
 
-    logits: (len(drafts) + 1, n_vocab) verifier rows; `history` (the tokens so far) is only
-    read — the caller appends what it emits. Uses `sampler.config.greedy` to pick the rule.
+    logits: the len(drafts) + 1 verifier rows ((n, n_vocab) floats, or a `TopLogits` per row);
+    `history` (the tokens so far) is only read — the caller appends what it emits. Uses
+    `sampler.config.greedy` to pick the rule.
     """
     emitted: list[int] = []
     seen = list(history)
@@ -32,9 +33,9 @@ def accept_drafts(logits: np.ndarray, drafts: Sequence[int], sampler, history: l
                 emitted.append(choice)
                 return emitted
         else:
-            p = sampler.probs(logits[i], seen)
-            if sampler.rng.random() >= p[d]:
-                emitted.append(_draw_without(p, d, sampler.rng))
+            ids, p = sampler.distribution(logits[i], seen)
+            if sampler.rng.random() >= p[ids == d].sum():
+                emitted.append(_draw_without(ids, p, d, sampler.rng))
                 return emitted
         emitted.append(int(d))
         seen.append(int(d))
@@ -54,11 +55,13 @@ def accept_greedy(picked: Sequence[int], drafts: Sequence[int]) -> list[int]:
     return emitted
 
 
-def _draw_without(p: np.ndarray, d: int, rng: np.random.Generator) -> int:
-    """Draw from p with token d removed (the residual max(0, p − one_hot(d)), renormalised)."""
-    r = p.astype(np.float64)
-    r[d] = 0.0
+def _draw_without(ids: np.ndarray, p: np.ndarray, d: int, rng: np.random.Generator) -> int:
+    """Draw from the distribution (ids, p) with token d removed (the residual
+    max(0, p − one_hot(d)), renormalised), over the ids in ascending order."""
+    order = np.argsort(ids)
+    ids, r = ids[order], p[order].astype(np.float64)
+    r[ids == d] = 0.0
     total = r.sum()
     if total <= 0.0:          # p was one-hot on d yet d was rejected: only possible through rounding
         return int(d)
-    return int(rng.choice(len(r), p=r / total))
+    return int(ids[rng.choice(len(r), p=r / total)])

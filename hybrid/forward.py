@@ -29,7 +29,7 @@ from cpu.argmax import PICK_COLUMNS
 from .backend import make_backend
 from .config import ModelConfig
 from .errors import HybridError
-from .sampling import Picks
+from .sampling import Picks, TopLogits
 from .state import DEFAULT_N_CTX, SessionState
 from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, bind_weights, embed_tokens,
                       lm_head)
@@ -60,13 +60,15 @@ class Forward:
         return SessionState(self.config, n_ctx, n_ring, self.backend)
 
     def forward(self, state: SessionState, token_ids, logits: str = "last", snapshot: bool = False,
-                pick: bool = False):
+                pick: bool = False, top: int = 0):
         """Run n tokens at positions state.n_past.. and advance the state.
 
         Returns (logits, hidden): logits float32 (1, n_vocab) for "last", (n, n_vocab) for
         "all", None for "none"; hidden float32 (n, D) after output_norm (the MTP input).
         pick=True returns the greedy `Picks` of those rows instead of the rows: picked where the
         logits are, so a GPU step sends back a few bytes instead of a vocabulary-wide row.
+        top=C > 0 returns instead a `TopLogits` per row, its C best logits (what a top-k sampler
+        reads: `SamplerConfig.candidates`), selected where the logits are.
         snapshot=True writes each token's GDN/conv state into the ring (state.rollback).
         """
         ids = self.check_tokens(token_ids)
@@ -82,17 +84,22 @@ class Forward:
         hidden = b.result("hidden", (n, c.n_embd))
         rows = 0 if logits == "none" else n if logits == "all" else 1
         out = b.result("logits", (rows, c.n_vocab)) if rows else None
-        picks = None
+        if pick and top:
+            raise HybridError("ask for greedy picks or for the top logits, not both")
+        head = None           # what comes back in place of the rows: greedy picks or top logits
         if pick and rows:
             Picks.check_vocab(c.n_vocab)
-            picks = b.result("picks", (rows, PICK_COLUMNS))
+            head = b.result("picks", (rows, PICK_COLUMNS))
+        elif top and rows:
+            head = b.result("top", (rows, 2 * TopLogits.count(top, c.n_vocab)))
         # Everything from here to the logits reads only device buffers that stay put for this
         # (call size, state): the GPU backend may capture it once as a CUDA graph and replay it.
-        b.run_step((n, snapshot, logits, picks is not None, state.identity, s.identity),
-                   lambda: self._layers_and_head(state, s, snapshot, hidden, out, picks))
+        b.run_step((n, snapshot, logits, None if head is None else head.shape, state.identity, s.identity),
+                   lambda: self._layers_and_head(state, s, snapshot, hidden, out, head, top > 0))
         state.advance(n, snapshot)
-        if picks is not None:
-            return Picks.of(b.to_host(picks)), b.to_host(hidden)
+        if head is not None:
+            got = b.to_host(head)
+            return (TopLogits.rows(got, c.n_vocab) if top else Picks.of(got)), b.to_host(hidden)
         return (None if out is None else b.to_host(out)), b.to_host(hidden)
 
     def embed(self, ids: np.ndarray, table=None):
@@ -104,7 +111,8 @@ class Forward:
         ops = host_ops if host_ops is not None and m.location == "cpu" else self.ops
         return embed_tokens(self.weights, ids, ops, table=m)
 
-    def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out, picks) -> None:
+    def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out, head,
+                         top: bool) -> None:
         ops, c, w = self.ops, self.config, self.weights
         ops.rms_norm(s.x, w.layers[0].attn_norm, c.rms_eps, s.a)
         for i, layer in enumerate(w.layers):
@@ -120,8 +128,10 @@ class Forward:
                 ops.add_rms_norm(s.x, s.m, w.output_norm, c.rms_eps, hidden)
         if out is not None:
             lm_head(w, hidden[hidden.shape[0] - out.shape[0]:], out, ops)
-        if picks is not None:
-            ops.argmax_rows(out, picks)
+        if head is not None and top:
+            ops.top_logits(out, head.view(np.uint32))
+        elif head is not None:
+            ops.argmax_rows(out, head)
 
     def attention_block(self, layer: AttentionLayer, x: np.ndarray, kv, n_before: int) -> None:
         """One full-attention block on rows x (n, D) in place, at positions n_before.., over the

@@ -57,7 +57,7 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             else:
                 logits = item
         t0 = time.perf_counter()
-        argmax_only = sampler.config.argmax_only
+        argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
         picked = None        # the next token, when the last forward call picked it on the device
         while True:
             if stats.generated_tokens >= max_tokens:
@@ -83,8 +83,8 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             if argmax_only:
                 picks, _ = forward.forward(state, ids, logits="last", pick=True)
                 picked = int(picks.ids[-1])
-            else:
-                logits, _ = forward.forward(state, ids, logits="last")
+            else:   # the row's best logits when they decide the sample, else the whole row
+                logits, _ = forward.forward(state, ids, logits="last", top=candidates)
                 logits = logits[-1]
             stats.decode_seconds = time.perf_counter() - t0
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from cpu.argmax import MAX_EXACT_ID, PICK_ID, PICK_MAX, PICK_P
+from cpu.top_logits import MAX_CANDIDATES
 
 from .errors import HybridError
 
@@ -58,8 +59,33 @@ class SamplerConfig:
     def argmax_only(self) -> bool:
         """Greedy with no penalty: the sample is the first maximum of the raw logits, so the
         forward's on-device picks (`Picks`) serve and the logits need not come to the host."""
-        return self.greedy and (self.repeat_last_n == 0 or (
-            self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0))
+        return self.greedy and not self.penalizes
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repeat_last_n != 0 and not (
+            self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0 and self.presence_penalty == 0.0)
+
+    @property
+    def candidates(self) -> int | None:
+        """How many of a row's best logits decide a sample (the forward's `top=`, so the row
+        need not come to the host), or None when the whole row may matter.
+
+        Top-k keeps top_k of them (1 when greedy). A penalty that can only lower logits, over a
+        window of at most repeat_last_n distinct tokens, can push at most that many of the best
+        below the kth place, so top_k + repeat_last_n of the raw row cover the penalised top_k.
+        Without top-k, or with a penalty that may raise a logit or spans the whole history,
+        any token may win."""
+        keep = 1 if self.greedy else self.top_k
+        if keep <= 0:
+            return None
+        if self.penalizes:
+            lowers_only = (self.repeat_penalty >= 1.0 and self.frequency_penalty >= 0.0
+                           and self.presence_penalty >= 0.0)
+            if not lowers_only or self.repeat_last_n < 0:
+                return None
+            keep += self.repeat_last_n
+        return keep if keep <= MAX_CANDIDATES else None
 
 
 class Picks(NamedTuple):
@@ -85,6 +111,31 @@ class Picks(NamedTuple):
                               f"(ids are carried as float32): ask for logits instead")
 
 
+class TopLogits(NamedTuple):
+    """A row's best logits (`ops.top_logits`), the rest of the row left out; ids ascending.
+    The sampler takes it wherever it takes a row, when `SamplerConfig.candidates` says those
+    entries decide the sample."""
+    ids: np.ndarray          # int64 (C,)
+    logits: np.ndarray       # float32 (C,)
+    n_vocab: int
+
+    @staticmethod
+    def count(candidates: int, n_vocab: int) -> int:
+        return min(candidates, n_vocab)
+
+    @classmethod
+    def rows(cls, got: np.ndarray, n_vocab: int) -> list["TopLogits"]:
+        """From top_logits' (n, 2C) output (ids, then float32 bits; read as float32 here)."""
+        words = np.ascontiguousarray(got).view(np.uint32)
+        C = words.shape[1] // 2
+        rows = []
+        for r in words:
+            ids = r[:C].astype(np.int64)
+            order = np.argsort(ids)
+            rows.append(cls(ids[order], r[C:].view(np.float32)[order], n_vocab))
+        return rows
+
+
 class Sampler:
     """Draws token ids from logits with a seeded generator (same seed -> same sequence)."""
 
@@ -92,29 +143,42 @@ class Sampler:
         self.config = config or SamplerConfig()
         self.rng = np.random.default_rng(self.config.seed)
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        x = self._penalized(logits, history)
+    def sample(self, logits, history: Sequence[int] = ()) -> int:
+        """A token id from a logit row (float32 (n_vocab,)) or its `TopLogits`."""
+        ids, x = self._penalized(logits, history)
         if self.config.greedy:
-            return int(np.argmax(x))  # first maximum: lowest id on ties
-        ids, p = self._distribution(x)
+            return _id(ids, int(np.argmax(x)))  # first maximum: lowest id on ties
+        ids, p = self._distribution(ids, x)
         cdf = np.cumsum(p)
         k = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         return int(ids[min(k, len(ids) - 1)])
 
-    def probs(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
-        """float32[n_vocab]: the final distribution `sample` draws from (one-hot when greedy)."""
-        x = self._penalized(logits, history)
-        out = np.zeros(x.shape[0], dtype=np.float32)
+    def distribution(self, logits, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probabilities) that `sample` draws from, ids by falling logit: the tokens it can
+        emit, one with probability 1 when greedy."""
+        ids, x = self._penalized(logits, history)
         if self.config.greedy:
-            out[int(np.argmax(x))] = 1.0
-        else:
-            ids, p = self._distribution(x)
-            out[ids] = p
+            return np.array([_id(ids, int(np.argmax(x)))]), np.ones(1)
+        return self._distribution(ids, x)
+
+    def probs(self, logits, history: Sequence[int] = ()) -> np.ndarray:
+        """float32[n_vocab]: `distribution` spread over the vocabulary."""
+        n_vocab = logits.n_vocab if isinstance(logits, TopLogits) else np.asarray(logits).size
+        ids, p = self.distribution(logits, history)
+        out = np.zeros(n_vocab, dtype=np.float32)
+        out[ids] = p
         return out
 
     # --- the chain ----------------------------------------------------------------------
-    def _penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        x = np.array(logits, dtype=np.float64).reshape(-1)  # a copy: the caller's logits stay
+    def _penalized(self, logits, history: Sequence[int]) -> tuple[np.ndarray | None, np.ndarray]:
+        """(ids, x): x a float64 copy of the row's logits after the penalties (the caller's stay),
+        ids the vocabulary id of each entry of x (None: x is the whole row, entry i is id i)."""
+        if isinstance(logits, TopLogits):
+            ids, n_vocab = logits.ids, logits.n_vocab
+            x = np.array(logits.logits, dtype=np.float64)
+        else:
+            x = np.array(logits, dtype=np.float64).reshape(-1)
+            ids, n_vocab = None, x.size
         if x.size == 0:
             raise HybridError("cannot sample from empty logits")
         if np.isnan(x).any():
@@ -123,23 +187,27 @@ class Sampler:
             raise HybridError("every token is masked out (all logits are -inf)")
         c = self.config
         n_last = len(history) if c.repeat_last_n == -1 else c.repeat_last_n
-        if n_last <= 0 or len(history) == 0 or (
-                c.repeat_penalty == 1.0 and c.frequency_penalty == 0.0 and c.presence_penalty == 0.0):
-            return x
+        if len(history) == 0 or n_last <= 0 or not c.penalizes:
+            return ids, x
         seen, counts = np.unique(np.asarray(history[-n_last:], dtype=np.int64), return_counts=True)
-        if seen[0] < 0 or seen[-1] >= x.size:
-            raise HybridError(f"history holds a token id outside the vocabulary of {x.size}")
-        v = x[seen]
+        if seen[0] < 0 or seen[-1] >= n_vocab:
+            raise HybridError(f"history holds a token id outside the vocabulary of {n_vocab}")
+        at = seen
+        if ids is not None:    # the seen tokens among the entries; the others cannot win anyway
+            at = np.minimum(np.searchsorted(ids, seen), ids.size - 1)
+            present = ids[at] == seen
+            at, counts = at[present], counts[present]
+        v = x[at]
         # Dividing a negative logit would raise its probability: llama.cpp multiplies those.
         v = np.where(v <= 0.0, v * c.repeat_penalty, v / c.repeat_penalty)
-        x[seen] = v - counts * c.frequency_penalty - c.presence_penalty
-        return x
+        x[at] = v - counts * c.frequency_penalty - c.presence_penalty
+        return ids, x
 
-    def _distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _distribution(self, ids: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, probabilities) after top-k, top-p, min-p and temperature, ids by falling logit."""
         c = self.config
-        ids = _top_k(x, c.top_k)
-        v = x[ids]
+        at = _top_k(x, c.top_k)
+        v = x[at]
         if c.top_p < 1.0:
             cum = np.cumsum(_softmax(v))
             # The smallest prefix whose mass reaches top_p (at least one token).
@@ -147,12 +215,16 @@ class Sampler:
         if c.min_p > 0.0:
             # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); v is sorted, so a prefix.
             v = v[:max(1, int(np.count_nonzero(v >= v[0] + math.log(c.min_p))))]
-        ids = ids[:v.size]
-        return ids, _softmax(v / c.temperature)
+        at = at[:v.size]
+        return (at if ids is None else ids[at]), _softmax(v / c.temperature)
+
+
+def _id(ids: np.ndarray | None, at: int) -> int:
+    return at if ids is None else int(ids[at])
 
 
 def _top_k(x: np.ndarray, k: int) -> np.ndarray:
-    """Ids of the k largest logits (all ids when k <= 0), sorted by falling logit, lowest id first
+    """Indices of the k largest logits (all ids when k <= 0), sorted by falling logit, lowest id first
     among equals — so the kth place is decided deterministically on ties."""
     n = x.size
     if 0 < k < n:

@@ -125,7 +125,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             stats.stop_reason = "length"
         pending_ids = np.array(emit_queue, np.int32)
         pending_h = h_last
-        argmax_only = sampler.config.argmax_only
+        argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
@@ -160,7 +160,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             t_verify = time.perf_counter()
             n0 = state.n_past
             verified, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
-                                                snapshot=True, pick=argmax_only)
+                                                snapshot=True, pick=argmax_only,
+                                                top=0 if argmax_only else candidates)
             t_commit = time.perf_counter()
             emit_queue = (accept_greedy(verified.ids, drafts) if argmax_only
                           else accept_drafts(verified, drafts, sampler, history))

@@ -19,7 +19,7 @@ from hybrid.speculative import generate_speculative
 from hybrid.synth import preset, write_model
 from hybrid.synth.vocab import MIN_VOCAB
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
-from tests.hybrid.test_forward import float_weight_ops
+from tests.hybrid.test_forward import assert_top_rows, float_weight_ops
 from tests.hybrid.test_speculative import KnownFutureHead, LetterTokenizer, greedy
 
 SIMULATED = simulated()
@@ -110,6 +110,8 @@ def test_chunks_equal_token_by_token_bit_for_bit(stepping):
     picks, hidden_picked = stepping.forward(stepping.new_state(32), ids, logits="all", pick=True)
     assert picks.ids.tolist() == whole.argmax(1).tolist()          # picked on the device
     np.testing.assert_array_equal(hidden_picked, hidden_whole)
+    tops, _ = stepping.forward(stepping.new_state(32), ids, logits="all", top=4)
+    assert_top_rows(tops, whole, 4)                                  # selected on the device
 
 
 def test_rollback_copy_and_save_load_on_device_states(stepping, tmp_path):

@@ -420,3 +420,36 @@ def test_argmax_rows_matches_cpu_on_ties_nan_and_masked_rows():
     assert got[1, PICK_ID] == 40
     np.testing.assert_allclose(got[finite, PICK_P], want[finite, PICK_P], rtol=1e-5)
     np.testing.assert_array_equal(got[:, PICK_MAX], want[:, PICK_MAX])    # NaN and -inf included
+
+
+# --- the best logits of a row (sampling) ----------------------------------------------------------
+
+def _top_pairs(out, count):
+    """Each row's (id, bits) pairs in id order: the op leaves the order of its output free."""
+    return [sorted(zip(r[:count].tolist(), r[count:].tolist())) for r in out]
+
+
+@pytest.mark.parametrize("count", [1, 3, 40])
+def test_top_logits_matches_cpu_through_ties_masks_and_nan(count):
+    from tests.cpu.test_top_logits import rows_with_ties
+    x = rows_with_ties(seed=7, V=333)
+    x[0, 200] = np.nan
+    want = np.empty((x.shape[0], 2 * count), np.uint32)
+    cpu.ops.top_logits(x, want)
+    out = dev(np.zeros((x.shape[0], 2 * count), np.uint32))
+    gpu.ops.top_logits(dev(x), out)
+    assert _top_pairs(out.copy_to_host(), count) == _top_pairs(want, count)
+
+
+def test_top_logits_of_a_row_too_flat_for_the_shared_list():
+    """More equal logits than the shared list holds: the rounds read the row itself."""
+    from gpu.top_logits import LIST_CAP
+    x = np.full((1, LIST_CAP + 50), -1.5, np.float32)
+    x[0, [LIST_CAP + 7, 3]] = 4.0
+    want = np.empty((1, 10), np.uint32)
+    cpu.ops.top_logits(x, want)
+    out = dev(np.zeros((1, 10), np.uint32))
+    gpu.ops.top_logits(dev(x), out)
+    got = _top_pairs(out.copy_to_host(), 5)
+    assert got == _top_pairs(want, 5)
+    assert [i for i, _ in got[0]] == [0, 1, 2, 3, LIST_CAP + 7]

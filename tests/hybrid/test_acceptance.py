@@ -113,10 +113,24 @@ def test_greedy_sees_kept_drafts_in_the_penalty_history():
     assert accept_drafts(ROWS, [0, 1], s, [1]) == [0, 3]
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_verifier_rows_as_top_logits_accept_exactly_as_whole_rows(name):
+    """Same seed, same emitted tokens from the rows and from their best logits (the forward's
+    top=): with top-k the count `candidates` says; without it, every entry."""
+    from tests.hybrid.test_sampling import top_of
+    config = SamplerConfig(**{**CONFIGS[name].__dict__, "seed": 11})
+    tops = [top_of(r, config.candidates or r.size) for r in ROWS]
+    whole, part = Sampler(config), Sampler(config)
+    for drafts in ([0, 1], [1, 3], [5, 5], [0, 0]):
+        for _ in range(30):
+            assert accept_drafts(ROWS, drafts, whole, [2]) == accept_drafts(tops, drafts, part, [2])
+
+
 def test_residual_draw_never_returns_the_rejected_draft():
     rng = np.random.default_rng(0)
-    p = np.array([0.5, 0.3, 0.2, 0.0], np.float32)
-    draws = [_draw_without(p, 0, rng) for _ in range(2000)]
-    assert 0 not in draws and 3 not in draws
-    assert abs(np.mean(np.asarray(draws) == 1) - 0.6) < 0.05
-    assert _draw_without(np.array([0.0, 1.0, 0.0], np.float32), 1, rng) == 1   # nothing else left
+    ids = np.array([30, 10, 20, 40])              # a distribution's ids come in any order
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    draws = [_draw_without(ids, p, 30, rng) for _ in range(2000)]
+    assert 30 not in draws and 40 not in draws
+    assert abs(np.mean(np.asarray(draws) == 10) - 0.6) < 0.05
+    assert _draw_without(np.array([1, 2]), np.array([1.0, 0.0]), 1, rng) == 1   # nothing else left

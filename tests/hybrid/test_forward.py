@@ -142,6 +142,18 @@ def test_logits_modes(q4km):
         r64 = rows.astype(np.float64)
         np.testing.assert_allclose(picks.top_p, 1 / np.exp(r64 - r64.max(1, keepdims=True)).sum(1), rtol=1e-5)
         np.testing.assert_array_equal(hidden_picked, hidden)
+        tops, hidden_top = q4km.forward(q4km.new_state(16), PROMPT[:6], logits=mode, top=5)
+        assert_top_rows(tops, rows, 5)
+        np.testing.assert_array_equal(hidden_top, hidden)
+
+
+def assert_top_rows(tops, rows, count):
+    """Each TopLogits holds its row's `count` largest logits (lower id first on ties), ids ascending."""
+    assert len(tops) == len(rows)
+    for top, row in zip(tops, rows):
+        ids = np.sort(np.argsort(-row, kind="stable")[:count])
+        assert top.ids.tolist() == ids.tolist() and top.n_vocab == row.size
+        np.testing.assert_array_equal(top.logits, row[ids])
 
 
 def test_state_copy_and_save_load_continue_identically(q4km, tmp_path):

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from hybrid.errors import HybridError
-from hybrid.sampling import Sampler, SamplerConfig, StopChecker
+from cpu.top_logits import top_logits
+from hybrid.sampling import Sampler, SamplerConfig, StopChecker, TopLogits
 
 ONLY_TEMPERATURE = dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0)
 
@@ -191,6 +192,54 @@ def test_masked_logits_are_never_drawn():
     logits = np.array([-np.inf, 0.0, -np.inf, 0.0], np.float32)
     s = Sampler(SamplerConfig(seed=0, top_k=0, top_p=1.0, min_p=0.0))
     assert {s.sample(logits, []) for _ in range(200)} == {1, 3}
+
+
+# --- sampling from a row's best logits (what the forward's top= sends back) --------------------
+
+def top_of(logits, count):
+    out = np.empty((1, 2 * TopLogits.count(count, logits.size)), np.uint32)
+    top_logits(np.ascontiguousarray(logits[None], np.float32), out)
+    return TopLogits.rows(out, logits.size)[0]
+
+
+TOP_CONFIGS = {
+    "defaults": SamplerConfig(seed=3),
+    "narrow, tied": SamplerConfig(top_k=3, top_p=1.0, min_p=0.0, temperature=1.5, seed=3),
+    "penalties": SamplerConfig(top_p=1.0, min_p=0.0, repeat_penalty=4.0, repeat_last_n=8,
+                               frequency_penalty=0.4, presence_penalty=0.2, seed=3),
+    "greedy, penalties": SamplerConfig(temperature=0.0, repeat_penalty=2.0, repeat_last_n=8, seed=3),
+}
+
+
+@pytest.mark.parametrize("name", TOP_CONFIGS)
+def test_a_rows_best_logits_sample_exactly_as_the_whole_row(name):
+    """Same seed, same draws and the same distribution from the row and from its
+    `config.candidates` best logits, with the penalised tokens the row's very best (each can drop
+    below the kth place), some in the window twice, and ties at the cut."""
+    config = TOP_CONFIGS[name]
+    row = np.round(random_logits(500, seed=5) * 2) / 2      # coarse: many ties
+    best = np.argsort(-row, kind="stable")
+    history = [int(best[0]), int(best[1]), 7, int(best[1]), int(best[2]), 499, int(best[40]), int(best[3])]
+    top = top_of(row, config.candidates)
+    whole, part = Sampler(config), Sampler(config)
+    for _ in range(40):
+        assert whole.sample(row, history) == part.sample(top, history)
+    for a, b in zip(whole.distribution(row, history), part.distribution(top, history)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(whole.probs(row, history), part.probs(top, history))
+
+
+def test_the_candidates_a_config_needs():
+    assert SamplerConfig().candidates == 40
+    assert SamplerConfig(temperature=0.0, repeat_penalty=1.1).candidates == 1 + 64
+    assert SamplerConfig(repeat_penalty=1.1, repeat_last_n=16).candidates == 40 + 16
+    assert SamplerConfig(repeat_penalty=1.1, repeat_last_n=0).candidates == 40   # window off
+    # any token may win: no top-k, a penalty that can raise a logit, or an unbounded window
+    assert SamplerConfig(top_k=0).candidates is None
+    assert SamplerConfig(repeat_penalty=0.9).candidates is None
+    assert SamplerConfig(frequency_penalty=-0.5).candidates is None
+    assert SamplerConfig(repeat_penalty=1.1, repeat_last_n=-1).candidates is None
+    assert SamplerConfig(top_k=5000).candidates is None                          # > MAX_CANDIDATES
 
 
 # --- stop strings -----------------------------------------------------------------------------

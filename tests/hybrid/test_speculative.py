@@ -17,10 +17,11 @@ import pytest
 
 import hybrid
 from cpu.argmax import PICK_COLUMNS, argmax_rows
+from cpu.top_logits import top_logits
 from hybrid.events import Done, Prefill, Token
 from hybrid.generate import generate_tokens
 from hybrid.mtp import MTPHead
-from hybrid.sampling import Picks, Sampler, SamplerConfig
+from hybrid.sampling import Picks, Sampler, SamplerConfig, TopLogits
 from hybrid.speculative import AUTO, generate_speculative
 from hybrid.state import SessionState
 from hybrid.synth import preset, write_model
@@ -41,7 +42,7 @@ class CountingTrunk:
         self.config = SimpleNamespace(n_embd=WIDTH)
         self.verify_calls: list[list[int]] = []
 
-    def forward(self, state, token_ids, logits="last", snapshot=False, pick=False):
+    def forward(self, state, token_ids, logits="last", snapshot=False, pick=False, top=0):
         ids = np.asarray(token_ids, np.int64)
         n = len(ids)
         state.check_fits(n)
@@ -57,7 +58,7 @@ class CountingTrunk:
         rows = ids if logits == "all" else ids[-1:]
         out = np.full((len(rows), V), -10.0, np.float32)
         out[np.arange(len(rows)), (rows + 1) % V] = 10.0
-        return (as_picks(out) if pick else out), hidden
+        return (as_picks(out) if pick else as_top(out, top) if top else out), hidden
 
 
 class ScriptedHead:
@@ -89,6 +90,13 @@ class ScriptedHead:
         row[token] = np.log(confidence)
         out = row[None].astype(np.float32)
         return (as_picks(out) if pick else out), hidden
+
+
+def as_top(logits: np.ndarray, count: int) -> list[TopLogits]:
+    """What a forward called with top=count returns for these logits."""
+    out = np.empty((logits.shape[0], 2 * TopLogits.count(count, logits.shape[1])), np.uint32)
+    top_logits(np.ascontiguousarray(logits, np.float32), out)
+    return TopLogits.rows(out, logits.shape[1])
 
 
 def as_picks(logits: np.ndarray) -> Picks:
