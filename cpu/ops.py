@@ -33,6 +33,13 @@ def matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
         _matvec(wtype, w, x, out)
 
 
+def matvecs(products, x: np.ndarray) -> None:
+    """`matvec` of one input x by several matrices, products = ((wtype, w, out), ...) (the GPU
+    quantises x once for all of them; here each call quantises its own, with the same bits)."""
+    for wtype, w, out in products:
+        matvec(wtype, w, x, out)
+
+
 def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
            x: np.ndarray, h_out: np.ndarray) -> None:
     """`cpu.ffn.swiglu`, routed like `matvec` (both weight types must be covered)."""
@@ -56,6 +63,6 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, w: np.ndarray, eps: float, out: n
 
 __all__ = [
     "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
-    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
+    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]

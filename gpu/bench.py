@@ -175,6 +175,25 @@ def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
     return results
 
 
+def bench_matvec_shared_input(t: gt.GGMLType, rows: int, cols: int) -> tuple[float, float] | None:
+    """(GB/s of a one-slot matvec, GB/s of its kernel alone with x quantised beforehand): the
+    second is what each matrix of one input costs when `matvecs` shares the quantisation (a GDN
+    layer's four projections, attention's q/k/v). None for the float types (no quantise)."""
+    from . import matvec_q8, memory
+    from .matvec import _uses_dp4a
+    if not _uses_dp4a(t.id):
+        return None
+    w = random_weights(t, rows, cols)
+    x = cuda.to_device(np.random.default_rng(0).standard_normal((1, cols)).astype(np.float32))
+    out = cuda.device_array((1, rows), np.float32)
+    quantized = matvec_q8.quantize(x, None, matvec_q8.UNITS[t.id].x_layout)
+    whole = time_launches(lambda: matvec(t.id, w, x, out), repeats=50)
+    alone = time_launches(lambda: matvec_q8.matvec(t.id, w, x, out, rows, cols, 1, memory.stream(),
+                                                   quantized=quantized), repeats=50)
+    nbytes = w.shape[0] * w.shape[1]
+    return nbytes / whole.seconds / 1e9, nbytes / alone.seconds / 1e9
+
+
 # --- prompt-chunk GEMMs ---------------------------------------------------------------------------
 
 # (type, rows, cols): a dense 27B's FFN gate/up and down (Q4_K_M stores down as Q6_K or Q4_K)

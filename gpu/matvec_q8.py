@@ -313,12 +313,13 @@ def default_rows_per_warp(n_slots: int, rows: int, lanes: int = 32) -> int:
 
 
 def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, stream,
-           rows_per_warp: int | None = None, lanes: int | None = None) -> None:
+           rows_per_warp: int | None = None, lanes: int | None = None, quantized=None) -> None:
     """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matvec._check): quantise x, then one
     launch per MAX_SLOTS slots. `rows_per_warp` (rows per lane group) and `lanes` (lanes per
-    row, which changes the bits) override the defaults for benchmarks and tests."""
+    row, which changes the bits) override the defaults for benchmarks and tests. `quantized`:
+    (xq, xm) of `quantize(x_dev, ..., layout=x_layout(type_id))`, already on the stream."""
     unit = UNITS[type_id]
-    xq, xm = quantize(x_dev, stream, unit.x_layout)
+    xq, xm = quantize(x_dev, stream, unit.x_layout) if quantized is None else quantized
     w = w_dev.view(unit.word)
     n_blocks = cols // unit.type.block_elems
     lanes = lanes or lanes_per_row(unit, cols)

@@ -21,6 +21,7 @@ from .argmax import argmax_rows
 from .attention import gated_attention, kv_append
 from .gdn import conv1d_silu, gated_delta_rule
 from .matvec import matvec as device_matvec
+from .matvec import matvecs as device_matvecs
 from .memory import THREADS, host_call, is_device, stream
 
 # Decode-time launches are deliberately small (a few rows, one block per head): numba's
@@ -39,6 +40,15 @@ def matvec(wtype: int, w, x, out) -> None:
         device_matvec(wtype, w, x, out)
     else:
         host_call((x,), (out,), lambda x_host, out_host: host_ops.matvec(wtype, w, x_host, out_host))
+
+
+def matvecs(products, x) -> None:
+    """matvec of one input x by several matrices, products = ((wtype, w, out), ...): the device
+    matrices share one quantisation of x (gpu.matvec.matvecs)."""
+    device_matvecs([p for p in products if is_device(p[1])], x)
+    for wtype, w, out in products:
+        if not is_device(w):
+            matvec(wtype, w, x, out)
 
 
 def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out) -> None:
@@ -101,7 +111,7 @@ def add_inplace(x, y) -> None:
 
 __all__ = [
     "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
-    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "moe_ffn", "rms_norm",
+    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]
 

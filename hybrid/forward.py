@@ -167,8 +167,8 @@ class Forward:
 
     def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config
-        self.append_kv(layer, kv, s)
-        ops.matvec(layer.q.wtype, layer.q.data, s.a, s.qg)
+        ops.matvecs(_products((layer.q, s.qg), (layer.k, s.k), (layer.v, s.v)), s.a)
+        self._store_kv(layer, kv, s)
         ops.head_rms_norm(s.qg3, layer.q_norm, c.rms_eps, s.q)      # takes the query half of [q | gate]
         ops.rope_neox(s.q, s.pos, self.inv_freq)
         k_cache, v_cache = kv
@@ -177,9 +177,12 @@ class Forward:
 
     def append_kv(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         """K and V of the normed rows s.a (normed, roped) into the cache pair kv at s.pos."""
+        self.ops.matvecs(_products((layer.k, s.k), (layer.v, s.v)), s.a)
+        self._store_kv(layer, kv, s)
+
+    def _store_kv(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
+        """The projected K and V rows (s.k, s.v) normed, roped and appended to the cache."""
         ops, c = self.ops, self.config
-        ops.matvec(layer.k.wtype, layer.k.data, s.a, s.k)
-        ops.matvec(layer.v.wtype, layer.v.data, s.a, s.v)
         ops.head_rms_norm(s.k3, layer.k_norm, c.rms_eps, s.k3)
         ops.rope_neox(s.k3, s.pos, self.inv_freq)
         k_cache, v_cache = kv
@@ -187,11 +190,7 @@ class Forward:
 
     def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool) -> None:
         ops, c = self.ops, self.config
-        mv = ops.matvec
-        mv(layer.qkv.wtype, layer.qkv.data, s.a, s.mix)
-        mv(layer.gate.wtype, layer.gate.data, s.a, s.z)
-        mv(layer.beta.wtype, layer.beta.data, s.a, s.b)
-        mv(layer.alpha.wtype, layer.alpha.data, s.a, s.alpha)
+        ops.matvecs(_products((layer.qkv, s.mix), (layer.gate, s.z), (layer.beta, s.b), (layer.alpha, s.alpha)), s.a)
         i = layer.index
         ring_conv = state.ring_conv[i] if snapshot else state.no_ring_conv
         ring_ssm = state.ring_ssm[i] if snapshot else state.no_ring_ssm
@@ -200,7 +199,7 @@ class Forward:
         ops.gated_delta_rule(s.u, c.ssm_n_k_heads, self.grouped_heads, s.b, s.alpha, layer.ssm_a,
                              layer.dt_bias, state.ssm[i], s.o, ring_ssm)
         ops.gated_rms_norm(s.o, s.z, layer.ssm_norm, c.rms_eps, s.y)
-        mv(layer.out.wtype, layer.out.data, s.y, s.m)
+        ops.matvec(layer.out.wtype, layer.out.data, s.y, s.m)
 
     def _ffn(self, ffn, s: "_Scratch") -> None:
         """m = FFN(a), where the FFN's weights live. A backend whose FFN stayed in host memory
@@ -244,6 +243,11 @@ class Forward:
         else:
             self._scratch.move_to_end(n)
         return s
+
+
+def _products(*pairs) -> list:
+    """ops.matvecs' (wtype, w, out) of (Matrix, out) pairs."""
+    return [(m.wtype, m.data, out) for m, out in pairs]
 
 
 @dataclass

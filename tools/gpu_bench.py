@@ -59,6 +59,12 @@ def main(argv: list[str]) -> int:
             regs = "/".join(str(row[n].registers) for n in SLOTS if n in row)
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)
                   + f"  regs {regs}" + label)
+    print("\nn=1, x quantised once per input (gpu.matvec.matvecs) — the int8 kernel alone:")
+    for t, rows, cols in cases[:len(DECODE_SHAPES)]:
+        rates = bench.bench_matvec_shared_input(t, rows, cols)
+        if rates:
+            print(f"{t.name:5s} {f'{rows}x{cols}':>14s}  with its own quantise {rates[0]:5.0f} GB/s "
+                  f"({100 * rates[0] / read:3.0f}%), kernel alone {rates[1]:5.0f} GB/s ({100 * rates[1] / read:3.0f}%)")
     return 0
 
 

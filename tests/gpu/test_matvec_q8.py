@@ -246,3 +246,22 @@ def test_misaligned_weight_rows():
         x = rng.standard_normal((2, cols)).astype(np.float32)
         w_dev = cuda.to_device(w_bytes)[1:]
         check_against_oracles(t, w_bytes[1:], x, run(t, w_dev, x, ROWS))
+
+
+def test_matrices_of_one_input_share_its_quantisation_and_keep_their_bits():
+    """gpu.matvec.matvecs (a GDN layer's projections of one x): every output has the bits of
+    its own matvec call, across x layouts (Q4_K, Q6_K, Q8_0 each lay x out differently, F32 takes
+    the float kernel) and with two matrices of one layout between the others."""
+    from gpu.matvec import matvec, matvecs
+    rng = np.random.default_rng(12)
+    cols = 1280
+    names = ["Q4_K", "Q6_K", "Q8_0", "Q4_K", "F32"]
+    mats = [(gt.by_name(n), cuda.to_device(random_weights(gt.by_name(n), ROWS + i, cols, rng)))
+            for i, n in enumerate(names)]
+    x = cuda.to_device(rng.standard_normal((2, cols)).astype(np.float32))
+    outs = [cuda.to_device(np.full((2, ROWS + i), np.nan, np.float32)) for i in range(len(mats))]
+    matvecs([(t.id, w, out) for (t, w), out in zip(mats, outs)], x)
+    for (t, w), out in zip(mats, outs):
+        alone = cuda.to_device(np.full(out.shape, np.nan, np.float32))
+        matvec(t.id, w, x, alone)
+        assert np.array_equal(out.copy_to_host().view(np.uint32), alone.copy_to_host().view(np.uint32)), t.name

@@ -137,7 +137,7 @@ def host_trunk_ops():
             return result
         return op
 
-    keep = {"NAME", "matvec", "swiglu", "moe_ffn", "dequantize_rows", "rope_inv_freq"}
+    keep = {"NAME", "matvec", "matvecs", "swiglu", "moe_ffn", "dequantize_rows", "rope_inv_freq"}
     ops = {name: getattr(gpu.ops, name) if name in keep else twin(name) for name in gpu.ops.__all__}
     return types.SimpleNamespace(**ops)
 

@@ -61,8 +61,12 @@ def float_weight_ops():
         cols = x.shape[1]
         cpu.ops.swiglu(f32_id, as_f32(wtype_gate, w_gate, cols), f32_id, as_f32(wtype_up, w_up, cols), x, h_out)
 
+    def matvecs(products, x):
+        for wtype, w, out in products:
+            matvec(wtype, w, x, out)
+
     ops = {name: getattr(cpu.ops, name) for name in cpu.ops.__all__}
-    return types.SimpleNamespace(**{**ops, "matvec": matvec, "swiglu": swiglu})
+    return types.SimpleNamespace(**{**ops, "matvec": matvec, "matvecs": matvecs, "swiglu": swiglu})
 
 
 def errors(ours, ref):
