@@ -175,10 +175,10 @@ def bench_matvec(t: gt.GGMLType, rows: int, cols: int, slots=(1, 2, 4, 8),
     return results
 
 
-def bench_matvec_shared_input(t: gt.GGMLType, rows: int, cols: int) -> tuple[float, float] | None:
-    """(GB/s of a one-slot matvec, GB/s of its kernel alone with x quantised beforehand): the
-    second is what each matrix of one input costs when `matvecs` shares the quantisation (a GDN
-    layer's four projections, attention's q/k/v). None for the float types (no quantise)."""
+def bench_matvec_shared_input(t: gt.GGMLType, rows: int, cols: int) -> tuple[float, float, bool] | None:
+    """(GB/s of a one-slot matvec, GB/s of its kernel alone with x quantised beforehand, flagged):
+    the second is what each matrix of one input costs when `matvecs` shares the quantisation (a
+    GDN layer's four projections, attention's q/k/v). None for the float types (no quantise)."""
     from . import matvec_q8, memory
     from .matvec import _uses_dp4a
     if not _uses_dp4a(t.id):
@@ -191,7 +191,7 @@ def bench_matvec_shared_input(t: gt.GGMLType, rows: int, cols: int) -> tuple[flo
     alone = time_launches(lambda: matvec_q8.matvec(t.id, w, x, out, rows, cols, 1, memory.stream(),
                                                    quantized=quantized), repeats=50)
     nbytes = w.shape[0] * w.shape[1]
-    return nbytes / whole.seconds / 1e9, nbytes / alone.seconds / 1e9
+    return nbytes / whole.seconds / 1e9, nbytes / alone.seconds / 1e9, whole.flagged or alone.flagged
 
 
 # --- prompt-chunk GEMMs ---------------------------------------------------------------------------

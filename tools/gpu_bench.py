@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
         rates = bench.bench_matvec_shared_input(t, rows, cols)
         if rates:
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s}  with its own quantise {rates[0]:5.0f} GB/s "
-                  f"({100 * rates[0] / read:3.0f}%), kernel alone {rates[1]:5.0f} GB/s ({100 * rates[1] / read:3.0f}%)")
+                  f"({100 * rates[0] / read:3.0f}%), kernel alone {rates[1]:5.0f} GB/s ({100 * rates[1] / read:3.0f}%)"
+                  f"{'*' if rates[2] else ''}")
     return 0
 
 

@@ -92,7 +92,7 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     from hybrid.mtp import MTPHead
     from hybrid.state import SessionState
 
-    def forward_kind(self, state, token_ids, logits="last", snapshot=False, pick=False):
+    def forward_kind(self, state, token_ids, logits="last", snapshot=False, **_):
         return "verify" if snapshot else ("decode" if len(token_ids) == 1 else "prefill")
 
     patch(Forward, "forward", lambda f: prof.wrap("forward", f, pick=forward_kind))
