@@ -186,9 +186,9 @@ class Sampler:
         if np.isneginf(x).all():
             raise HybridError("every token is masked out (all logits are -inf)")
         c = self.config
-        n_last = len(history) if c.repeat_last_n == -1 else c.repeat_last_n
-        if len(history) == 0 or n_last <= 0 or not c.penalizes:
+        if len(history) == 0 or not c.penalizes:        # penalizes: a window of at least one token
             return ids, x
+        n_last = len(history) if c.repeat_last_n == -1 else c.repeat_last_n
         seen, counts = np.unique(np.asarray(history[-n_last:], dtype=np.int64), return_counts=True)
         if seen[0] < 0 or seen[-1] >= n_vocab:
             raise HybridError(f"history holds a token id outside the vocabulary of {n_vocab}")
