@@ -164,8 +164,9 @@ def _fused_weights(ffn):
     return prepared
 
 
-def _run_fused(ffn, x, experts, weights, out) -> bool:
-    """All routed experts in one `routed_experts` call; False (nothing done) for float weights."""
+def _run_fused(ffn, x, experts, weights, out, skip=None) -> bool:
+    """All routed experts (but those `skip` leaves out) in one `routed_experts` call; False
+    (nothing done) for float weights."""
     prepared = _fused_weights(ffn)
     if prepared is None:
         return False
@@ -173,7 +174,7 @@ def _run_fused(ffn, x, experts, weights, out) -> bool:
         raise ValueError(f"x has {x.shape[1]} columns but the experts take {ffn.gate.cols}")
     # a few items per thread and parallel region: static scheduling stays balanced
     routed_experts(*prepared, ffn.gate.rows, x, experts, weights, out,
-                   4 * numba.get_num_threads(), _matvec.PREFETCH_BYTES)
+                   4 * numba.get_num_threads(), _matvec.PREFETCH_BYTES, skip=skip)
     return True
 
 
@@ -188,21 +189,33 @@ def router_logits(ffn, x: np.ndarray) -> np.ndarray:
 
 def routed_ffn(ffn, x: np.ndarray, logits: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:
     """out (n, D) = the routed experts' part of the MoE FFN of rows x (n, D), given the router's
-    logits (n, E): route, count into stats (a hybrid.forward.MoEStats) when given, run every
-    selected expert. Returns the selected experts (n, k).
+    logits (n, E): route, then `run_routed`. Returns the selected experts (n, k)."""
+    check_f32_matrix(logits, "logits", (x.shape[0], ffn.router.rows))
+    experts, weights = route(logits, ffn.n_used)
+    run_routed(ffn, x, experts, weights, out, stats)
+    return experts
 
-    The GPU backend's hand-off calls this on the host with logits computed on the device; it
+
+def run_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, out: np.ndarray,
+               stats=None, skip=None) -> None:
+    """out (n, D) = Σ_rank weights · expert(x) over the routed (row, rank) pairs `experts` (n, k)
+    int64 with their weights (n, k) float32 (`route`); every pair counts into stats (a
+    hybrid.forward.MoEStats) when given. skip: (E,) int32, ≥ 0 for the experts that run
+    elsewhere (the GPU expert cache's slot table): their pairs are left out of out.
+
+    The GPU backend's hand-off calls this on the host with routing done on the device; it
     touches nothing but its arguments and the weights (it may run at a CUDA-graph replay)."""
     check_f32_matrix(x, "x")
     n, D = x.shape
-    check_f32_matrix(logits, "logits", (n, ffn.router.rows))
     check_f32_matrix(out, "out", (n, D), writeable=True)
-    experts, weights = route(logits, ffn.n_used)
+    if experts.shape != (n, ffn.n_used) or weights.shape != experts.shape:
+        raise ValueError(f"routing of shape {experts.shape} / {weights.shape} for {n} rows of top-{ffn.n_used}")
     if stats is not None:
         stats.count(ffn, experts)
-    if not _run_fused(ffn, x, experts, weights, out):
+    if not _run_fused(ffn, x, experts, weights, out, skip):
+        if skip is not None and (skip[experts] >= 0).any():
+            raise ValueError("float experts cannot leave pairs to the GPU's expert cache")
         _run_expert_by_expert(ffn, x, experts, weights, out)
-    return experts
 
 
 def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:

@@ -10,7 +10,10 @@ pool twice (a few µs each on 16 cores) and allocates nothing:
   A. per (group, tile of whole 256-row activation blocks of h): copy the group's m rows of int8
      x into this thread's bank (the contiguous (m, D) block the row dots read), then
      h = SiLU(W_gate,e x) ⊙ (W_up,e x) and its int8 activations — the tile owns whole activation
-     blocks, so quantising them needs nothing from another item;
+     blocks, so quantising them needs nothing from another item. With fewer blocks than threads
+     (few groups: the GPU runs the step's other experts) tiles are parts of a block and the
+     quantisation is a region of its own (with top-8 of 512-row experts all routed here, 16
+     whole-block tiles already fill 16 threads);
   B. per (group, tile of output rows): y = W_down,e h;
   C. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
      a decode step, where a region would cost more than the sum).
@@ -84,60 +87,84 @@ def _layout(n, k, D, n_ff, n_expert, n_banks):
 
 
 @njit(cache=True, nogil=True)
-def _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert):
-    """Slots = the n·k (row, rank) pairs, ordered by expert (a stable counting sort: rows ascend
-    within a group). Fills slot_row (row of each slot), slot_of (slot of pair i·k + rank),
-    group_start (n_groups + 1 slot bounds) and group_expert (the expert of each group), using
-    `first` (≥ n_expert + 1 int64) as the counter; returns n_groups."""
+def _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert):
+    """Slots = the (row, rank) pairs whose expert e has skip[e] < 0 (the others run elsewhere:
+    the GPU's expert cache), ordered by
+    expert (a stable counting sort: rows ascend within a group). Fills slot_row (row of each
+    slot), slot_of (slot of pair i·k + rank, −1 when skipped), group_start (n_groups + 1 slot
+    bounds) and group_expert (the expert of each group), using `first` (≥ n_expert + 1 int64)
+    as the counter; returns n_groups."""
     n, k = experts.shape
     for e in range(n_expert + 1):                  # first[e + 1] counts pairs routed to e, then sums
         first[e] = 0
     for i in range(n):
         for rank in range(k):
-            first[experts[i, rank] + 1] += 1
+            if skip[experts[i, rank]] < 0:
+                first[experts[i, rank] + 1] += 1
     n_groups = 0
     for e in range(n_expert):
         if first[e + 1] > 0:
             group_start[n_groups], group_expert[n_groups] = first[e], e
             n_groups += 1
         first[e + 1] += first[e]
-    group_start[n_groups] = n * k
+    group_start[n_groups] = first[n_expert]
     for i in range(n):
         for rank in range(k):
-            s = first[experts[i, rank]]
-            first[experts[i, rank]] += 1
+            e = experts[i, rank]
+            if skip[e] >= 0:
+                slot_of[i * k + rank] = -1
+                continue
+            s = first[e]
+            first[e] += 1
             slot_row[s], slot_of[i * k + rank] = i, s
     return n_groups
 
 
 def group_slots(experts: np.ndarray, n_expert: int):
-    """`_group_slots_into` with fresh arrays: (slot_row, slot_of, group_start, group_expert)."""
+    """`_group_slots_into` with fresh arrays and nothing skipped: (slot_row, slot_of,
+    group_start, group_expert)."""
     n_slots = experts.size
     first = np.empty(n_expert + 1, np.int64)
     slot_row, slot_of = np.empty(n_slots, np.int64), np.empty(n_slots, np.int64)
     group_start, group_expert = np.empty(n_slots + 1, np.int64), np.empty(n_slots, np.int64)
-    g = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
+    g = _group_slots_into(experts, no_skip(n_expert), n_expert, first, slot_row, slot_of, group_start, group_expert)
     return slot_row, slot_of, group_start[:g + 1], group_expert[:g]
 
 
 @njit(inline="always")
 def _rank_sum(y, slot_of, weights, out, i):
     """out[i] = Σ_rank weights[i, rank] · y[slot of (i, rank)], ranks in order (as
-    cpu.moe._weighted_sum)."""
+    cpu.moe._weighted_sum), skipped pairs left out (zeros when all are)."""
     k, D = weights.shape[1], out.shape[1]
-    s = slot_of[i * k]
-    w = weights[i, 0]
-    for c in range(D):
-        out[i, c] = w * y[s, c]
-    for rank in range(1, k):
+    started = False
+    for rank in range(k):
         s = slot_of[i * k + rank]
+        if s < 0:
+            continue
         w = weights[i, rank]
+        if started:
+            for c in range(D):
+                out[i, c] += w * y[s, c]
+        else:
+            for c in range(D):
+                out[i, c] = w * y[s, c]
+            started = True
+    if not started:
         for c in range(D):
-            out[i, c] += w * y[s, c]
+            out[i, c] = 0.0
+
+
+@njit(inline="always")
+def _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, blk):
+    """Activation block blk of the m rows of h from slot s0 on (one group) to int8."""
+    hg = _block(h, s0, m, n_ff)
+    hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+    for j in range(m):
+        _quantize_block(hg, hqg, hdg, hbg, j, blk)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
+def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
                     ws_i8, ws_f32, ws_i16, ws_i64, n_banks, work_items, pf, last_stage):
     n, D = out.shape
     k = weights.shape[1]
@@ -171,7 +198,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     group_expert = ws_i64[n_expert + 2 + 3 * n_slots:n_expert + 2 + 4 * n_slots]
 
     # 0. group the slots; quantise x once per row
-    n_groups = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
+    n_groups = _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert)
     if n * x_cols >= _PARALLEL_MIN:
         for task in prange(n * x_blocks):
             _quantize_block(x, xq, dx, bs, task // x_blocks, task % x_blocks)
@@ -182,14 +209,18 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     if last_stage == 0:
         return
 
-    # A. per (group, tile of whole h blocks): the group's x block, h = SiLU(gate) ⊙ up, its int8
-    tiles_a = max(1, min(h_blocks, -(-work_items // n_groups)))
-    blocks_per_tile = -(-h_blocks // tiles_a)
+    # A. per (group, tile of h rows): the group's x block, h = SiLU(gate) ⊙ up, its int8.
+    # Tiles of whole activation blocks quantise their own h; when the groups have fewer blocks
+    # than there are threads (a decode step whose other experts run on the GPU), items take a
+    # share of a block's rows instead and h is quantised in a region of its own.
+    # (no groups when every pair runs elsewhere: A and B do nothing, C writes zeros)
+    split = max(1, min(ACT_BLOCK // 32, -(-numba.get_num_threads() // max(n_groups * h_blocks, 1))))
+    tiles_a = max(1, min(h_blocks, -(-work_items // max(n_groups, 1)))) if split == 1 else h_blocks * split
+    rows_per_tile = -(-h_blocks // tiles_a) * ACT_BLOCK if split == 1 else ACT_BLOCK // split
     for item in prange(n_groups * tiles_a):
         g, t = item // tiles_a, item % tiles_a
-        b0, b1 = t * blocks_per_tile, min(h_blocks, (t + 1) * blocks_per_tile)
+        r0, r1 = t * rows_per_tile, min(n_ff, (t + 1) * rows_per_tile)
         s0, m = group_start[g], group_start[g + 1] - group_start[g]
-        e = group_expert[g]
         me = get_thread_id()
         q = _block(banks_i8[me * bank_i8:], 0, m, x_cols)
         b = _block(banks_i16[me * bank_i16:], 0, m, xs)
@@ -205,20 +236,25 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
             for blk in range(x_blocks):
                 d[blk, j] = dx[blk, row]
         hg = _block(h, s0, m, n_ff)
-        for r in range(b0 * ACT_BLOCK, min(n_ff, b1 * ACT_BLOCK)):
+        e = group_expert[g]
+        for r in range(r0, r1):
             for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
                 row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, q, d, b, gu[kind], pf)
             for j in range(m):
                 hg[j, r] = _silu_times(gu[0, j], gu[1, j])
-        hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
-        for j in range(m):
-            for blk in range(b0, b1):
-                _quantize_block(hg, hqg, hdg, hbg, j, blk)
+        if split == 1:
+            for blk in range(r0 // ACT_BLOCK, -(-r1 // ACT_BLOCK)):
+                _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, blk)
+    if split > 1:
+        for task in prange(n_groups * h_blocks):
+            g = task // h_blocks
+            s0, m = group_start[g], group_start[g + 1] - group_start[g]
+            _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, task % h_blocks)
     if last_stage == 1:
         return
 
     # B. y = W_down h per (group, tile of output rows)
-    tiles_b = max(1, min(D, -(-work_items // n_groups)))
+    tiles_b = max(1, min(D, -(-work_items // max(n_groups, 1))))
     per_tile = -(-D // tiles_b)
     for item in prange(n_groups * tiles_b):
         g, t = item // tiles_b, item % tiles_b
@@ -261,6 +297,18 @@ class Workspace(threading.local):
 _workspace = Workspace()
 
 
+_NO_SKIP: dict[int, np.ndarray] = {}
+
+
+def no_skip(n_expert: int) -> np.ndarray:
+    """A skip table that leaves nothing out (shared, read-only)."""
+    table = _NO_SKIP.get(n_expert)
+    if table is None:
+        table = _NO_SKIP[n_expert] = np.full(n_expert, -1, np.int32)
+        table.flags.writeable = False
+    return table
+
+
 STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
 _layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks) → workspace sizes: a decode step's
                                     # 40 calls of one size pay a dict lookup, not a Numba call
@@ -268,8 +316,10 @@ _layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks) → workspace si
 
 def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
                    weights: np.ndarray, out: np.ndarray, work_items: int, pf: int,
-                   stages: int = len(STAGES)) -> None:
-    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]).
+                   stages: int = len(STAGES), skip: np.ndarray | None = None) -> None:
+    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]), leaving out the
+    pairs whose expert e has skip[e] ≥ 0 (skip: (E,) int32, the GPU expert cache's slot table:
+    the GPU runs those, gpu/expert_cache.py; None: none left out).
 
     wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
     expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
@@ -283,5 +333,6 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
     sizes = _layouts.get(key)
     if sizes is None:
         sizes = _layouts[key] = _layout(*key)[0]
-    _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
+    skip = no_skip(expert_rows.shape[1]) if skip is None else skip
+    _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
                     *_workspace.get(sizes), n_banks, work_items, pf, stages - 1)

@@ -4,11 +4,12 @@ Both are built from the device matvec (`gpu.matvec`, slot-for-slot bit identical
 elementwise kernels, so every row keeps the bits of a one-row call, as on the CPU:
 * swiglu: gate and up products, then h = SiLU(g) · u;
 * MoE, two placements (gpu/ops.py picks):
-  - `hybrid_moe_ffn`, routed experts in host memory (the planner's placement): router logits on
-    the device, then ONE hand-off per layer (`memory.host_call`) in which the host routes,
-    counts and runs every selected expert with the fused CPU kernel (`cpu.moe.routed_ffn`);
-    the shared expert and its sigmoid gate are added on the device. Nothing is read back
-    outside the hand-off, so a step with such layers can be captured as a CUDA graph;
+  - `hybrid_moe_ffn`, routed experts in host memory (the planner's placement): router logits and
+    routing on the device, then ONE hand-off per layer (`memory.host_call`) in which the host
+    counts and runs the selected experts with the fused CPU kernel (`cpu.moe.run_routed`);
+    meanwhile the device runs the shared expert and the selected experts its expert cache
+    holds (gpu/expert_cache.py), and adds both once the host's sum is back. Nothing is read
+    back outside the hand-off, so a step with such layers can be captured as a CUDA graph;
   - `moe_ffn`, experts uploaded (same algorithm as `cpu/moe.py`): router logits come to the
     host (n × E floats) for the top-k choice, the rows routed to each chosen expert are
     gathered into one block on the device and run through that expert once, and each row's
@@ -26,9 +27,9 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from cpu.moe import expert_groups, route, router_logits, routed_ffn
+from cpu.moe import expert_groups, route, router_logits, routed_ffn, run_routed
 
-from . import graphs, memory
+from . import expert_cache, graphs, memory
 from .memory import THREADS, stream
 from .matvec import matvec as device_matvec
 
@@ -142,29 +143,52 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
 
 def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
-    one hand-off for routing and all routed experts; the shared expert on the device, computed
-    while the host runs the routed ones (it only needs x), added once their sum is back."""
+    one hand-off for all routed experts the GPU's expert cache (`ffn.cache`) does not hold; the
+    shared expert and the cached experts run on the device meanwhile (they only need x and the
+    routing) and are added once the host's sum is back."""
     n, D = x.shape
     shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
-    meanwhile = None
-    if ffn.shared is not None:
-        meanwhile = lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)    # noqa: E731
-        if not all(memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate)):
-            meanwhile()     # a part left in host memory (-ot) needs a hand-off of its own: not during this one
-            meanwhile = None
-    if memory.is_device(ffn.router.data):
-        logits = memory.scratch("moe_logits", (n, ffn.router.rows))
-        matvec(ffn.router.wtype, ffn.router.data, x, logits)
-        # runs at a graph's replay too: it may only use its arguments, ffn's host weights and stats
-        memory.host_call((x, logits), (out,),
-                         lambda x_host, logits_host, out_host: routed_ffn(ffn, x_host, logits_host, out_host, stats),
-                         meanwhile)
-    else:    # the router left in host memory (an -ot rule): its product joins the same hand-off
+    device_shared = ffn.shared is not None and all(
+        memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate))
+    if ffn.shared is not None and not device_shared:
+        shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)   # its host part: a hand-off of its own first
+    if not memory.is_device(ffn.router.data) or ffn.router.rows > expert_cache.MAX_EXPERTS:
+        # the router left in host memory (an -ot rule), or more experts than the device routing
+        # takes: the router's product joins the hand-off and all experts run there
+        meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
         memory.host_call((x,), (out,),
                          lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
                          meanwhile)
-    if ffn.shared is not None:
-        _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+        if ffn.shared is not None:
+            _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+        return
+
+    logits = memory.scratch("moe_logits", (n, ffn.router.rows))
+    matvec(ffn.router.wtype, ffn.router.data, x, logits)
+    experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
+    weights = memory.scratch("moe_weights", (n, ffn.n_used))
+    expert_cache.route(logits, experts, weights)
+    cache = ffn.cache if n * ffn.n_used <= expert_cache.MAX_PAIRS else None
+    y = memory.scratch("moe_cached_y", (n * ffn.n_used, D)) if cache is not None else None
+
+    def meanwhile():
+        if device_shared:
+            shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)
+        if cache is not None:
+            expert_cache.run_cached(cache, x, experts, y)
+
+    skip = None if cache is None else cache.host_slot_of
+    # runs at a graph's replay too: it may only use its arguments, ffn's host weights, the
+    # cache's host table (which `load` updates in place) and stats
+    memory.host_call((x, experts, weights), (out,),
+                     lambda x_host, experts_host, weights_host, out_host: run_routed(
+                         ffn, x_host, experts_host, weights_host, out_host, stats, skip),
+                     meanwhile if device_shared or cache is not None else None)
+    on_device = (shared, gate_logit) if ffn.shared is not None else ()
+    if cache is not None:
+        expert_cache.finish(out, y, experts, weights, cache, *on_device)
+    elif on_device:
+        _add_gated[_blocks(n * D), THREADS, stream()](out, *on_device)
 
 
 def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:

@@ -168,13 +168,12 @@ def _add_unit_template(N, R, U):
     return add_unit
 
 
-def _kernel_template(N, R, U, L, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STAMP):
+def _rows_template(N, R, U, L, RU, UPB, RAW, QW, FAC, XV, XF, XS):
     BPS = L // UPB     # blocks per step of L units
     GROUPS = 32 // L   # row groups per warp
 
-    def matvec_q8_kernel(w, w8, xq, xm, out, rows, n_blocks):
-        if TYPE_ID < 0 or STAMP < 0:  # never true: puts both in the cache key (_specialise)
-            return
+    def matvec_rows(w, w8, xq, xm, out, rows, n_blocks, block):
+        """The rows of thread block `block` (WARPS·GROUPS·R of them) for all N slots."""
         raw = cuda.local.array((RU, RAW), uint32)  # RU = R·U
         q = cuda.local.array((R, QW), uint32)
         fac = cuda.local.array((R, FAC), float32)
@@ -184,7 +183,7 @@ def _kernel_template(N, R, U, L, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STA
         acc = cuda.local.array((R, N), float32)
         tid = cuda.threadIdx.x
         lane = tid & (L - 1)   # within the row group
-        row0 = ((cuda.blockIdx.x * WARPS + (tid >> 5)) * GROUPS + (tid & 31) // L) * R
+        row0 = ((block * WARPS + (tid >> 5)) * GROUPS + (tid & 31) // L) * R
         for r in range(R):
             for s in range(N):
                 acc[r, s] = float32(0.0)
@@ -211,7 +210,35 @@ def _kernel_template(N, R, U, L, RU, UPB, RAW, QW, FAC, XV, XF, XS, TYPE_ID, STA
                 if row0 + r < rows:
                     for s in range(N):
                         out[s, row0 + r] = acc[r, s]
+    return matvec_rows
+
+
+def _kernel_template(TYPE_ID, SHAPE, STAMP):
+    def matvec_q8_kernel(w, w8, xq, xm, out, rows, n_blocks):
+        if TYPE_ID < 0 or SHAPE < 0 or STAMP < 0:  # never true: puts all three in the cache key (_specialise)
+            return
+        matvec_rows(w, w8, xq, xm, out, rows, n_blocks, cuda.blockIdx.x)
     return matvec_q8_kernel
+
+
+def _experts_template(TYPE_ID, SHAPE, STAMP):
+    def matvec_q8_experts_kernel(ws, ws8, slot_of, experts, x_per_pair, xq, xm, out, rows, n_blocks):
+        """Pair a = i·k + rank (grid y) of a MoE layer's routing `experts` (n, k): when its
+        expert has a slot in the stacks ws (slots, rows, words), out[a] = W_slot · x, where x is
+        row i of xq/xm (the layer input) or, with x_per_pair, row a (each pair's own hidden);
+        a pair without a slot is skipped (its out row is left as it was)."""
+        if TYPE_ID < 0 or SHAPE < 0 or STAMP < 0:  # never true (see matvec_q8_kernel)
+            return
+        a = cuda.blockIdx.y
+        k = experts.shape[1]
+        i = a // k
+        slot = slot_of[experts[i, a - i * k]]
+        if slot < 0:
+            return
+        xr = a if x_per_pair else i
+        matvec_rows(ws[slot], ws8[slot], xq[xr:xr + 1], xm[xr:xr + 1], out[a:a + 1], rows, n_blocks,
+                    cuda.blockIdx.x)
+    return matvec_q8_experts_kernel
 
 
 def units_in_flight(unit: Dp4aUnit, rows_per_warp: int) -> int:
@@ -237,18 +264,28 @@ def lanes_per_row(unit: Dp4aUnit, cols: int) -> int:
     return min(widths, key=lambda w: (idle(w), -w))
 
 
-def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int = 32):
-    """The kernel (Python function) for one type, slot count, rows per lane group and group width."""
+def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int = 32, template=None):
+    """The kernel (Python function) for one type, slot count, rows per lane group and group width:
+    the matvec, or the expert-cache one with template=_experts_template."""
     u = units_in_flight(unit, rows_per_warp)
     functions = dict(load=unit.load, prepare=unit.prepare, load_x=unit.load_x, dot=unit.dot)
     functions["add_unit"] = device_function(
         _specialise(_add_unit_template, dict(N=n_slots, R=rows_per_warp, U=u), functions))
-    constants = dict(N=n_slots, R=rows_per_warp, U=u, L=lanes, RU=rows_per_warp * u, UPB=unit.units_per_block,
-                     RAW=unit.raw_words, QW=unit.q_words,
-                     FAC=unit.factors, XV=unit.x_words, XF=unit.x_floats, XS=unit.x_ints,
-                     TYPE_ID=unit.type.id, STAMP=SOURCE_STAMP)
-    kernel_fn = _specialise(_kernel_template, constants, functions)
-    kernel_fn.__name__ = kernel_fn.__qualname__ = f"matvec_q8_{unit.type.name}_n{n_slots}_r{rows_per_warp}_l{lanes}"
+    shape = dict(N=n_slots, R=rows_per_warp, U=u, L=lanes, RU=rows_per_warp * u, UPB=unit.units_per_block,
+                 RAW=unit.raw_words, QW=unit.q_words,
+                 FAC=unit.factors, XV=unit.x_words, XF=unit.x_floats, XS=unit.x_ints)
+    # a Numba device function under the simulator too: it allocates local arrays and reads
+    # threadIdx, which only the simulator's own device functions can
+    rows_fn = cuda.jit(device=True, inline=True)(_specialise(_rows_template, shape, functions))
+    template = template or _kernel_template
+    # the kernel's own code is the same for every shape: the shape number keeps their disk
+    # cache entries apart (matvec_rows, a global, is not part of the key)
+    key = n_slots * 1_000_000 + rows_per_warp * 10_000 + lanes * 100 + u
+    kernel_fn = _specialise(template, dict(TYPE_ID=unit.type.id, SHAPE=key, STAMP=SOURCE_STAMP),
+                            dict(matvec_rows=rows_fn))
+    kind = "experts_" if template is _experts_template else ""
+    kernel_fn.__name__ = kernel_fn.__qualname__ = \
+        f"matvec_q8_{kind}{unit.type.name}_n{n_slots}_r{rows_per_warp}_l{lanes}"
     return kernel_fn
 
 
@@ -256,6 +293,11 @@ def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int =
 def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes))
+
+
+@functools.cache
+def experts_kernel(type_id: int, rows_per_warp: int, lanes: int):
+    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], 1, rows_per_warp, lanes, _experts_template))
 
 
 def _matrix(dtype):
@@ -269,6 +311,18 @@ def kernel_argtypes(unit: Dp4aUnit) -> tuple:
     from numba import types
     return (_matrix(unit.word), _matrix(np.uint8), _matrix(np.uint32), _matrix(np.uint32),
             _matrix(np.float32), types.int64, types.int64)
+
+
+def experts_argtypes(unit: Dp4aUnit) -> tuple:
+    """Numba argument types of an experts kernel (ws, ws8, slot_of, experts, x_per_pair, xq, xm,
+    out, rows, n_blocks)."""
+    from numba import types
+    from numba.np import numpy_support
+
+    def stack(dtype):
+        return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 3, "C")
+    return (stack(unit.word), stack(np.uint8), types.Array(types.int32, 1, "C"), types.Array(types.int64, 2, "C"),
+            types.boolean, _matrix(np.uint32), _matrix(np.uint32), _matrix(np.float32), types.int64, types.int64)
 
 
 # (slots, rows per group, lanes per row): the most units in flight; the most accumulators
@@ -287,6 +341,8 @@ def ptx_targets(every_shape: bool = False):
             if lanes >= unit.units_per_block:
                 yield (f"matvec {unit.type.name} dp4a n={n} rows_per_warp={r} lanes={lanes}",
                        _build_kernel(unit, n, r, lanes), kernel_argtypes(unit))
+        yield (f"matvec {unit.type.name} dp4a cached experts", _build_kernel(unit, 1, 2, 32, _experts_template),
+               experts_argtypes(unit))
 
 
 @functools.cache
@@ -331,3 +387,24 @@ def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, st
         blocks = -(-rows // (WARPS * (32 // lanes) * r))
         kernel(type_id, k, r, lanes)[blocks, BLOCK_THREADS, stream](
             w, w_dev, xq[s0:s0 + k], xm[s0:s0 + k], ok, rows, n_blocks)
+
+
+def experts_matvec(type_id: int, stacks_dev, slot_of, experts, quantized, out_dev, x_per_pair: bool,
+                   stream) -> None:
+    """The MoE layer's cached experts (gpu/expert_cache.py): for every (row i, rank) pair
+    a = i·k + rank of `experts` (n, k) int64 whose expert has a slot (`slot_of` (E,) int32,
+    −1: not cached), out_dev[a] = stacks_dev[slot] · x, x being row i of the quantised input,
+    or row a with x_per_pair. stacks_dev: (slots, rows, row_bytes) uint8; quantized: (xq, xm)
+    of `quantize` in this type's layout; out_dev: (n·k, rows) float32. Each pair gets the bits
+    of a one-slot `matvec` on its expert's matrix."""
+    unit = UNITS[type_id]
+    n_slots, rows, row_bytes = stacks_dev.shape
+    cols = row_bytes // unit.type.block_bytes * unit.type.block_elems
+    pairs = experts.shape[0] * experts.shape[1]
+    lanes = lanes_per_row(unit, cols)
+    r = default_rows_per_warp(1, rows * pairs, lanes)     # the pairs' blocks fill the GPU together
+    blocks = -(-rows // (WARPS * (32 // lanes) * r))
+    xq, xm = quantized
+    experts_kernel(type_id, r, lanes)[(blocks, pairs), BLOCK_THREADS, stream](
+        stacks_dev.view(unit.word), stacks_dev, slot_of, experts, x_per_pair, xq, xm, out_dev,
+        rows, cols // unit.type.block_elems)

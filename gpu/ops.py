@@ -121,7 +121,7 @@ def ptx_targets():
     as the forward calls them: for the sm_90 PTX check (tools/gpu_ptx_check.py)."""
     from numba import types
 
-    from . import argmax, attention, gdn, norm, rope, top_logits as top
+    from . import argmax, attention, expert_cache as ec, gdn, norm, rope, top_logits as top
 
     f32, f64, i64 = types.float32, types.float64, types.int64
 
@@ -151,6 +151,9 @@ def ptx_targets():
         ("moe scatter_rows", ffn._scatter_rows, (m2, a(i64, 1), a(i64, 1), i64, m3)),
         ("moe weighted_sum", ffn._weighted_sum, (m3, m2, m2)),
         ("moe add_gated", ffn._add_gated, (m2, m2, m2)),
+        ("expert cache route", ec._route, (a(types.uint32, 2), a(i64, 2), m2)),
+        ("expert cache silu_times", ec._silu_times_cached, (m2, m2, a(types.int32, 1), a(i64, 2))),
+        ("expert cache finish", ec._finish, (m2, m2, a(i64, 2), m2, a(types.int32, 1), m2, m2, types.boolean)),
         ("fill_zero", memory._fill_zero_kernel, (m1,)),
         ("copy_2d", memory._copy_2d_kernel, (a(f32, 2, "A"), a(f32, 2, "A"))),
     ]

@@ -38,7 +38,8 @@ class Model:
 
     def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
                  threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
-                 overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True):
+                 overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True,
+                 expert_cache: bool = True):
         from .chat_template import ChatTemplate
         from .forward import Forward
         from .placement import plan_for, ring_for_draft
@@ -56,11 +57,13 @@ class Model:
         self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
         self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
+        # A MoE model's leftover VRAM caches routed experts (expert_cache=False leaves it free).
         self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
-                             ring_for_draft(None, self.has_mtp))
+                             ring_for_draft(None, self.has_mtp), expert_cache=expert_cache)
         self.device = self.plan.device
         if self.device == "cuda":
-            self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs)
+            self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
+                                   expert_cache=self.plan.expert_cache)
         else:
             self.forward = Forward(self.file)
         self._mtp = None
@@ -205,12 +208,14 @@ def parse_draft(draft: int | str) -> int:
 
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
          n_ctx: int | None = None, vram: str | int | None = None, overrides: Sequence[str] = (),
-         cpu_only: bool = False, cuda_graphs: bool = True) -> Model:
+         cpu_only: bool = False, cuda_graphs: bool = True, expert_cache: bool = True) -> Model:
     """Open a GGUF model (the bundled tiny model when `path` is None).
 
     device "auto" uses a GPU when one is present (trunk and lm_head there, FFN streamed on the
     CPU as the VRAM budget `vram` allows); `overrides` are llama.cpp-style "REGEX=CPU|GPU" rules.
     cuda_graphs=False launches every GPU kernel from Python instead of replaying captured steps.
+    expert_cache: a MoE model copies as many routed experts per layer as the VRAM left over
+    holds to the GPU, which runs those when a token selects them (False: all stay on the CPU).
     """
     return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,
-                 cpu_only=cpu_only, cuda_graphs=cuda_graphs)
+                 cpu_only=cpu_only, cuda_graphs=cuda_graphs, expert_cache=expert_cache)

@@ -69,7 +69,9 @@ class CPUBackend:
     def run_step(self, key, body) -> None:
         body()
 
-    def place_weights(self, weights, model_file, placement: Placement):
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None):
+        if any((expert_cache or {}).values()):
+            raise HybridError("an expert cache lives on the GPU, but this forward runs on the CPU backend")
         if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
                                          for m in _all_matrices(weights)):
             raise HybridError("the placement puts weights on the GPU, but this forward runs on the CPU "
@@ -159,15 +161,43 @@ class GPUBackend:
         """Pinned float32 host scratch for the FFN hidden of a hand-off."""
         return self.memory.host_buffer("ffn_hidden", tuple(shape))
 
-    def place_weights(self, weights, model_file, placement: Placement):
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None):
+        """The records with the GPU's matrices uploaded, and `expert_cache` (layer → slots)
+        routed experts of each MoE layer copied to the GPU (gpu/expert_cache.py)."""
         from .weights import place_weights
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
+        if expert_cache:
+            placed = _with_expert_caches(placed, expert_cache)
         # the FFNs a prompt chunk may stream: the trunk's in the order a forward runs them, the MTP block's
         streamable = self.streamer.streamable
         self.streamer.set_order([layer.ffn for layer in placed.layers if streamable(layer.ffn)],
                                 [placed.mtp.block.ffn] if placed.mtp and streamable(placed.mtp.block.ffn) else [])
         return placed
+
+
+def _with_expert_caches(weights, slots):
+    """weights with an ExpertCache of slots[i] experts on each MoE layer i (the MTP block is
+    layer n_layer) whose routed experts stayed in host memory and whose router is on the GPU
+    (the routing the cache needs runs there)."""
+    from dataclasses import replace
+
+    from gpu.expert_cache import ExpertCache, cacheable
+    from gpu.memory import is_device
+
+    from .weights import MoEFFN
+
+    def cached(layer, index):
+        ffn, k = layer.ffn, int(slots.get(index, 0))
+        if (k <= 0 or not isinstance(ffn, MoEFFN) or not cacheable(ffn) or not is_device(ffn.router.data)
+                or any(is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down))):
+            return layer
+        return replace(layer, ffn=replace(ffn, cache=ExpertCache(ffn, k)))
+    layers = tuple(cached(layer, layer.index) for layer in weights.layers)
+    mtp = weights.mtp
+    if mtp is not None:
+        mtp = replace(mtp, block=cached(mtp.block, weights.config.n_layer))
+    return replace(weights, layers=layers, mtp=mtp)
 
 
 def make_backend(backend="cpu", ops=None, cuda_graphs: bool = True):

@@ -40,15 +40,17 @@ _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k,
 
 
 class Forward:
-    def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True):
+    def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True,
+                 expert_cache=None):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
         own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
-        cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py)."""
+        cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py);
+        expert_cache: layer → routed experts the GPU backend copies to VRAM (gpu/expert_cache.py)."""
         self.backend = make_backend(backend, ops, cuda_graphs)
         self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
         self.config: ModelConfig = model_file.config
-        self.weights: ModelWeights = bind_weights(model_file, self.backend, placement)
+        self.weights: ModelWeights = bind_weights(model_file, self.backend, placement, expert_cache)
         c = self.config
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"

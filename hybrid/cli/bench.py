@@ -13,8 +13,8 @@ from rich.console import Console
 
 from ..errors import HybridError
 from . import app
-from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ModelArg, ModelOpt, OverrideTensorOpt, ThreadsOpt, VramOpt,
-                     load_model, pick_model)
+from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, ModelArg, ModelOpt, OverrideTensorOpt,
+                     ThreadsOpt, VramOpt, load_model, pick_model)
 
 FORMATS = ("md", "csv", "json")
 
@@ -34,6 +34,7 @@ def bench(
     cpu_only: bool = CpuOnlyOpt,
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
+    expert_cache: bool = ExpertCacheOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
@@ -50,7 +51,8 @@ def bench(
         parse_draft(d)                      # reject bad depths before loading anything
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
-                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
+                   expert_cache=expert_cache)
     rows = []
     for n in n_prompt:
         if n > 0:

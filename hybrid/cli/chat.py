@@ -11,8 +11,8 @@ from rich.text import Text
 
 from ..errors import HybridError
 from . import app
-from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
-                     OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, MinPOpt,
+                     ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
                      load_model, pick_model)
 from .decode import pick_draft
 from .display import LiveStream
@@ -66,6 +66,7 @@ def chat(
     cpu_only: bool = CpuOnlyOpt,
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
+    expert_cache: bool = ExpertCacheOpt,
 ) -> None:
     """Chat with a model. The conversation stays in the model's state between turns, so each turn
     only prefills what is new. /reset forgets it, /exit or Ctrl-D quits, Ctrl-C stops a reply.
@@ -77,7 +78,8 @@ def chat(
     err = Console(stderr=True)
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
-                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
+                   expert_cache=expert_cache)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
     sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=None if seed < 0 else seed)

@@ -39,6 +39,10 @@ CudaGraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                              help="Replay each repeated step's GPU work as a CUDA graph (one driver call "
                                   "per CPU hand-off instead of ~15 kernel launches per layer). Off: launch "
                                   "kernels one by one (debugging, timing comparisons).")
+ExpertCacheOpt = typer.Option(True, "--expert-cache/--no-expert-cache",
+                              help="MoE models: copy as many routed experts of each layer as the VRAM left "
+                                   "over holds to the GPU, which runs them when a token picks them (the rest "
+                                   "run on the CPU).")
 OverrideTensorOpt = typer.Option(
     [], "-ot", "--override-tensor",
     help="Pin tensors whose name matches REGEX to a side: REGEX=CPU or REGEX=GPU (repeatable, "
@@ -85,11 +89,12 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
 
 def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_ctx: int,
                console: Console, quiet: bool = False, vram: Optional[str] = None, cpu_only: bool = False,
-               overrides: Sequence[str] = (), cuda_graphs: bool = True):
+               overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True):
     from ..api import load
     device, extra = placement_options(device, vram, cpu_only, overrides)
     with status(console, "loading model…", not quiet):
-        model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs, **extra)
+        model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
+                     expert_cache=expert_cache, **extra)
     with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
         model.warmup()
     return model

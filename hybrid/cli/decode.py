@@ -12,8 +12,8 @@ from rich.console import Console
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (CpuOnlyOpt, CudaGraphsOpt, CtxOpt, DeviceOpt, DraftOpt, DraftPMinOpt, MinPOpt, ModelArg, ModelOpt,
-                     OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, MinPOpt,
+                     ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
                      load_model, pick_model)
 from .display import LiveStream, drive
 
@@ -72,6 +72,7 @@ def decode(
     cpu_only: bool = CpuOnlyOpt,
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
+    expert_cache: bool = ExpertCacheOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
 ) -> None:
     """Generate text from a prompt, streaming it with live prefill and decode speed.
@@ -84,7 +85,8 @@ def decode(
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
-                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs)
+                   vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
+                   expert_cache=expert_cache)
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,

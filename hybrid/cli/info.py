@@ -37,8 +37,9 @@ def info(
     overrides: List[str] = OverrideTensorOpt,
     cpu_only: bool = CpuOnlyOpt,
     expert_cache: Annotated[bool, typer.Option(
-        "--expert-cache", help="MoE: show how many routed experts per layer leftover VRAM could cache on the "
-                          "GPU (a what-if: decoding does not cache experts yet; they stay on the CPU).")] = False,
+        "--expert-cache/--no-expert-cache",
+        help="MoE: plan the GPU cache of routed experts in the leftover VRAM, as decoding uses by default "
+             "(--no-expert-cache: the plan of a run with --no-expert-cache).")] = True,
     cpu_bandwidth: Annotated[str, typer.Option(
         "--cpu-bandwidth", help="CPU read bandwidth for the per-token roofline in the plan.")] = "100GB/s",
 ) -> None:
@@ -155,7 +156,7 @@ def _placement_table(p: dict[str, Any]) -> Table:
                       _size(cell["token_bytes"]), _size(cell["draft_bytes"]))
     if p["expert_cache"]:
         k = next(iter(p["expert_cache"].values()))
-        t.add_row(f"expert cache ({k} per layer, planned only: not used by decoding yet)", "GPU", "", _size(p["vram"].get("expert_cache", 0)),
+        t.add_row(f"expert cache ({k} per layer)", "GPU", "", _size(p["vram"].get("expert_cache", 0)),
                   f"{_size(p['expert_cache_token_bytes'])} of the experts'", "")
     return t
 

@@ -194,7 +194,7 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
     ffn = make_ffn("Q4_K", "Q6_K", fused=True, shared=True, rng=rng)
     fused, per_expert = [], []
     real_fused, real_swiglu = cpu.moe.routed_experts, cpu.moe.swiglu
-    monkeypatch.setattr(cpu.moe, "routed_experts", lambda *a: (fused.append(1), real_fused(*a)))
+    monkeypatch.setattr(cpu.moe, "routed_experts", lambda *a, **kw: (fused.append(1), real_fused(*a, **kw)))
     monkeypatch.setattr(cpu.moe, "swiglu", lambda *a: (per_expert.append(1), real_swiglu(*a)))
     moe_ffn(ffn, rng.standard_normal((6, D)).astype(np.float32), np.empty((6, D), np.float32))
     assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert

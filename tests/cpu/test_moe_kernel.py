@@ -65,3 +65,32 @@ def test_routed_ffn_is_the_routed_part_of_moe_ffn():
     assert np.array_equal(experts, want_experts) and same_bits(got, want)
     with pytest.raises(ValueError, match="logits"):
         routed_ffn(ffn, x, np.zeros((4, 3), np.float32), got)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
+def test_pairs_left_to_the_gpu_cache_are_left_out_of_the_sum(ffns, case):
+    """run_routed with a skip table marking some experts (the GPU's expert cache runs those): the sum
+    of the other pairs, with the bits of the expert-by-expert path given zero weight for the
+    left-out ranks (adding 0 · y changes no bits but a zero's sign)."""
+    ffn = ffns[case]
+    x = np.random.default_rng(30 + case).standard_normal((5, D)).astype(np.float32)
+    experts, weights = route(router_logits(ffn, x), K)
+    def check(cached_experts):
+        skip = np.full(ffn.router.rows, -1, np.int32)
+        skip[cached_experts] = np.arange(len(cached_experts))       # their slots in a GPU cache
+        cached = skip[experts] >= 0
+        want = np.empty_like(x)
+        cpu.moe._run_expert_by_expert(ffn, x, experts, np.where(cached, 0, weights).astype(np.float32), want)
+        got = np.full_like(x, np.nan)
+        cpu.moe.run_routed(ffn, x, experts, weights, got, skip=skip)
+        assert cached.any() and not cached.all()
+        assert same_bits(got + 0.0, want + 0.0)       # + 0.0: -0.0 → 0.0
+        assert np.abs(got).max() > 0
+
+    check([experts[0, 0], experts[3, 1]])
+    # one expert left here: fewer activation blocks than threads, so A splits blocks into row tiles
+    check([e for e in range(ffn.router.rows) if e != experts[2, 0]])
+
+    nothing = np.full_like(x, np.nan)
+    cpu.moe.run_routed(ffn, x, experts, weights, nothing, skip=np.zeros(ffn.router.rows, np.int32))
+    assert np.array_equal(nothing, np.zeros_like(x))

@@ -45,12 +45,12 @@ def model_file(tmp_path_factory):
         yield mf
 
 
-def hybrid_forward(model_file, cuda_graphs=True) -> Forward:
+def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None) -> Forward:
     if SIMULATED:
         placement = lambda name: "gpu" if name.endswith(".ffn_gate_inp.weight") else "cpu"  # noqa: E731
     else:
         placement = plan_placement(model_file, 1 << 30, n_ring=3).side
-    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs)
+    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache)
     for layer in (*fw.weights.layers, fw.weights.mtp.block):
         assert layer.ffn.router.location == "gpu" and layer.ffn.gate.location == "cpu"
     return fw
@@ -120,6 +120,30 @@ def test_greedy_drafting_equals_plain_decoding(hybrid, plain):
     assert 0 < stats["accepted"] < stats["drafted"]           # both outcomes happened
 
 
+def test_with_an_expert_cache_the_forward_agrees_and_drafting_stays_lossless(model_file):
+    """Half of each layer's experts (the MTP block's too) cached on the GPU: the logits agree with
+    the CPU forward, rows keep their one-row bits, and greedy drafting equals plain decoding."""
+    n_layer = SHAPE["n_layer"]
+    fw = hybrid_forward(model_file, expert_cache={i: 2 for i in range(n_layer + 1)})
+    assert all(layer.ffn.cache is not None for layer in (*fw.weights.layers, fw.weights.mtp.block))
+    ids = np.array(PROMPT[:3])
+    cpu_fw = Forward(model_file)
+    want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")
+    got, _ = fw.forward(fw.new_state(32), ids, logits="all")
+    assert np.abs(got - want).max() < LOGIT_TOL and (got.argmax(1) == want.argmax(1)).all()
+    state = fw.new_state(32)
+    parts = [fw.forward(state, ids[t:t + 1], logits="all")[0] for t in range(len(ids))]
+    np.testing.assert_array_equal(np.concatenate(parts), got)
+
+    n_tokens = 4 if SIMULATED else N_TOKENS
+    cached_plain = [e.id for e in generate_tokens(fw, fw.new_state(N_CTX), LetterTokenizer(), PROMPT,
+                                                  max_tokens=n_tokens, sampler=greedy(), n_ctx=N_CTX,
+                                                  ignore_eos=True) if hasattr(e, "id")]
+    events = drafting(fw, cached_plain, fw.new_state(N_CTX, n_ring=3), n_tokens)
+    assert [e.id for e in events if hasattr(e, "id")] == cached_plain
+    assert events[-1].stats.draft["accepted"] > 0
+
+
 class Replayer:
     """A stand-in for a captured step under the simulator (which has no graphs): replaying it runs
     the step, so the cache's bookkeeping (eager, capture, replay) is the real one."""
@@ -149,7 +173,7 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         state.reset()
 
     log = []
-    real_routed, real_draft, real_to_host = gpu.ffn.routed_ffn, speculative.draft_tokens, gpu.memory.to_host
+    real_routed, real_draft, real_to_host = gpu.ffn.run_routed, speculative.draft_tokens, gpu.memory.to_host
 
     def routed(ffn, x, *rest):
         log.append(("moe rows", x.shape[0]))
@@ -165,7 +189,7 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         log.append(("to_host",))
         return real_to_host(a)
 
-    monkeypatch.setattr(gpu.ffn, "routed_ffn", routed)
+    monkeypatch.setattr(gpu.ffn, "run_routed", routed)
     monkeypatch.setattr(speculative, "draft_tokens", draft_tokens)
     monkeypatch.setattr(gpu.memory, "to_host", to_host)
     cache, scratch = fw.backend.graphs, {k: id(v) for k, v in gpu.memory._scratch.items()}

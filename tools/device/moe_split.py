@@ -79,6 +79,9 @@ class Profile:
                       key=lambda r: -r[1])
 
 
+CACHE_PAIRS = [0, 0]     # (row, rank) pairs the GPU's expert cache ran, of all pairs split
+
+
 def patch(obj, name, wrapper):
     setattr(obj, name, wrapper(getattr(obj, name)))
 
@@ -107,11 +110,12 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     def sampled(f):
         def kernel(*a, **kw):
             if prof.on and len(samples) < 64:
-                samples.append(tuple(np.copy(v) if isinstance(v, np.ndarray) and v.flags.writeable else v for v in a))
+                samples.append((tuple(np.copy(v) if isinstance(v, np.ndarray) and v.flags.writeable else v for v in a),
+                                {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}))
             return f(*a, **kw)
         return prof.wrap("expert kernel", kernel)
     patch(cpu.moe, "routed_experts", sampled)
-    patch(cpu.moe, "routed_ffn", lambda f: prof.wrap("hand-off python", f))
+    patch(cpu.moe, "run_routed", lambda f: prof.wrap("hand-off python", f))
     patch(cpu.moe, "router_logits", lambda f: prof.wrap("router (cpu)", f))
     patch(cpu.ops, "moe_ffn", lambda f: prof.wrap("hand-off (cpu moe_ffn)", f))
     if not gpu:
@@ -119,7 +123,15 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     import gpu.ffn
     import gpu.graphs as graphs
     import gpu.memory as memory
-    patch(gpu.ffn, "routed_ffn", lambda f: prof.wrap("hand-off python", f))
+
+    def counted(f):
+        def run_routed(ffn, x, experts, weights, out, stats=None, skip=None):
+            if prof.on and skip is not None:
+                CACHE_PAIRS[0] += int((skip[experts] >= 0).sum())
+                CACHE_PAIRS[1] += experts.size
+            return f(ffn, x, experts, weights, out, stats, skip)
+        return prof.wrap("hand-off python", run_routed)
+    patch(gpu.ffn, "run_routed", counted)
     patch(gpu.ffn, "router_logits", lambda f: prof.wrap("router (cpu)", f))
     patch(memory, "synchronize", lambda f: prof.wrap("GPU wait", f))
     patch(memory, "to_host", lambda f: prof.wrap("to host", f))
@@ -184,13 +196,13 @@ def kernel_stages(samples: list, reps: int = 5) -> tuple[list[float], float] | N
     if not samples:
         return None
     per_stage, whole = np.zeros(len(STAGES)), 0.0
-    for args in samples:
+    for args, kw in samples:
         cum = []
         for stages in range(1, len(STAGES) + 1):
             times = []
             for _ in range(reps):
                 t0 = perf()
-                routed_experts(*args, stages=stages)
+                routed_experts(*args, **{**kw, "stages": stages})
                 times.append(perf() - t0)
             cum.append(min(times))          # the least disturbed run: differences stay meaningful
         per_stage += np.diff([0.0, *cum])
@@ -298,12 +310,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--draft", type=int, default=1, help="drafting depth to split (0: skip drafting)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cpu-only", action="store_true", help="no GPU: the CPU backend's MoE calls")
+    p.add_argument("--no-expert-cache", action="store_true",
+                   help="keep every routed expert on the CPU (no GPU expert cache in the leftover VRAM)")
     args = p.parse_args(argv)
 
     import hybrid
     gpu = not args.cpu_only
     model = hybrid.load(args.model, device="cpu" if args.cpu_only else "cuda", vram=None if args.cpu_only else args.vram,
-                        threads=args.threads, cpu_only=args.cpu_only)
+                        threads=args.threads, cpu_only=args.cpu_only, expert_cache=not args.no_expert_cache)
     c = model.config
     if not c.is_moe:
         print(f"{args.model} is not a MoE model ({c.arch}); nothing to split")
@@ -317,14 +331,24 @@ def main(argv: list[str]) -> int:
           f"({numba.threading_layer()})")
 
     step = plain_steps(model, prof, args.steps)
-    hand_offs = prof.calls[("decode", "routing")]
+    hand_offs = prof.calls[("decode", "hand-off python")]
     regions = region_cost()
     stages = kernel_stages(samples)
     copies = None
     if gpu:
         D, E = c.n_embd, c.n_expert
-        copies = copy_cost([("D2H x", (1, D), True), ("D2H router logits", (1, E), True), ("H2D out", (1, D), False)])
+        k = c.n_expert_used
+        copies = copy_cost([("D2H x", (1, D), True), ("D2H experts", (1, 2 * k), True), ("D2H weights", (1, k), True),
+                            ("H2D out", (1, D), False)])
     print(f"\nplain decode: {1e3 * step:.2f} ms per step, {hand_offs / args.steps:.0f} hand-offs per step")
+    slots = model.plan.expert_cache
+    if gpu and slots:
+        share = CACHE_PAIRS[0] / max(CACHE_PAIRS[1], 1)
+        print(f"  expert cache: {next(iter(slots.values()))} of {c.n_expert} experts in each of {len(slots)} layers "
+              f"({model.plan.vram.get('expert_cache', 0) / 2**30:.2f} GiB); the GPU ran {share:.1%} of the selected "
+              f"(row, expert) pairs")
+    elif gpu:
+        print("  expert cache: none (every routed expert runs on the CPU)")
     print_phase(prof, "decode", args.steps)
     print_hand_offs(prof, "decode", hand_offs, stages, regions, copies)
 
@@ -340,7 +364,7 @@ def main(argv: list[str]) -> int:
         for phase in ("draft", "verify", "accept", "rollback"):
             print_phase(prof, phase, n_steps)
         print(f"  loop rest {1e3 * loop / n_steps:8.2f} ms  (sampling, stop checks, events between the phases)")
-        mtp_hand_offs = prof.calls[("draft", "routing")]
+        mtp_hand_offs = prof.calls[("draft", "hand-off python")]
         print(f"  MTP hand-offs per step: {mtp_hand_offs / n_steps:.2f}")
     return 0
 
