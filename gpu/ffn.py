@@ -152,38 +152,37 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate))
     if ffn.shared is not None and not device_shared:
         shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)   # its host part: a hand-off of its own first
+    shared_meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
+
+    cache = None
     if not memory.is_device(ffn.router.data) or ffn.router.rows > expert_cache.MAX_EXPERTS:
         # the router left in host memory (an -ot rule), or more experts than the device routing
         # takes: the router's product joins the hand-off and all experts run there
-        meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
         memory.host_call((x,), (out,),
                          lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
-                         meanwhile)
-        if ffn.shared is not None:
-            _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
-        return
+                         shared_meanwhile)
+    else:
+        logits = memory.scratch("moe_logits", (n, ffn.router.rows))
+        matvec(ffn.router.wtype, ffn.router.data, x, logits)
+        experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
+        weights = memory.scratch("moe_weights", (n, ffn.n_used))
+        expert_cache.route(logits, experts, weights)
+        cache = ffn.cache if n * ffn.n_used <= expert_cache.MAX_PAIRS else None
+        y = memory.scratch("moe_cached_y", (n * ffn.n_used, D)) if cache is not None else None
 
-    logits = memory.scratch("moe_logits", (n, ffn.router.rows))
-    matvec(ffn.router.wtype, ffn.router.data, x, logits)
-    experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
-    weights = memory.scratch("moe_weights", (n, ffn.n_used))
-    expert_cache.route(logits, experts, weights)
-    cache = ffn.cache if n * ffn.n_used <= expert_cache.MAX_PAIRS else None
-    y = memory.scratch("moe_cached_y", (n * ffn.n_used, D)) if cache is not None else None
+        def meanwhile():
+            if shared_meanwhile is not None:
+                shared_meanwhile()
+            if cache is not None:
+                expert_cache.run_cached(cache, x, experts, y)
 
-    def meanwhile():
-        if device_shared:
-            shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)
-        if cache is not None:
-            expert_cache.run_cached(cache, x, experts, y)
-
-    skip = None if cache is None else cache.host_slot_of
-    # runs at a graph's replay too: it may only use its arguments, ffn's host weights, the
-    # cache's host table (which `load` updates in place) and stats
-    memory.host_call((x, experts, weights), (out,),
-                     lambda x_host, experts_host, weights_host, out_host: run_routed(
-                         ffn, x_host, experts_host, weights_host, out_host, stats, skip),
-                     meanwhile if device_shared or cache is not None else None)
+        skip = None if cache is None else cache.host_slot_of
+        # runs at a graph's replay too: it may only use its arguments, ffn's host weights, the
+        # cache's host table (which `load` updates in place) and stats
+        memory.host_call((x, experts, weights), (out,),
+                         lambda x_host, experts_host, weights_host, out_host: run_routed(
+                             ffn, x_host, experts_host, weights_host, out_host, stats, skip),
+                         meanwhile if device_shared or cache is not None else None)
     on_device = (shared, gate_logit) if ffn.shared is not None else ()
     if cache is not None:
         expert_cache.finish(out, y, experts, weights, cache, *on_device)
