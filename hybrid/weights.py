@@ -286,7 +286,7 @@ def _qwen3next_beta_alpha(t: _Tensors, p: str) -> tuple[Matrix, Matrix]:
     r = c.ssm_n_v_heads // c.ssm_n_k_heads
     ba = t.matrix(p + "ssm_ba.weight")
     b_rows = (np.arange(c.ssm_n_k_heads)[:, None] * 2 * r + np.arange(r)[None, :]).ravel()
-    return _rows_of(ba, b_rows, p + "ssm_ba[beta]"), _rows_of(ba, b_rows + r, p + "ssm_ba[alpha]")
+    return _rows_of(ba, b_rows, ba.name + "[beta]"), _rows_of(ba, b_rows + r, ba.name + "[alpha]")
 
 
 def _legacy_qkv_gate(t: _Tensors, p: str) -> tuple[Matrix, Matrix]:
@@ -303,8 +303,8 @@ def _legacy_qkv_gate(t: _Tensors, p: str) -> tuple[Matrix, Matrix]:
 
     ssm_in = t.matrix(p + "ssm_in.weight")
     qkv_rows = np.concatenate([part(0, d), part(d, d), part(2 * d, r * d)])
-    return (_rows_of(ssm_in, qkv_rows, p + "ssm_in[qkv]"),
-            _rows_of(ssm_in, part(2 * d + r * d, r * d), p + "ssm_in[z]"))
+    return (_rows_of(ssm_in, qkv_rows, ssm_in.name + "[qkv]"),
+            _rows_of(ssm_in, part(2 * d + r * d, r * d), ssm_in.name + "[z]"))
 
 
 def _attention_layer(t: _Tensors, i: int) -> AttentionLayer:

@@ -12,7 +12,7 @@ from hybrid.forward import Forward
 from hybrid.ggml_types import F32
 from hybrid.model_file import open_model
 from hybrid.synth import preset, write_model
-from hybrid.weights import Experts, Matrix
+from hybrid.weights import Experts, Matrix, iter_matrices
 from tests.hybrid.test_speculative import KnownFutureHead, generate
 from tests.reference.qwen35_ref import (reference_hidden, reference_logits, reference_mtp_logits,
                                         reference_routing_gap)
@@ -175,3 +175,13 @@ def test_greedy_drafting_equals_plain_decoding(model_path, variant):
     head = KnownFutureHead(model.mtp, prompt + plain, model.config.n_vocab)
     known, end, _, kept = generate(model, prompt, 2, head, n_tokens=200)  # ~70% right drafts
     assert known == plain and set(kept) == {1, 2, 3}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_bound_matrix_is_named_after_its_tensor(model_path, variant):
+    """A placement decides by tensor name, so a regrouped matrix (ssm_ba, ssm_in, a fused gate_up)
+    must carry its tensor's name plus a "[part]": a bare "blk.0.ssm_in" matched no tensor and
+    failed hybrid loading of legacy qwen3next files."""
+    with open_model(model_path(variant, "F32")) as mf:
+        names = [m.name for m in iter_matrices(Forward(mf).weights)]
+        assert all(name.split("[", 1)[0] in mf.tensors for name in names), names
