@@ -172,9 +172,8 @@ def _run_fused(ffn, x, experts, weights, out, skip=None) -> bool:
         return False
     if ffn.gate.cols != x.shape[1]:
         raise ValueError(f"x has {x.shape[1]} columns but the experts take {ffn.gate.cols}")
-    # a few items per thread and parallel region: static scheduling stays balanced
     routed_experts(*prepared, ffn.gate.rows, x, experts, weights, out,
-                   4 * numba.get_num_threads(), _matvec.PREFETCH_BYTES, skip=skip)
+                   numba.get_num_threads(), _matvec.PREFETCH_BYTES, skip=skip)
     return True
 
 

@@ -7,14 +7,14 @@ pool twice (a few µs each on 16 cores) and allocates nothing:
 
   0. serially: group the (row, rank) slots by expert (a counting sort) and quantise each row of x
      to int8 once (a parallel region of its own only for prompt-sized calls);
-  A. per (group, tile of whole 256-row activation blocks of h): copy the group's m rows of int8
-     x into this thread's bank (the contiguous (m, D) block the row dots read), then
-     h = SiLU(W_gate,e x) ⊙ (W_up,e x) and its int8 activations — the tile owns whole activation
-     blocks, so quantising them needs nothing from another item. With fewer blocks than threads
-     (few groups: the GPU runs the step's other experts) tiles are parts of a block and the
-     quantisation is a region of its own (with top-8 of 512-row experts all routed here, 16
-     whole-block tiles already fill 16 threads);
-  B. per (group, tile of output rows): y = W_down,e h;
+  A. one item per thread, each a run of the step's (group, h row) pairs (`_share_rows`: runs
+     of equal cost, crossing groups where they fall): copy the group's m rows of int8 x into
+     this thread's bank (the contiguous (m, D) block the row dots read), then
+     h = SiLU(W_gate,e x) ⊙ (W_up,e x); then h to int8 per (group, activation block), serially
+     for a decode step, in a region of its own above. Runs, not whole-group tiles: with the
+     GPU's expert cache taking some experts a decode step leaves 2-6 groups here, and 5 groups
+     of 2 blocks tile 16 threads in two rounds;
+  B. the same for y = W_down,e h over the (group, output row) pairs;
   C. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
      a decode step, where a region would cost more than the sum).
 
@@ -47,6 +47,12 @@ from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
 # parallel region costs more than they do (decode); above, they get one region each.
 _PARALLEL_MIN = 1 << 15
+# h is quantised serially up to this many (slot, activation block)s (a decode step has ≤ 16), in
+# a parallel region above
+_SERIAL_H_BLOCKS = 16
+# the cost of reading one weight row, in row dots (one row dot per slot of the group): how a
+# run of (group, row) pairs is weighed when the step's work is shared out (`_share_rows`)
+_ROW_READ = 2
 _LINE = 64                       # bytes of a cache line
 
 
@@ -70,7 +76,7 @@ def _lines(n_elements, itemsize):
 
 
 @njit(cache=True, nogil=True)
-def _layout(n, k, D, n_ff, n_expert, n_banks):
+def _layout(n, k, D, n_ff, n_expert, n_banks, n_items):
     """Workspace sizes (elements of int8, float32, int16, int64) and per-thread bank strides
     (int8, float32, int16) for `_routed_experts`."""
     n_slots = n * k
@@ -82,7 +88,7 @@ def _layout(n, k, D, n_ff, n_expert, n_banks):
     sizes = (n * x_cols + n_slots * h_cols + n_banks * bank_i8,
              x_blocks * n + n_slots * (n_ff + h_blocks + D) + n_banks * bank_f32,
              (n * x_cols + n_slots * h_cols) // ACT_SUM + n_banks * bank_i16,
-             n_expert + 2 + 4 * n_slots)
+             n_expert + 3 + 4 * n_slots + n_items)
     return sizes, (bank_i8, bank_f32, bank_i16)
 
 
@@ -155,17 +161,38 @@ def _rank_sum(y, slot_of, weights, out, i):
 
 
 @njit(inline="always")
-def _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, blk):
-    """Activation block blk of the m rows of h from slot s0 on (one group) to int8."""
+def _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk):
+    """Activation block blk of the rows of h of group g (its slots) to int8."""
+    s0, m = group_start[g], group_start[g + 1] - group_start[g]
     hg = _block(h, s0, m, n_ff)
     hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
     for j in range(m):
         _quantize_block(hg, hqg, hdg, hbg, j, blk)
 
 
+@njit(inline="always")
+def _share_rows(group_start, n_groups, n_rows, n_items, starts):
+    """Splits the (group, row) pairs of a step, in group-then-row order (pair g·n_rows + r), into
+    n_items runs of about equal cost: starts[item] is the first pair of the item's run,
+    starts[n_items] the end. A row of a group of m slots costs m + _ROW_READ (its m row dots and
+    the read of its weights): a prompt chunk's groups differ in m, a decode step's do not."""
+    total = 0
+    for g in range(n_groups):
+        total += (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows
+    g, before = 0, 0                       # cost of the groups ahead of group g
+    for item in range(n_items):
+        target = total * item // n_items
+        while g < n_groups and before + (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows <= target:
+            before += (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows
+            g += 1
+        per_row = group_start[g + 1] - group_start[g] + _ROW_READ if g < n_groups else 1
+        starts[item] = g * n_rows + min(n_rows, -(-(target - before) // per_row))
+    starts[n_items] = n_groups * n_rows
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
-                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, work_items, pf, last_stage):
+                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, n_items, pf, last_stage):
     n, D = out.shape
     k = weights.shape[1]
     n_expert = expert_rows.shape[1]
@@ -176,7 +203,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     gate_up = (w_gate, w_up)
 
     # carve the workspace (`_layout`): shared arrays first, then the per-thread banks
-    _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks)
+    _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks, n_items)
     xq = ws_i8[:n * x_cols].reshape((n, x_cols))
     hq = ws_i8[n * x_cols:n * x_cols + n_slots * h_cols]
     banks_i8 = ws_i8[n * x_cols + n_slots * h_cols:]
@@ -209,64 +236,74 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     if last_stage == 0:
         return
 
-    # A. per (group, tile of h rows): the group's x block, h = SiLU(gate) ⊙ up, its int8.
-    # Tiles of whole activation blocks quantise their own h; when the groups have fewer blocks
-    # than there are threads (a decode step whose other experts run on the GPU), items take a
-    # share of a block's rows instead and h is quantised in a region of its own.
-    # (no groups when every pair runs elsewhere: A and B do nothing, C writes zeros)
-    split = max(1, min(ACT_BLOCK // 32, -(-numba.get_num_threads() // max(n_groups * h_blocks, 1))))
-    tiles_a = max(1, min(h_blocks, -(-work_items // max(n_groups, 1)))) if split == 1 else h_blocks * split
-    rows_per_tile = -(-h_blocks // tiles_a) * ACT_BLOCK if split == 1 else ACT_BLOCK // split
-    for item in prange(n_groups * tiles_a):
-        g, t = item // tiles_a, item % tiles_a
-        r0, r1 = t * rows_per_tile, min(n_ff, (t + 1) * rows_per_tile)
-        s0, m = group_start[g], group_start[g + 1] - group_start[g]
+    # A. per item (one per thread): its run of the (group, h row) pairs, h = SiLU(gate) ⊙ up for
+    # the group's rows of x (copied into the thread's bank when the run enters the group); then
+    # h to int8, per (group, activation block). Runs may cross groups: with the GPU's cache
+    # taking some experts, a decode step leaves 2-6 groups here, which no whole-group tiling
+    # spreads evenly over 16 threads. (No groups when every pair runs elsewhere: A and B do
+    # nothing, C writes zeros.)
+    starts = ws_i64[n_expert + 2 + 4 * n_slots:n_expert + 3 + 4 * n_slots + n_items]
+    _share_rows(group_start, n_groups, n_ff, n_items, starts)
+    for item in prange(n_items):
         me = get_thread_id()
-        q = _block(banks_i8[me * bank_i8:], 0, m, x_cols)
-        b = _block(banks_i16[me * bank_i16:], 0, m, xs)
+        q = banks_i8[me * bank_i8:]
+        b = banks_i16[me * bank_i16:]
         f32 = banks_f32[me * bank_f32:]
-        d = _scales(f32, 0, m, x_blocks)
-        gu = f32[x_blocks * m:x_blocks * m + 2 * m].reshape((2, m))   # gate and up of one row
-        for j in range(m):
-            row = slot_row[s0 + j]
-            for c in range(x_cols):
-                q[j, c] = xq[row, c]
-            for c in range(xs):
-                b[j, c] = bs[row, c]
-            for blk in range(x_blocks):
-                d[blk, j] = dx[blk, row]
-        hg = _block(h, s0, m, n_ff)
-        e = group_expert[g]
-        for r in range(r0, r1):
-            for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
-                row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, q, d, b, gu[kind], pf)
-            for j in range(m):
-                hg[j, r] = _silu_times(gu[0, j], gu[1, j])
-        if split == 1:
-            for blk in range(r0 // ACT_BLOCK, -(-r1 // ACT_BLOCK)):
-                _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, blk)
-    if split > 1:
-        for task in prange(n_groups * h_blocks):
-            g = task // h_blocks
+        u = starts[item]
+        while u < starts[item + 1]:
+            g = u // n_ff
+            r0 = u - g * n_ff
+            r1 = min(n_ff, r0 + starts[item + 1] - u)
+            u += r1 - r0
             s0, m = group_start[g], group_start[g + 1] - group_start[g]
-            _quantize_h(h, hq, hdx, hbs, s0, m, n_ff, h_cols, h_blocks, hs, task % h_blocks)
+            qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(f32, 0, m, x_blocks)
+            gu = f32[x_blocks * m:x_blocks * m + 2 * m].reshape((2, m))   # gate and up of one row
+            for j in range(m):
+                row = slot_row[s0 + j]
+                for c in range(x_cols):
+                    qg[j, c] = xq[row, c]
+                for c in range(xs):
+                    bg[j, c] = bs[row, c]
+                for blk in range(x_blocks):
+                    d[blk, j] = dx[blk, row]
+            hg = _block(h, s0, m, n_ff)
+            e = group_expert[g]
+            for r in range(r0, r1):
+                for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
+                    row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, qg, d, bg, gu[kind], pf)
+                for j in range(m):
+                    hg[j, r] = _silu_times(gu[0, j], gu[1, j])
+    h_tasks = n_groups * h_blocks
+    if group_start[n_groups] * h_blocks > _SERIAL_H_BLOCKS:
+        for task in prange(h_tasks):
+            _quantize_group_block(h, hq, hdx, hbs, group_start, task // h_blocks, n_ff, h_cols, h_blocks, hs,
+                                  task % h_blocks)
+    else:
+        for task in range(h_tasks):
+            _quantize_group_block(h, hq, hdx, hbs, group_start, task // h_blocks, n_ff, h_cols, h_blocks, hs,
+                                  task % h_blocks)
     if last_stage == 1:
         return
 
-    # B. y = W_down h per (group, tile of output rows)
-    tiles_b = max(1, min(D, -(-work_items // max(n_groups, 1))))
-    per_tile = -(-D // tiles_b)
-    for item in prange(n_groups * tiles_b):
-        g, t = item // tiles_b, item % tiles_b
-        s0, m = group_start[g], group_start[g + 1] - group_start[g]
-        e = group_expert[g]
-        q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+    # B. y = W_down h, per item: its run of the (group, output row) pairs
+    _share_rows(group_start, n_groups, D, n_items, starts)
+    for item in prange(n_items):
         me = get_thread_id()
-        acc = banks_f32[me * bank_f32:me * bank_f32 + m]
-        for r in range(t * per_tile, min(D, (t + 1) * per_tile)):
-            row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, q, d, b, acc, pf)
-            for j in range(m):
-                y[s0 + j, r] = acc[j]
+        acc_bank = banks_f32[me * bank_f32:]
+        u = starts[item]
+        while u < starts[item + 1]:
+            g = u // D
+            r0 = u - g * D
+            r1 = min(D, r0 + starts[item + 1] - u)
+            u += r1 - r0
+            s0, m = group_start[g], group_start[g + 1] - group_start[g]
+            e = group_expert[g]
+            q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+            acc = acc_bank[:m]
+            for r in range(r0, r1):
+                row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, q, d, b, acc, pf)
+                for j in range(m):
+                    y[s0 + j, r] = acc[j]
     if last_stage == 2:
         return
 
@@ -301,21 +338,22 @@ _NO_SKIP: dict[int, np.ndarray] = {}
 
 
 def no_skip(n_expert: int) -> np.ndarray:
-    """A skip table that leaves nothing out (shared, read-only)."""
+    """A skip table that leaves nothing out (shared; not to be written). Writable all the same,
+    like the expert cache's slot table: to Numba a read-only array is another type, so a second
+    compile of the whole kernel (minutes on a small box)."""
     table = _NO_SKIP.get(n_expert)
     if table is None:
         table = _NO_SKIP[n_expert] = np.full(n_expert, -1, np.int32)
-        table.flags.writeable = False
     return table
 
 
 STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
-_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks) → workspace sizes: a decode step's
+_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, items) → workspace sizes: a decode step's
                                     # 40 calls of one size pay a dict lookup, not a Numba call
 
 
 def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
-                   weights: np.ndarray, out: np.ndarray, work_items: int, pf: int,
+                   weights: np.ndarray, out: np.ndarray, n_items: int, pf: int,
                    stages: int = len(STAGES), skip: np.ndarray | None = None) -> None:
     """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]), leaving out the
     pairs whose expert e has skip[e] ≥ 0 (skip: (E,) int32, the GPU expert cache's slot table:
@@ -323,16 +361,16 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
 
     wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
     expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
-    x: (n, D) float32; experts, weights: `cpu.moe.route`. work_items: how many items to aim for
-    per parallel region (a few per thread); pf: prefetch distance in bytes. stages < 4 stops
+    x: (n, D) float32; experts, weights: `cpu.moe.route`. n_items: how many runs of work each
+    parallel region shares out (the thread count: the runs weigh alike); pf: prefetch distance in bytes. stages < 4 stops
     after that many of the kernel's steps (STAGES; out is then not written): for a profiler
     timing each step (tools/device/moe_split.py)."""
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
-    key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks)
+    key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks, n_items)
     sizes = _layouts.get(key)
     if sizes is None:
         sizes = _layouts[key] = _layout(*key)[0]
     skip = no_skip(expert_rows.shape[1]) if skip is None else skip
     _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
-                    *_workspace.get(sizes), n_banks, work_items, pf, stages - 1)
+                    *_workspace.get(sizes), n_banks, n_items, pf, stages - 1)

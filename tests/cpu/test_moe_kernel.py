@@ -88,9 +88,40 @@ def test_pairs_left_to_the_gpu_cache_are_left_out_of_the_sum(ffns, case):
         assert np.abs(got).max() > 0
 
     check([experts[0, 0], experts[3, 1]])
-    # one expert left here: fewer activation blocks than threads, so A splits blocks into row tiles
+    # one expert left here: a single group, shared out row by row
     check([e for e in range(ffn.router.rows) if e != experts[2, 0]])
 
     nothing = np.full_like(x, np.nan)
     cpu.moe.run_routed(ffn, x, experts, weights, nothing, skip=np.zeros(ffn.router.rows, np.int32))
     assert np.array_equal(nothing, np.zeros_like(x))
+
+
+@pytest.mark.parametrize("n_items", [1, 3, 7, 16])
+def test_runs_of_work_crossing_groups_keep_the_bits(ffns, n_items):
+    """However the (group, row) pairs are shared out, runs starting and ending inside groups
+    included, the result has the expert-by-expert path's bits."""
+    ffn = ffns[0]
+    x = np.random.default_rng(40 + n_items).standard_normal((3, D)).astype(np.float32)
+    experts, weights = route(router_logits(ffn, x), K)
+    want = np.empty_like(x)
+    cpu.moe._run_expert_by_expert(ffn, x, experts, weights, want)
+    got = np.full_like(x, np.nan)
+    cpu.moe_kernel.routed_experts(*cpu.moe._fused_weights(ffn), ffn.gate.rows, x, experts, weights, got,
+                                  n_items, 0)
+    assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 5, [4, 1, 2, 9, 1, 1], [3], []])
+@pytest.mark.parametrize("n_items", [1, 4, 16])
+def test_share_rows_splits_the_pairs_into_runs_of_about_equal_cost(sizes, n_items):
+    n_rows = 64
+    group_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    starts = np.full(n_items + 1, -1, np.int64)
+    cpu.moe_kernel._share_rows(group_start, len(sizes), n_rows, n_items, starts)
+    assert starts[0] == 0 and starts[-1] == len(sizes) * n_rows
+    assert (np.diff(starts) >= 0).all()
+    # the cost of each pair (g, r): m_g + _ROW_READ; every run within one row of its share
+    pair_cost = np.repeat(np.array(sizes, np.int64) + cpu.moe_kernel._ROW_READ, n_rows)
+    run_cost = [pair_cost[a:b].sum() for a, b in zip(starts[:-1], starts[1:])]
+    share = pair_cost.sum() / n_items
+    assert all(abs(c - share) <= pair_cost.max() for c in run_cost) if sizes else run_cost == [0] * n_items
