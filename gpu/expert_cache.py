@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, uint32
+from numba import cuda, float32, float64, int64, uint32
 
 from . import memory
 from .intrinsics import bits_to_f32
@@ -37,12 +37,14 @@ from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
+MAX_TOP_K = 64            # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 
 
 def cacheable(ffn) -> bool:
     """Whether this MoE FFN's routed experts can run from the cache: every kind a dp4a type."""
-    return all(int(m.wtype) in UNITS for m in (ffn.gate, ffn.up, ffn.down)) and ffn.router.rows <= MAX_EXPERTS
+    return (all(int(m.wtype) in UNITS for m in (ffn.gate, ffn.up, ffn.down))
+            and routes_on_device(ffn.router.rows, ffn.n_used))
 
 
 class ExpertCache:
@@ -101,16 +103,21 @@ def _order_key(bits):
 @cuda.jit(cache=True)
 def _route(bits, experts, weights):
     """bits: the router logits (n, E) as uint32. One block per row: the row's order keys go to
-    shared memory, then each thread takes
-    experts t, t + THREADS, ... and counts the experts that rank above its own (larger key, or
-    the same key and a lower index: a total order, so the ranks are distinct); one below k is
-    written at its rank. Thread 0 then weighs the k picks. Integer keys, not float compares with
-    a NaN rule, in the O(E) inner loop: on the H200 that took 56 µs a row, on the step's path."""
+    shared memory, then each thread takes experts t, t + blockDim, ... and counts the experts
+    that rank above its own (larger key, or the same key and a lower index: a total order, so
+    the ranks are distinct); one below k goes to shared memory at its rank, with its logit.
+    Threads 0..k-1 then weigh the picks, thread 0 summing in rank order. Integer keys, not float
+    compares with a NaN rule, in the O(E) inner loop (on the H200 that took 56 µs a row), and
+    the weighing in shared memory, not by one thread reading global memory (16 µs)."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
     n_expert = bits.shape[1]
     k = experts.shape[1]
     keys = cuda.shared.array(MAX_EXPERTS, uint32)
+    picked = cuda.shared.array(MAX_TOP_K, int64)
+    picked_logit = cuda.shared.array(MAX_TOP_K, float64)
+    share = cuda.shared.array(MAX_TOP_K, float64)         # exp(l_rank − l_0)
+    total = cuda.shared.array(1, float64)
     for e in range(t, n_expert, cuda.blockDim.x):
         keys[e] = _order_key(bits[i, e])
     cuda.syncthreads()
@@ -121,25 +128,38 @@ def _route(bits, experts, weights):
             other = keys[o]
             rank += (other > key) or (other == key and o < e)
         if rank < k:
-            experts[i, rank] = e
+            picked[rank] = e
+            picked_logit[rank] = float64(bits_to_f32(bits[i, e]))
+    cuda.syncthreads()
+    # p_e / Σ_top-k p in float64, as cpu.moe.route: a softmax over the chosen logits
+    if t < k:
+        share[t] = math.exp(picked_logit[t] - picked_logit[0])
     cuda.syncthreads()
     if t == 0:
-        # p_e / Σ_top-k p in float64, as cpu.moe.route: a softmax over the chosen logits
-        top = float64(bits_to_f32(bits[i, experts[i, 0]]))
-        total = float64(0.0)
+        total[0] = 0.0
         for rank in range(k):
-            total += math.exp(float64(bits_to_f32(bits[i, experts[i, rank]])) - top)
-        for rank in range(k):
-            weights[i, rank] = math.exp(float64(bits_to_f32(bits[i, experts[i, rank]])) - top) / total
+            total[0] += share[rank]
+    cuda.syncthreads()
+    if t < k:
+        experts[i, t] = picked[t]
+        weights[i, t] = share[t] / total[0]
+
+
+def routes_on_device(n_expert: int, k: int) -> bool:
+    """Whether `route` takes top-k of n_expert experts."""
+    return k <= min(n_expert, MAX_TOP_K) and n_expert <= MAX_EXPERTS
 
 
 def route(logits, experts, weights) -> None:
     """experts (n, k) int64 and weights (n, k) float32 of router logits (n, E), on the device."""
     n, k = experts.shape
-    if logits.shape[1] > MAX_EXPERTS or k > logits.shape[1]:
-        raise ValueError(f"top-{k} of {logits.shape[1]} experts; the routing kernel takes at most {MAX_EXPERTS}")
+    if not routes_on_device(logits.shape[1], k):
+        raise ValueError(f"top-{k} of {logits.shape[1]} experts; the routing kernel takes top-{MAX_TOP_K} "
+                         f"of {MAX_EXPERTS} at most")
     if n:
-        _route[n, THREADS, stream()](logits.view(np.uint32), experts, weights)
+        # a thread per expert (a warp at least, the block's limit at most)
+        threads = min(1024, -(-logits.shape[1] // 32) * 32)
+        _route[n, threads, stream()](logits.view(np.uint32), experts, weights)
 
 
 # --- 2. the cached experts -------------------------------------------------------------------------

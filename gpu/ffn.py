@@ -155,9 +155,9 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     shared_meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
 
     cache = None
-    if not memory.is_device(ffn.router.data) or ffn.router.rows > expert_cache.MAX_EXPERTS:
+    if not memory.is_device(ffn.router.data) or not expert_cache.routes_on_device(ffn.router.rows, ffn.n_used):
         # the router left in host memory (an -ot rule), or more experts than the device routing
-        # takes: the router's product joins the hand-off and all experts run there
+        # takes (`routes_on_device`): the router's product joins the hand-off and all experts run there
         memory.host_call((x,), (out,),
                          lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
                          shared_meanwhile)
