@@ -10,10 +10,10 @@ pool twice (a few µs each on 16 cores) and allocates nothing:
   A. one item per thread, each a run of the step's (group, h row) pairs (`_share_rows`: runs
      of equal cost, crossing groups where they fall): copy the group's m rows of int8 x into
      this thread's bank (the contiguous (m, D) block the row dots read), then
-     h = SiLU(W_gate,e x) ⊙ (W_up,e x); then h to int8 per (group, activation block), serially
-     for a decode step, in a region of its own above. Runs, not whole-group tiles: with the
-     GPU's expert cache taking some experts a decode step leaves 2-6 groups here, and 5 groups
-     of 2 blocks tile 16 threads in two rounds;
+     h = SiLU(W_gate,e x) ⊙ (W_up,e x), and int8 activations for the blocks of h it holds
+     whole (those a run boundary splits: afterwards, serially for a decode step). Runs, not
+     whole-group tiles: with the GPU's expert cache taking some experts a decode step leaves
+     2-6 groups here, and 5 groups of 2 blocks tile 16 threads in two rounds;
   B. the same for y = W_down,e h over the (group, output row) pairs;
   C. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
      a decode step, where a region would cost more than the sum).
@@ -47,9 +47,11 @@ from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
 # parallel region costs more than they do (decode); above, they get one region each.
 _PARALLEL_MIN = 1 << 15
-# h is quantised serially up to this many (slot, activation block)s (a decode step has ≤ 16), in
-# a parallel region above
-_SERIAL_H_BLOCKS = 16
+# the activation blocks of h that a run boundary splits are quantised after step A's region,
+# serially up to this many (slot, block)s, in a region of their own above: the block was written
+# by other cores, and one thread pulling it over costs ~5 µs a block on the H200 box's Xeon
+# against ~6 µs for a region
+_SERIAL_H_BLOCKS = 2
 # the cost of reading one weight row, in row dots (one row dot per slot of the group): how a
 # run of (group, row) pairs is weighed when the step's work is shared out (`_share_rows`)
 _ROW_READ = 2
@@ -88,7 +90,7 @@ def _layout(n, k, D, n_ff, n_expert, n_banks, n_items):
     sizes = (n * x_cols + n_slots * h_cols + n_banks * bank_i8,
              x_blocks * n + n_slots * (n_ff + h_blocks + D) + n_banks * bank_f32,
              (n * x_cols + n_slots * h_cols) // ACT_SUM + n_banks * bank_i16,
-             n_expert + 3 + 4 * n_slots + n_items)
+             n_expert + 3 + 4 * n_slots + 2 * n_items)
     return sizes, (bank_i8, bank_f32, bank_i16)
 
 
@@ -237,8 +239,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
         return
 
     # A. per item (one per thread): its run of the (group, h row) pairs, h = SiLU(gate) ⊙ up for
-    # the group's rows of x (copied into the thread's bank when the run enters the group); then
-    # h to int8, per (group, activation block). Runs may cross groups: with the GPU's cache
+    # the group's rows of x (copied into the thread's bank when the run enters the group), and
+    # h to int8 per (group, activation block). Runs may cross groups: with the GPU's cache
     # taking some experts, a decode step leaves 2-6 groups here, which no whole-group tiling
     # spreads evenly over 16 threads. (No groups when every pair runs elsewhere: A and B do
     # nothing, C writes zeros.)
@@ -273,15 +275,31 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, qg, d, bg, gu[kind], pf)
                 for j in range(m):
                     hg[j, r] = _silu_times(gu[0, j], gu[1, j])
-    h_tasks = n_groups * h_blocks
-    if group_start[n_groups] * h_blocks > _SERIAL_H_BLOCKS:
-        for task in prange(h_tasks):
-            _quantize_group_block(h, hq, hdx, hbs, group_start, task // h_blocks, n_ff, h_cols, h_blocks, hs,
-                                  task % h_blocks)
+            # the activation blocks of h this segment holds whole go to int8 here
+            for blk in range(-(-r0 // ACT_BLOCK), h_blocks):
+                if min(n_ff, (blk + 1) * ACT_BLOCK) > r1:
+                    break
+                _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk)
+    # ... and the ones a run boundary splits (a run starts strictly inside), afterwards
+    split = ws_i64[n_expert + 3 + 4 * n_slots + n_items:n_expert + 3 + 4 * n_slots + 2 * n_items]
+    n_split, split_rows = 0, 0
+    for item in range(1, n_items):
+        g = starts[item] // n_ff
+        r = starts[item] - g * n_ff
+        if g < n_groups and r % ACT_BLOCK != 0:
+            block = g * h_blocks + r // ACT_BLOCK
+            if n_split == 0 or split[n_split - 1] != block:
+                split[n_split] = block
+                n_split += 1
+                split_rows += group_start[g + 1] - group_start[g]
+    if split_rows > _SERIAL_H_BLOCKS:
+        for i in prange(n_split):
+            _quantize_group_block(h, hq, hdx, hbs, group_start, split[i] // h_blocks, n_ff, h_cols, h_blocks, hs,
+                                  split[i] % h_blocks)
     else:
-        for task in range(h_tasks):
-            _quantize_group_block(h, hq, hdx, hbs, group_start, task // h_blocks, n_ff, h_cols, h_blocks, hs,
-                                  task % h_blocks)
+        for i in range(n_split):
+            _quantize_group_block(h, hq, hdx, hbs, group_start, split[i] // h_blocks, n_ff, h_cols, h_blocks, hs,
+                                  split[i] % h_blocks)
     if last_stage == 1:
         return
 

@@ -77,8 +77,9 @@ def float_matrix(values: np.ndarray, name: str) -> Matrix:
     return Matrix(name, F32.id, values.view(np.uint8), rows=values.shape[0], cols=values.shape[1])
 
 
-def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng):
+def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng, n_ff: int = F):
     """A random MoE FFN record (like hybrid.weights binds) plus its float64 weights for the oracle."""
+    F = n_ff  # noqa: N806 (the experts' rows; the module's F by default)
     def experts(name, kind, rows, cols):
         data = random_rows(kind, E * rows, cols, rng)
         return Experts(name, type_id(kind), data.reshape(E, rows, -1), rows, cols)

@@ -96,11 +96,17 @@ def test_pairs_left_to_the_gpu_cache_are_left_out_of_the_sum(ffns, case):
     assert np.array_equal(nothing, np.zeros_like(x))
 
 
+@pytest.fixture(scope="module")
+def wide_ffn():
+    """Experts of 2.5 activation blocks of h rows: runs can hold some blocks whole and split others."""
+    return make_ffn("Q4_K", "Q8_0", False, shared=False, rng=np.random.default_rng(22), n_ff=640)
+
+
 @pytest.mark.parametrize("n_items", [1, 3, 7, 16])
-def test_runs_of_work_crossing_groups_keep_the_bits(ffns, n_items):
-    """However the (group, row) pairs are shared out, runs starting and ending inside groups
-    included, the result has the expert-by-expert path's bits."""
-    ffn = ffns[0]
+def test_runs_of_work_crossing_groups_keep_the_bits(wide_ffn, n_items):
+    """However the (group, row) pairs are shared out, runs starting and ending inside groups and
+    inside activation blocks included, the result has the expert-by-expert path's bits."""
+    ffn = wide_ffn
     x = np.random.default_rng(40 + n_items).standard_normal((3, D)).astype(np.float32)
     experts, weights = route(router_logits(ffn, x), K)
     want = np.empty_like(x)
