@@ -192,6 +192,15 @@ def _share_rows(group_start, n_groups, n_rows, n_items, starts):
     starts[n_items] = n_groups * n_rows
 
 
+@njit(inline="always")
+def _segment(u, end, n_rows):
+    """The part of the run [u, end) of (group, row) pairs that lies in u's group: (group, first
+    row, end row)."""
+    g = u // n_rows
+    r0 = u - g * n_rows
+    return g, r0, min(n_rows, r0 + end - u)
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
                     ws_i8, ws_f32, ws_i16, ws_i64, n_banks, n_items, pf, last_stage):
@@ -253,9 +262,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
         f32 = banks_f32[me * bank_f32:]
         u = starts[item]
         while u < starts[item + 1]:
-            g = u // n_ff
-            r0 = u - g * n_ff
-            r1 = min(n_ff, r0 + starts[item + 1] - u)
+            g, r0, r1 = _segment(u, starts[item + 1], n_ff)
             u += r1 - r0
             s0, m = group_start[g], group_start[g + 1] - group_start[g]
             qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(f32, 0, m, x_blocks)
@@ -310,9 +317,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
         acc_bank = banks_f32[me * bank_f32:]
         u = starts[item]
         while u < starts[item + 1]:
-            g = u // D
-            r0 = u - g * D
-            r1 = min(D, r0 + starts[item + 1] - u)
+            g, r0, r1 = _segment(u, starts[item + 1], D)
             u += r1 - r0
             s0, m = group_start[g], group_start[g + 1] - group_start[g]
             e = group_expert[g]
