@@ -97,8 +97,7 @@ def _layout(n, k, D, n_ff, n_expert, n_banks, n_items):
 @njit(cache=True, nogil=True)
 def _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert):
     """Slots = the (row, rank) pairs whose expert e has skip[e] < 0 (the others run elsewhere:
-    the GPU's expert cache), ordered by
-    expert (a stable counting sort: rows ascend within a group). Fills slot_row (row of each
+    the GPU's expert cache), ordered by expert (a stable counting sort: rows ascend within a group). Fills slot_row (row of each
     slot), slot_of (slot of pair i·k + rank, −1 when skipped), group_start (n_groups + 1 slot
     bounds) and group_expert (the expert of each group), using `first` (≥ n_expert + 1 int64)
     as the counter; returns n_groups."""
@@ -173,6 +172,12 @@ def _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_block
 
 
 @njit(inline="always")
+def _row_cost(group_start, g):
+    """The cost of one row of group g: its m row dots and the read of its weights."""
+    return group_start[g + 1] - group_start[g] + _ROW_READ
+
+
+@njit(inline="always")
 def _share_rows(group_start, n_groups, n_rows, n_items, starts):
     """Splits the (group, row) pairs of a step, in group-then-row order (pair g·n_rows + r), into
     n_items runs of about equal cost: starts[item] is the first pair of the item's run,
@@ -180,14 +185,14 @@ def _share_rows(group_start, n_groups, n_rows, n_items, starts):
     the read of its weights): a prompt chunk's groups differ in m, a decode step's do not."""
     total = 0
     for g in range(n_groups):
-        total += (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows
+        total += _row_cost(group_start, g) * n_rows
     g, before = 0, 0                       # cost of the groups ahead of group g
     for item in range(n_items):
         target = total * item // n_items
-        while g < n_groups and before + (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows <= target:
-            before += (group_start[g + 1] - group_start[g] + _ROW_READ) * n_rows
+        while g < n_groups and before + _row_cost(group_start, g) * n_rows <= target:
+            before += _row_cost(group_start, g) * n_rows
             g += 1
-        per_row = group_start[g + 1] - group_start[g] + _ROW_READ if g < n_groups else 1
+        per_row = _row_cost(group_start, g) if g < n_groups else 1
         starts[item] = g * n_rows + min(n_rows, -(-(target - before) // per_row))
     starts[n_items] = n_groups * n_rows
 
@@ -371,8 +376,8 @@ def no_skip(n_expert: int) -> np.ndarray:
 
 
 STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
-_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, items) → workspace sizes: a decode step's
-                                    # 40 calls of one size pay a dict lookup, not a Numba call
+_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, items) → workspace sizes: a decode
+                                    # step's 40 calls of one size pay a dict lookup, not a Numba call
 
 
 def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
@@ -385,9 +390,9 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
     wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
     expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
     x: (n, D) float32; experts, weights: `cpu.moe.route`. n_items: how many runs of work each
-    parallel region shares out (the thread count: the runs weigh alike); pf: prefetch distance in bytes. stages < 4 stops
-    after that many of the kernel's steps (STAGES; out is then not written): for a profiler
-    timing each step (tools/device/moe_split.py)."""
+    parallel region shares out (the thread count: the runs weigh alike); pf: prefetch distance
+    in bytes. stages < 4 stops after that many of the kernel's steps (STAGES; out is then not
+    written): for a profiler timing each step (tools/device/moe_split.py)."""
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
     key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks, n_items)

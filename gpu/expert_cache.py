@@ -12,9 +12,10 @@ Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
      cpu.moe.route), copied down with the rows for the hand-off (this runs for every MoE layer
      with its router on the device, cache or none);
   2. while the host runs the experts that have no slot (`cpu.moe.run_routed`, which skips the
-     others by the host copy of the slot table), the device runs the ones that have: gate and up products of the pair's row,
-     SiLU(g)·u, the down product (`run_cached`; one launch per matrix kind for all the
-     (row, rank) pairs, `gpu.matvec_q8.experts_matvec`, a pair without a slot returns at once);
+     others by the host copy of the slot table), the device runs the ones that have: gate and
+     up products of the pair's row, SiLU(g)·u, the down product (`run_cached`; one launch per
+     matrix kind for all the (row, rank) pairs, `gpu.matvec_q8.experts_matvec`, a pair without
+     a slot returns at once);
   3. `finish`: out = (host part) + Σ over the cached ranks, in rank order, of weight · output
      (+ the gated shared expert).
 Every row's arithmetic is the same whatever the number of rows, so a k-token verify row keeps
@@ -37,7 +38,7 @@ from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
-MAX_TOP_K = 64            # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
+MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 
 
@@ -69,7 +70,7 @@ class ExpertCache:
     def load(self, ffn, experts) -> None:
         """Put these experts (at most n_slots, distinct) in the cache, keeping those already in
         and reusing the slots of the ones they push out."""
-        want = [int(e) for e in dict.fromkeys(int(e) for e in experts)][:self.n_slots]
+        want = list(dict.fromkeys(int(e) for e in experts))[:self.n_slots]
         keep = set(want)
         free = [s for s, e in enumerate(self.experts) if e not in keep]
         for e in want:
@@ -166,7 +167,8 @@ def route(logits, experts, weights) -> None:
 
 @cuda.jit(cache=True)
 def _silu_times_cached(g, u, slot_of, experts):
-    """g ← SiLU(g) ⊙ u on the rows of the pairs that have a slot (the others hold nothing)."""
+    """g ← SiLU(g) ⊙ u on the rows of the pairs that have a slot. Not gpu.ffn.silu_times on
+    every row: the others hold leftovers, whose exp may overflow (the simulator raises)."""
     t = cuda.grid(1)
     cols = g.shape[1]
     k = experts.shape[1]
