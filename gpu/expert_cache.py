@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int64, uint32
+from numba import cuda, float32, float64, int64, uint32, uint64
 
 from . import memory
-from .intrinsics import bits_to_f32
+from .intrinsics import bits_to_f32, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream
 
@@ -101,49 +101,58 @@ def _order_key(bits):
     return ~bits if bits >> uint32(31) else bits | uint32(0x80000000)
 
 
+@cuda.jit(device=True, inline=True)
+def _pick_value(bits, e):
+    """A uint64 that ranks expert e's logit (bits) among the row's: its order key above, the
+    complement of its index below, so a tie goes to the lower index (a total order, as
+    cpu.moe.route breaks ties). Never 0 (a NaN's key is 0 but its low word is not), so 0 can
+    mark an expert already picked."""
+    return (uint64(_order_key(bits)) << uint64(32)) | (uint64(0xFFFFFFFF) - uint64(e))
+
+
 @cuda.jit(cache=True)
 def _route(bits, experts, weights):
-    """bits: the router logits (n, E) as uint32. One block per row: the row's order keys go to
-    shared memory, then each thread takes experts t, t + blockDim, ... and counts the experts
-    that rank above its own (larger key, or the same key and a lower index: a total order, so
-    the ranks are distinct); one below k goes to shared memory at its rank, with its logit.
-    Threads 0..k-1 then weigh the picks, thread 0 summing in rank order. Integer keys, not float
-    compares with a NaN rule, in the O(E) inner loop (on the H200 that took 56 µs a row), and
-    the weighing in shared memory, not by one thread reading global memory (16 µs)."""
+    """bits: the router logits (n, E) as uint32. One warp per row picks the k best in k rounds:
+    each lane takes the largest `_pick_value` of its own experts (e ≡ lane mod 32), a shuffle
+    butterfly gives the warp's largest, and the lane that holds the winner zeroes it. Then the
+    lanes weigh the picks and lane 0 sums them in rank order. About k·E/32 compares per lane,
+    no barrier per round: a block that ranked every expert against all E others (E² compares)
+    took 12 µs a row on the H200, 40 µs at E = 512."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
     n_expert = bits.shape[1]
     k = experts.shape[1]
-    keys = cuda.shared.array(MAX_EXPERTS, uint32)
+    values = cuda.shared.array(MAX_EXPERTS, uint64)
     picked = cuda.shared.array(MAX_TOP_K, int64)
     picked_logit = cuda.shared.array(MAX_TOP_K, float64)
     share = cuda.shared.array(MAX_TOP_K, float64)         # exp(l_rank − l_0)
     total = cuda.shared.array(1, float64)
-    for e in range(t, n_expert, cuda.blockDim.x):
-        keys[e] = _order_key(bits[i, e])
-    cuda.syncthreads()
-    for e in range(t, n_expert, cuda.blockDim.x):
-        key = keys[e]
-        rank = 0
-        for o in range(n_expert):
-            other = keys[o]
-            rank += (other > key) or (other == key and o < e)
-        if rank < k:
+    for e in range(t, n_expert, 32):      # a lane only ever reads back its own experts
+        values[e] = _pick_value(bits[i, e], e)
+    for rank in range(k):
+        top = uint64(0)
+        for e in range(t, n_expert, 32):
+            top = max(top, values[e])
+        top = warp_max_u64(top)
+        e = int64(uint64(0xFFFFFFFF) - (top & uint64(0xFFFFFFFF)))
+        if t == e % 32:
+            values[e] = uint64(0)
+        if t == 0:
             picked[rank] = e
             picked_logit[rank] = float64(bits_to_f32(bits[i, e]))
     cuda.syncthreads()
     # p_e / Σ_top-k p in float64, as cpu.moe.route: a softmax over the chosen logits
-    if t < k:
-        share[t] = math.exp(picked_logit[t] - picked_logit[0])
+    for r in range(t, k, 32):
+        share[r] = math.exp(picked_logit[r] - picked_logit[0])
     cuda.syncthreads()
     if t == 0:
         total[0] = 0.0
-        for rank in range(k):
-            total[0] += share[rank]
+        for r in range(k):
+            total[0] += share[r]
     cuda.syncthreads()
-    if t < k:
-        experts[i, t] = picked[t]
-        weights[i, t] = share[t] / total[0]
+    for r in range(t, k, 32):
+        experts[i, r] = picked[r]
+        weights[i, r] = share[r] / total[0]
 
 
 def routes_on_device(n_expert: int, k: int) -> bool:
@@ -158,9 +167,7 @@ def route(logits, experts, weights) -> None:
         raise ValueError(f"top-{k} of {logits.shape[1]} experts; the routing kernel takes top-{MAX_TOP_K} "
                          f"of {MAX_EXPERTS} at most")
     if n:
-        # a thread per expert (a warp at least, the block's limit at most)
-        threads = min(1024, -(-logits.shape[1] // 32) * 32)
-        _route[n, threads, stream()](logits.view(np.uint32), experts, weights)
+        _route[n, 32, stream()](logits.view(np.uint32), experts, weights)
 
 
 # --- 2. the cached experts -------------------------------------------------------------------------

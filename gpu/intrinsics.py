@@ -7,7 +7,7 @@ picked when this module is imported, which is after numba.cuda has chosen its mo
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int64, uint32, uint64
 
 from .device import simulated
 
@@ -220,6 +220,16 @@ if not simulated():
         """acc[r, s] = its sum over the warp's 32 lanes, in every lane (group_reduce)."""
         group_reduce(acc, 32)
 
+    @cuda.jit(device=True, inline=True)
+    def warp_max_u64(value):
+        """The largest of the warp's 32 uint64 values, in every lane."""
+        offset = 16
+        while offset > 0:
+            other = uint64(cuda.shfl_xor_sync(FULL_MASK, int64(value), offset))
+            value = max(value, other)
+            offset >>= 1
+        return value
+
     # ---- tensor-core GEMM (gpu/gemm_mma.py) ------------------------------------------------------
 
     @intrinsic
@@ -372,6 +382,16 @@ else:
     @cuda.jit(device=True)
     def warp_reduce(acc):
         group_reduce(acc, 32)
+
+    @cuda.jit(device=True)
+    def warp_max_u64(value):
+        scratch = cuda.shared.array(1024, np.uint64)
+        tid = cuda.threadIdx.x
+        base = tid - (tid & 31)
+        cuda.syncthreads()
+        scratch[tid] = value
+        cuda.syncthreads()
+        return np.uint64(scratch[base:base + 32].max())
 
     # ---- tensor-core GEMM (gpu/gemm_mma.py): plain-Python stand-ins ------------------------------
 

@@ -26,10 +26,17 @@ def warp_blocks(items: int) -> int:
     return -(-items // WARPS)
 
 
-# A model-width row (D = 2048..5120) gets a block of warps: one warp alone walks 160 dependent
-# loads per lane at D = 5120 (~70 µs, measured on the H200); eight warps take a tenth of that.
-ROW_WARPS = 1 if simulated() else 8
-ROW_THREADS = 32 * ROW_WARPS
+# A model-width row (D = 2048..5120) gets a block of warps, about one warp per 128 entries (four
+# loads per thread): each thread's loads wait one after another, so fewer warps walk longer
+# chains. On the H200, one warp alone took ~70 µs at D = 5120; 8 warps 4.2 µs at D = 2048 and
+# 8.3 at 5120; 16 warps 3.1 at 2048; 32 warps 4.7 at 5120 (in a graph, node gap included).
+MAX_ROW_WARPS = 1 if simulated() else 32
+
+
+def row_threads(D: int) -> int:
+    """Threads of the block that normalises one row of width D (a function of D alone, so every
+    row of every call sums its squares in the same order)."""
+    return 32 * min(MAX_ROW_WARPS, max(1, -(-D // 128)))
 
 
 @device_function
@@ -38,14 +45,14 @@ def row_scale(ss, D, eps, tid):
     butterfly within each warp, then the warps' sums in warp order (a row's bits never depend
     on the call's other rows). Ends with a barrier, so the caller may then overwrite its input."""
     red = cuda.local.array((1, 1), float32)
-    partial = cuda.shared.array(ROW_WARPS, float32)
+    partial = cuda.shared.array(MAX_ROW_WARPS, float32)
     red[0, 0] = ss
     warp_reduce(red)
     if (tid & 31) == 0:
         partial[tid >> 5] = red[0, 0]
     cuda.syncthreads()
     total = float32(0.0)
-    for k in range(ROW_WARPS):
+    for k in range(cuda.blockDim.x >> 5):
         total += partial[k]
     return float32(1.0 / math.sqrt(total / D + eps))
 
@@ -56,11 +63,11 @@ def _rms_norm(x, w, eps, out):
     t = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     ss = float32(0.0)
-    for i in range(tid, D, ROW_THREADS):
+    for i in range(tid, D, cuda.blockDim.x):
         v = x[t, i]
         ss += v * v
     scale = row_scale(ss, D, eps, tid)
-    for i in range(tid, D, ROW_THREADS):
+    for i in range(tid, D, cuda.blockDim.x):
         out[t, i] = x[t, i] * scale * w[i]
 
 
@@ -68,7 +75,7 @@ def rms_norm(x, w, eps, out):
     """out[t] = w ⊙ x[t] / sqrt(mean(x[t]²) + eps), rows of x (n, D); out may be x."""
     n = x.shape[0]
     if n:
-        _rms_norm[n, ROW_THREADS, stream()](x, w, float(eps), out)
+        _rms_norm[n, row_threads(x.shape[1]), stream()](x, w, float(eps), out)
 
 
 @cuda.jit(cache=True)
@@ -77,12 +84,12 @@ def _add_rms_norm(x, y, w, eps, out):
     t = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     ss = float32(0.0)
-    for i in range(tid, D, ROW_THREADS):
+    for i in range(tid, D, cuda.blockDim.x):
         v = x[t, i] + y[t, i]
         x[t, i] = v           # read back below by this same thread only
         ss += v * v
     scale = row_scale(ss, D, eps, tid)
-    for i in range(tid, D, ROW_THREADS):
+    for i in range(tid, D, cuda.blockDim.x):
         out[t, i] = x[t, i] * scale * w[i]
 
 
@@ -91,7 +98,7 @@ def add_rms_norm(x, y, w, eps, out):
     with the bits of add_inplace followed by rms_norm."""
     n = x.shape[0]
     if n:
-        _add_rms_norm[n, ROW_THREADS, stream()](x, y, w, float(eps), out)
+        _add_rms_norm[n, row_threads(x.shape[1]), stream()](x, y, w, float(eps), out)
 
 
 @device_function

@@ -31,6 +31,19 @@ def test_device_routing_picks_what_the_cpu_picks():
     np.testing.assert_allclose(weights.copy_to_host(), want_weights, rtol=1e-6)
 
 
+@pytest.mark.parametrize("n_expert, k", [(256, 8), (ec.MAX_EXPERTS, ec.MAX_TOP_K)])
+def test_device_routing_at_the_model_sizes_and_the_limits(n_expert, k):
+    rng = np.random.default_rng(n_expert)
+    logits = np.round(rng.standard_normal((2, n_expert)), 2).astype(np.float32)   # ties across lanes
+    logits[1, ::3] = logits[1, 0]
+    want_experts, want_weights = cpu.moe.route(logits, k)
+    experts = cuda.to_device(np.full((2, k), -7, np.int64))
+    weights = cuda.to_device(np.full((2, k), np.nan, np.float32))
+    ec.route(cuda.to_device(logits), experts, weights)
+    assert np.array_equal(experts.copy_to_host(), want_experts)
+    np.testing.assert_allclose(weights.copy_to_host(), want_weights, rtol=1e-6)
+
+
 def test_device_routing_of_a_nan_row_still_picks_distinct_experts():
     logits = np.zeros((1, 8), np.float32)
     logits[0, [0, 3]] = np.nan

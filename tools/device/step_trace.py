@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""What the GPU does, kernel by kernel, during replayed decode steps (CUPTI trace via torch).
+
+    python3 tools/device/step_trace.py MODEL.gguf [--vram 12GiB] [--steps 4] [--k 1]
+
+Runs k-token steps as the engine runs them (CUDA graphs replayed, CPU hand-offs between the
+segments) under torch.profiler, whose CUPTI tracer records every kernel and copy of the process,
+Numba's included, with device timestamps. Prints per step:
+* the kernels by name: launches per step, mean and total device µs;
+* each segment between two hand-offs: its span on the device (first activity to the hand-off's
+  last copy), the kernels' busy time in it, and so the idle gaps between nodes;
+* the time from a hand-off's last copy down to the next segment's first activity (the CPU FFN,
+  the host's wake-up and the next graph launch).
+Needs torch on the machine (the GPU machine has it); nothing of the engine is changed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np  # noqa: E402
+
+
+def short_name(mangled: str) -> str:
+    """The module and function of a Numba kernel's Itanium-mangled name (others as they are)."""
+    if not mangled.startswith("_Z"):
+        return mangled
+    parts, i = [], mangled.find("N") + 1 if mangled.startswith("_ZN") else 2
+    while i < len(mangled) and mangled[i].isdigit():
+        m = re.match(r"\d+", mangled[i:])
+        n = int(m.group())
+        i += len(m.group())
+        parts.append(mangled[i:i + n])
+        i += n
+    names = [p for p in parts if p not in ("cudapy",)]
+    return ".".join(names[-2:]) if names else mangled
+
+
+def activities(trace_path: str) -> list[tuple[float, float, str, str]]:
+    """(start µs, end µs, kind, name) of every GPU kernel / copy / memset, by start."""
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    out = []
+    for e in events:
+        cat = e.get("cat", "")
+        if e.get("ph") == "X" and cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+            name = short_name(e["name"]) if cat == "kernel" else e["name"]
+            out.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), cat, name))
+    return sorted(out)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--vram", default="12GiB")
+    p.add_argument("--steps", type=int, default=4, help="traced steps")
+    p.add_argument("--k", type=int, default=1, help="tokens per step (a verify step with logits of all rows when > 1)")
+    p.add_argument("--no-expert-cache", action="store_true")
+    args = p.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import hybrid
+    model = hybrid.load(args.model, device="cuda", vram=args.vram, expert_cache=not args.no_expert_cache)
+    model.warmup()
+    fw = model.forward
+    state = fw.new_state(args.steps * args.k + 64)
+    fw.forward(state, np.arange(1, 5, dtype=np.int32) % model.config.n_vocab, logits="last")
+    toks = np.full(args.k, 5, np.int32)
+    logits = "last" if args.k == 1 else "all"
+    for _ in range(3):                                   # eager, captured, replayed
+        fw.forward(state, toks, logits=logits, pick=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            fw.forward(state, toks, logits=logits, pick=True)
+        torch.cuda.synchronize()
+    path = tempfile.mktemp(suffix=".json")
+    prof.export_chrome_trace(path)
+    acts = activities(path)
+    if not acts:
+        print("the trace holds no GPU activity (CUPTI saw none of Numba's launches?)")
+        return 1
+    steps = args.steps
+    print(f"{args.model.name}: {steps} steps of k={args.k}, {len(acts)} GPU activities "
+          f"({len(acts) / steps:.0f} per step), span {(acts[-1][1] - acts[0][0]) / steps:.0f} µs per step")
+
+    by_name = defaultdict(list)
+    for t0, t1, cat, name in acts:
+        by_name[(cat, name)].append(t1 - t0)
+    busy = sum(t1 - t0 for t0, t1, _, _ in acts) / steps
+    print(f"  device busy {busy:.0f} µs per step (kernels and copies, overlaps counted twice)")
+    print(f"  {'kind':10s} {'name':44s} {'per step':>8s} {'mean µs':>8s} {'µs/step':>8s}")
+    for (cat, name), ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {cat[:10]:10s} {name[:44]:44s} {len(ds) / steps:8.1f} {statistics.mean(ds):8.2f} "
+              f"{sum(ds) / steps:8.1f}")
+
+    # segments: a host→device copy (the previous hand-off's result) starts one; its critical part
+    # runs to its last copy down (the next hand-off's inputs), the rest is the `meanwhile` work
+    segs, cur = [], []
+    for a in acts:
+        if a[2] == "gpu_memcpy" and "HtoD" in a[3] and cur:
+            segs.append(cur)
+            cur = []
+        cur.append(a)
+    segs.append(cur)
+    spans, kernel_busy, host_gaps, counts = [], [], [], []
+    for i, seg in enumerate(segs):
+        downs = [j for j, a in enumerate(seg) if a[2] == "gpu_memcpy" and "DtoH" in a[3]]
+        critical = seg[:downs[-1] + 1] if downs else seg
+        spans.append(critical[-1][1] - critical[0][0])
+        kernel_busy.append(_union(critical))
+        counts.append(len(critical))
+        if i + 1 < len(segs):
+            host_gaps.append(segs[i + 1][0][0] - critical[-1][1])
+    med = statistics.median
+    print(f"  {len(segs) / steps:.0f} segments per step; critical part (to the last copy down), median: "
+          f"{med(counts):.0f} activities, span {med(spans):.1f} µs, busy {med(kernel_busy):.1f} µs, "
+          f"idle gaps {med(spans) - med(kernel_busy):.1f} µs")
+    if host_gaps:
+        print(f"  hand-off (last copy down → next copy up): median {med(host_gaps):.1f} µs, "
+              f"total {sum(host_gaps) / steps:.0f} µs per step")
+    # one segment of each shape (GDN layers, attention layers, the step's ends), activity by activity
+    shown = set()
+    for seg in segs[len(segs) - len(segs) // steps:]:          # the last step's
+        shape = tuple(name for _, _, _, name in seg)
+        if shape in shown or len(shown) >= 3:
+            continue
+        shown.add(shape)
+        print(f"  a segment of {len(seg)} activities (start offset µs, duration µs):")
+        base = seg[0][0]
+        for t0, t1, cat, name in seg:
+            print(f"    {t0 - base:8.1f} {t1 - t0:7.2f}  {name[:64]}")
+    return 0
+
+
+def _union(seg) -> float:
+    """Time covered by at least one activity of seg."""
+    total, end = 0.0, -1e30
+    for t0, t1, _, _ in sorted(seg):
+        if t1 > end:
+            total += t1 - max(t0, end)
+            end = t1
+    return total
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
