@@ -78,9 +78,11 @@ def bits_equal(a, b):
 
 # --- norms ----------------------------------------------------------------------------------------
 
-def test_rms_norm_matches_cpu_in_and_out_of_place():
-    x = f32(rng(1).standard_normal((3, 80)) * 3)
-    w = f32(rng(2).standard_normal(80))
+# 300: wider than the entries a block holds in registers under the simulator (a warp × ROW_VALUES)
+@pytest.mark.parametrize("D", [80, 300])
+def test_rms_norm_matches_cpu_in_and_out_of_place(D):
+    x = f32(rng(1).standard_normal((3, D)) * 3)
+    w = f32(rng(2).standard_normal(D))
     want = np.empty_like(x)
     cpu.ops.rms_norm(x, w, EPS, want)
     out = dev(np.full_like(x, np.nan))
@@ -91,10 +93,11 @@ def test_rms_norm_matches_cpu_in_and_out_of_place():
     np.testing.assert_allclose(inplace.copy_to_host(), want, **TOL)
 
 
-def test_add_rms_norm_has_the_bits_of_add_then_norm_and_matches_cpu():
-    x = f32(rng(31).standard_normal((3, 80)) * 3)
-    y = f32(rng(32).standard_normal((3, 80)))
-    w = f32(rng(33).standard_normal(80))
+@pytest.mark.parametrize("D", [80, 300])
+def test_add_rms_norm_has_the_bits_of_add_then_norm_and_matches_cpu(D):
+    x = f32(rng(31).standard_normal((3, D)) * 3)
+    y = f32(rng(32).standard_normal((3, D)))
+    w = f32(rng(33).standard_normal(D))
     want_x, want = x.copy(), np.empty_like(x)
     cpu.ops.add_rms_norm(want_x, y, w, EPS, want)
     np.testing.assert_array_equal(want_x, x + y)
