@@ -13,13 +13,11 @@ for the rows, run the CPU kernel and send its result back. A step is therefore a
 segments: graph, host call, graph, host call, ..., graph. The host call's copies are part
 of the graphs (the D2H at the end of one segment, the H2D at the start of the next) through
 pinned buffers that are never reallocated, so their addresses stay valid. A host call's
-`meanwhile` work is captured into the same graph, after the copies down and a tiny kernel that
-bumps a counter in mapped host memory (`memory.queue_signal`): the host spins on that word, so
-it starts the host call as soon as the copies have landed while the GPU goes on with the
-meanwhile work, and each hand-off costs one graph launch. (Earlier designs: a second graph for
-the meanwhile work, launched after an event the host waited on, cost ~15 µs more per hand-off
-on the H200; an event-record node inside one graph did not overlap at all, the host's wait
-returning only when the whole graph had run.)
+`meanwhile` work is a graph of its own, launched after the segment's and before the host
+waits: the host waits for an event recorded between the two, so that graph runs on the GPU
+while the host call runs on the CPU. (One graph with an event-record node after the copies
+would save the second launch, but on the H200 the host's wait on that event returned only
+when the whole graph had run: no overlap.)
 
 Recording does not run anything: launches and copies are only captured, host calls only
 remembered, then the step is replayed. An op that cannot be captured (one that reads device
@@ -62,8 +60,8 @@ def launch(graph_exec) -> None:
 
 
 class Segment(NamedTuple):
-    graph: object                                  # executable graph: GPU work, a host call's input copies,
-                                                   # the hand-off signal, then the call's `meanwhile` work
+    graph: object                                  # executable graph, ending with a host call's input copies
+    meanwhile: object | None = None                # executable graph the GPU runs during the host call
     host_call: Callable[[], None] | None = None    # None: the step's last segment
 
 
@@ -77,26 +75,30 @@ class StepGraph:
         """Run the step; adds to seconds["gpu"] the time the host waited for the graphs (GPU
         work and the hand-off copies) and to seconds["cpu"] the host calls' time."""
         t0 = time.perf_counter()
-        for graph_exec, host_call in self.segments:
-            if host_call is None:
-                launch(graph_exec)
-                break
-            past = memory.signal_value()
+        for graph_exec, meanwhile, host_call in self.segments:
             launch(graph_exec)
-            memory.wait_for_signal(past)
-            t1 = time.perf_counter()
-            host_call()
-            t2 = time.perf_counter()
-            seconds["gpu"] += t1 - t0
-            seconds["cpu"] += t2 - t1
-            t0 = t2
+            if host_call is not None:
+                if meanwhile is None:
+                    memory.synchronize()
+                else:
+                    copied = memory.mark()
+                    launch(meanwhile)
+                    memory.wait_for(copied)
+                t1 = time.perf_counter()
+                host_call()
+                t2 = time.perf_counter()
+                seconds["gpu"] += t1 - t0
+                seconds["cpu"] += t2 - t1
+                t0 = t2
         memory.synchronize()
         seconds["gpu"] += time.perf_counter() - t0
 
     def close(self) -> None:
         from cuda.bindings import driver as cu
-        for graph_exec, _ in self.segments:
-            cu.cuGraphExecDestroy(graph_exec)
+        for graph_exec, meanwhile, _ in self.segments:
+            for g in (graph_exec, meanwhile):
+                if g is not None:
+                    cu.cuGraphExecDestroy(g)
         self.segments.clear()
 
 
@@ -136,10 +138,11 @@ class _Recorder:
         host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
         for dev, host in zip(inputs, host_in):
             dev.copy_to_host(host, stream=stream)
-        memory.queue_signal()
-        if meanwhile is not None:
+        self.step.segments.append(Segment(self.end(), None, lambda: fn(*host_in, *host_out)))
+        if meanwhile is not None:       # (added to the segment once captured: abort frees the rest)
+            self.begin()
             meanwhile()
-        self.step.segments.append(Segment(self.end(), lambda: fn(*host_in, *host_out)))
+            self.step.segments[-1] = self.step.segments[-1]._replace(meanwhile=self.end())
         self.begin()
         for dev, host in zip(outputs, host_out):
             dev.copy_to_device(host, stream=stream)
@@ -169,7 +172,6 @@ def require_eager(why: str) -> None:
 def capture(body: Callable[[], None]) -> StepGraph:
     """Record body's GPU work (and host calls) as a StepGraph without running any of it."""
     global _recorder
-    memory.hand_off_signal()             # allocated and compiled before the stream is captured
     rec = _Recorder()
     _recorder = rec
     try:

@@ -209,69 +209,6 @@ def copy_raw(dst, src, up: bool) -> None:
         raise RuntimeError(f"CUDA copy failed: {cu.cuGetErrorName(err)[1].decode()}")
 
 
-# --- the hand-off signal of a replayed step ------------------------------------------------------
-
-@cuda.jit(cache=True)
-def _raise_signal(count, flag):
-    count[0] += 1
-    flag[0] = count[0]
-    cuda.threadfence_system()
-
-
-class _Signal:
-    """A counter the GPU bumps in host memory (mapped: the host reads it with a plain load, and
-    its address is fixed for a graph) each time a queued `_raise_signal` runs."""
-
-    def __init__(self):
-        self.flag = cuda.mapped_array(1, np.int64)
-        self.flag[0] = 0
-        self.count = zeros(1, np.int64)
-        _raise_signal[1, 1, stream()](self.count, self.flag)     # compiled now, not inside a capture
-        synchronize()
-
-
-_signal: _Signal | None = None
-
-
-def hand_off_signal() -> _Signal:
-    """The signal, created (and its kernel compiled) on first use: call it before a capture."""
-    global _signal
-    if _signal is None:
-        _signal = _Signal()
-    return _signal
-
-
-def queue_signal() -> None:
-    """Queue the signal's bump: it runs once everything queued before it has run. A captured
-    hand-off ends its inputs' copies with it, so the host can wait for those copies alone while
-    the rest of the graph (the `meanwhile` work) goes on."""
-    s = hand_off_signal()
-    _raise_signal[1, 1, stream()](s.count, s.flag)
-
-
-def signal_value() -> int:
-    """The signal's count now (read before launching what bumps it)."""
-    return int(hand_off_signal().flag[0])
-
-
-def wait_for_signal(past: int) -> None:
-    """Wait until the signal's count has moved past `past`, spinning on the mapped word: a
-    hand-off waits tens of µs, and a spin sees the word within a µs of its write, where an
-    event wait after a second graph launch cost ~15 µs more per hand-off. Raises, instead of
-    hanging, when the stream has failed or has run dry without bumping it."""
-    flag = hand_off_signal().flag
-    spins = 0
-    while flag[0] == past:
-        spins += 1
-        if spins & 1023 == 0 and not simulated():
-            from cuda.bindings import driver as cu
-            err, = cu.cuStreamQuery(stream().handle)
-            if err == cu.CUresult.CUDA_SUCCESS and flag[0] == past:
-                raise RuntimeError("the GPU finished the step's work without signalling its hand-off")
-            if err not in (cu.CUresult.CUDA_SUCCESS, cu.CUresult.CUDA_ERROR_NOT_READY):
-                raise RuntimeError(f"the GPU failed during a hand-off: {cu.cuGetErrorName(err)[1].decode()}")
-
-
 def host_call(inputs, outputs, fn, meanwhile=None) -> None:
     """Run a CPU function on device arrays: fn(*inputs_host, *outputs_host) gets pinned host
     copies of the device arrays `inputs` and fills `outputs_host`, which then go up into the

@@ -14,7 +14,7 @@ or ran eagerly while measured (issue 7: a draft step cost ~15 ms more than its v
 
 How: every piece is wrapped by a timer that records its exclusive time (its own time minus
 that of the wrapped pieces it called), keyed by the phase it ran in (decode, draft, verify…).
-Graph replays are timed through the functions StepGraph.replay calls (launch, the signal wait). The expert
+Graph replays are re-run by a copy of StepGraph.replay that times each segment. The expert
 kernel's steps are timed afterwards on the hand-offs' own inputs (`stages` cuts the kernel
 after a step). Nothing of the engine is changed; the wrappers cost ~1 µs per call.
 
@@ -139,7 +139,6 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     patch(memory, "copy", lambda f: prof.wrap("copy (python)", f))
     patch(memory, "host_call", lambda f: prof.wrap("hand-off (eager)", f))
     patch(memory, "wait_for", lambda f: prof.wrap("GPU wait", f))
-    patch(memory, "wait_for_signal", lambda f: prof.wrap("GPU wait", f))
     patch(graphs, "launch", lambda f: prof.wrap("graph launch", f))
 
 
