@@ -73,6 +73,7 @@ def _norm_row(x, y, add, w, eps, out, t):
     step = cuda.blockDim.x
     vals = cuda.local.array(ROW_VALUES, float32)
     scales = cuda.local.array(ROW_VALUES, float32)
+    ss = float32(0.0)                      # summed in index order, then the rest: the old loop's order
     for j in range(ROW_VALUES):
         i = tid + j * step
         if i < D:
@@ -81,10 +82,7 @@ def _norm_row(x, y, add, w, eps, out, t):
                 v += y[t, i]
             vals[j] = v
             scales[j] = w[i]
-    ss = float32(0.0)
-    for j in range(ROW_VALUES):            # in index order, then the rest: the old loop's order
-        if tid + j * step < D:
-            ss += vals[j] * vals[j]
+            ss += v * v
     for i in range(tid + ROW_VALUES * step, D, step):
         v = x[t, i]
         if add:
