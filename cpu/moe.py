@@ -18,6 +18,7 @@ backend's one host hand-off per layer when only the routed experts stayed in hos
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -26,7 +27,7 @@ from numba import njit, prange
 from . import matvec as _matvec
 from .ffn import swiglu
 from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec
-from .moe_kernel import routed_experts
+from .moe_kernel import BoundCall, routed_experts
 
 
 # ---- routing -----------------------------------------------------------------------------------
@@ -164,16 +165,24 @@ def _fused_weights(ffn):
     return prepared
 
 
+def _kernel_arguments(ffn, x, experts, weights, out) -> tuple | None:
+    """`routed_experts`' arguments for these rows (all but the keywords), or None for float
+    weights (the fused kernel does not apply)."""
+    prepared = _fused_weights(ffn)
+    if prepared is None:
+        return None
+    if ffn.gate.cols != x.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns but the experts take {ffn.gate.cols}")
+    return (*prepared, ffn.gate.rows, x, experts, weights, out, numba.get_num_threads(), _matvec.PREFETCH_BYTES)
+
+
 def _run_fused(ffn, x, experts, weights, out, skip=None) -> bool:
     """All routed experts (but those `skip` leaves out) in one `routed_experts` call; False
     (nothing done) for float weights."""
-    prepared = _fused_weights(ffn)
-    if prepared is None:
+    arguments = _kernel_arguments(ffn, x, experts, weights, out)
+    if arguments is None:
         return False
-    if ffn.gate.cols != x.shape[1]:
-        raise ValueError(f"x has {x.shape[1]} columns but the experts take {ffn.gate.cols}")
-    routed_experts(*prepared, ffn.gate.rows, x, experts, weights, out,
-                   numba.get_num_threads(), _matvec.PREFETCH_BYTES, skip=skip)
+    routed_experts(*arguments, skip=skip)
     return True
 
 
@@ -202,19 +211,43 @@ def run_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, out
     hybrid.forward.MoEStats) when given. skip: (E,) int32, ≥ 0 for the experts that run
     elsewhere (the GPU expert cache's slot table): their pairs are left out of out.
 
-    The GPU backend's hand-off calls this on the host with routing done on the device; it
-    touches nothing but its arguments and the weights (it may run at a CUDA-graph replay)."""
-    check_f32_matrix(x, "x")
-    n, D = x.shape
-    check_f32_matrix(out, "out", (n, D), writeable=True)
-    if experts.shape != (n, ffn.n_used) or weights.shape != experts.shape:
-        raise ValueError(f"routing of shape {experts.shape} / {weights.shape} for {n} rows of top-{ffn.n_used}")
+    The GPU backend's hand-off calls this on the host with routing done on the device (a
+    captured step calls `bind_routed`'s call instead)."""
+    _check_routed(ffn, x, experts, weights, out)
     if stats is not None:
         stats.count(ffn, experts)
     if not _run_fused(ffn, x, experts, weights, out, skip):
         if skip is not None and (skip[experts] >= 0).any():
             raise ValueError("float experts cannot leave pairs to the GPU's expert cache")
         _run_expert_by_expert(ffn, x, experts, weights, out)
+
+
+def bind_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, out: np.ndarray,
+                stats=None, skip=None) -> Callable[[], None]:
+    """`run_routed` on these arrays, checked once, as a call without arguments: for a captured
+    step's hand-off, whose pinned buffers are rewritten in place before each replay. It may run
+    at any replay: it touches nothing but these arrays, the weights, the skip table (which the
+    expert cache updates in place) and stats."""
+    _check_routed(ffn, x, experts, weights, out)
+    arguments = _kernel_arguments(ffn, x, experts, weights, out)
+    if arguments is None:
+        return lambda: run_routed(ffn, x, experts, weights, out, stats, skip)
+    kernel = BoundCall(*arguments, skip=skip)
+    if stats is None:
+        return kernel
+    n, pairs = experts.shape[0], experts.size
+
+    def call():
+        stats.add(ffn, n, kernel(), pairs)
+    return call
+
+
+def _check_routed(ffn, x, experts, weights, out) -> None:
+    check_f32_matrix(x, "x")
+    n, D = x.shape
+    check_f32_matrix(out, "out", (n, D), writeable=True)
+    if experts.shape != (n, ffn.n_used) or weights.shape != experts.shape:
+        raise ValueError(f"routing of shape {experts.shape} / {weights.shape} for {n} rows of top-{ffn.n_used}")
 
 
 def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None) -> np.ndarray:

@@ -3,26 +3,34 @@
 Why: run expert by expert from Python, a decode step pays ~5 kernel calls per selected expert per
 layer (tens of µs each); with top-8 of small experts that overhead, not the weight stream, sets
 the speed. Here one call does every (row, selected expert) pair; a decode step wakes the thread
-pool twice (a few µs each on 16 cores) and allocates nothing:
+pool once and allocates nothing:
 
-  0. serially: group the (row, rank) slots by expert (a counting sort) and quantise each row of x
-     to int8 once (a parallel region of its own only for prompt-sized calls);
-  A. one item per thread, each a run of the step's (group, h row) pairs (`_share_rows`: runs
-     of equal cost, crossing groups where they fall): copy the group's m rows of int8 x into
-     this thread's bank (the contiguous (m, D) block the row dots read), then
-     h = SiLU(W_gate,e x) ⊙ (W_up,e x), and int8 activations for the blocks of h it holds
-     whole (those a run boundary splits: afterwards, serially for a decode step). Runs, not
-     whole-group tiles: with the GPU's expert cache taking some experts a decode step leaves
-     2-6 groups here, and 5 groups of 2 blocks tile 16 threads in two rounds;
-  B. the same for y = W_down,e h over the (group, output row) pairs;
-  C. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
+  0. serially: group the (row, rank) slots by expert (a counting sort), quantise each row of x
+     to int8 once (a parallel region of its own only for prompt-sized calls), and cut the work
+     into chunks: runs of one group's weight rows, of about equal cost (`_plan_chunks`);
+  1. one parallel region whose threads claim chunks from a shared counter (`cpu.atomics`), first
+     every gate/up chunk, then every down chunk:
+     A (gate/up): copy the group's m rows of int8 x into this thread's bank (the contiguous
+       (m, D) block the row dots read), h = SiLU(W_gate,e x) ⊙ (W_up,e x) for the chunk's rows;
+       the thread that completes an activation block of h (a counter per block) turns it into
+       int8 for all the group's slots, and counts the group's finished blocks;
+     B (down): y = W_down,e h for the chunk's output rows, once the group's h is all int8 (a
+       down chunk claimed early waits for its group's gate/up chunks, which were all claimed
+       before it by threads that are running them: no deadlock, whatever the thread count);
+  2. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
      a decode step, where a region would cost more than the sum).
+
+Claimed chunks, not fixed runs per thread: on the H200 box's 16-core VM the slowest thread of a
+region took ~1.7x the median, and a fixed share makes every call wait for it (TSC stamps, stop
+20); a second region for the down step cost another wake-up and join (~7 µs), and the blocks of
+h that a fixed run boundary split had to be quantised between the regions (~9 µs).
 
 Every step is the same arithmetic, on the same bytes, as the one-expert-at-a-time path
 (`cpu.ffn.swiglu` then `cpu.matvec.matvec` on the gathered rows, then the rank-order sum): the
 activation quantisation is per row, the row dots give each slot the bits of a one-slot call, and
-the sum order per row is fixed. So the result has exactly that path's bits, and row i of an n-row
-call has exactly the bits of the 1-row call on x[i] (lossless drafting relies on it).
+the sum order per row is fixed. So the result has exactly that path's bits, whichever thread
+ran which chunk, and row i of an n-row call has exactly the bits of the 1-row call on x[i]
+(lossless drafting relies on it).
 
 Expert matrices arrive as one 2-D row array per kind plus the first row of each expert in it
 (`expert_rows`), so a fused gate_up tensor (gate and up interleaved per expert) needs no copy
@@ -41,21 +49,21 @@ import numba
 import numpy as np
 from numba import get_thread_id, njit, prange
 
+from .atomics import fetch_add, load_acquire
 from .ffn import _silu_times
 from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
 
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
 # parallel region costs more than they do (decode); above, they get one region each.
 _PARALLEL_MIN = 1 << 15
-# the activation blocks of h that a run boundary splits are quantised after step A's region,
-# serially up to this many (slot, block)s, in a region of their own above: the block was written
-# by other cores, and one thread pulling it over costs ~5 µs a block on the H200 box's Xeon
-# against ~6 µs for a region
-_SERIAL_H_BLOCKS = 2
-# the cost of reading one weight row, in row dots (one row dot per slot of the group): how a
-# run of (group, row) pairs is weighed when the step's work is shared out (`_share_rows`)
+# the cost of reading one weight row, in row dots (one row dot per slot of the group): how the
+# chunks of a step are sized (`_plan_chunks`)
 _ROW_READ = 2
+# chunks per worker and step: enough that a slow thread claims fewer of them, few enough that a
+# chunk is a few µs of work (a decode step's gate/up chunk: ~32 rows of two 1152-byte weight rows)
+CHUNKS_PER_WORKER = 4
 _LINE = 64                       # bytes of a cache line
+_LINE_I64 = _LINE // 8
 
 
 @njit(inline="always")
@@ -77,20 +85,27 @@ def _lines(n_elements, itemsize):
     return (n_elements + per_line - 1) // per_line * per_line + per_line
 
 
+@njit(inline="always")
+def _max_chunks(n_slots, n_workers):
+    """A bound on the chunks `_plan_chunks` makes of one step (see there)."""
+    return 2 * CHUNKS_PER_WORKER * n_workers + n_slots
+
+
 @njit(cache=True, nogil=True)
-def _layout(n, k, D, n_ff, n_expert, n_banks, n_items):
+def _layout(n, k, D, n_ff, n_expert, n_banks, n_workers):
     """Workspace sizes (elements of int8, float32, int16, int64) and per-thread bank strides
     (int8, float32, int16) for `_routed_experts`."""
     n_slots = n * k
     x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
     x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
     bank_i8 = _lines(n * x_cols, 1)                  # a group's int8 x (m ≤ n rows: an expert
-    bank_f32 = _lines(x_blocks * n + 2 * n, 4)       # appears once per row), its scales, dots
+    bank_f32 = _lines(x_blocks * n + 3 * n, 4)       # appears once per row), its scales, dots
     bank_i16 = _lines(n * x_cols // ACT_SUM, 2)
     sizes = (n * x_cols + n_slots * h_cols + n_banks * bank_i8,
              x_blocks * n + n_slots * (n_ff + h_blocks + D) + n_banks * bank_f32,
              (n * x_cols + n_slots * h_cols) // ACT_SUM + n_banks * bank_i16,
-             n_expert + 3 + 4 * n_slots + 2 * n_items)
+             2 * n_expert + 1 + 4 * n_slots + 1 + 2 * (_max_chunks(n_slots, n_workers) + 1)
+             + _LINE_I64 + n_slots * (h_blocks + 1))
     return sizes, (bank_i8, bank_f32, bank_i16)
 
 
@@ -178,37 +193,38 @@ def _row_cost(group_start, g):
 
 
 @njit(inline="always")
-def _share_rows(group_start, n_groups, n_rows, n_items, starts):
-    """Splits the (group, row) pairs of a step, in group-then-row order (pair g·n_rows + r), into
-    n_items runs of about equal cost: starts[item] is the first pair of the item's run,
-    starts[n_items] the end. A row of a group of m slots costs m + _ROW_READ (its m row dots and
-    the read of its weights): a prompt chunk's groups differ in m, a decode step's do not."""
+def _plan_chunks(group_start, n_groups, n_rows, goal, bounds):
+    """Cuts a step's (group, row) pairs — pair g·n_rows + r, group by group — into about `goal`
+    chunks of about equal cost, none crossing a group: bounds[c] is chunk c's first pair,
+    bounds[n_chunks] the end; returns n_chunks. A row of a group of m slots costs m + _ROW_READ
+    (its m row dots and the read of its weights): a prompt chunk's groups differ in m, a decode
+    step's do not. A group gets rows_g = max(1, ⌊target / cost_g⌋) rows per chunk, so at most
+    2·goal chunks where rows_g ≥ 1 by the division and goal more where the floor is 1, plus
+    one partial chunk per group: `_max_chunks`."""
     total = 0
     for g in range(n_groups):
         total += _row_cost(group_start, g) * n_rows
-    g, before = 0, 0                       # cost of the groups ahead of group g
-    for item in range(n_items):
-        target = total * item // n_items
-        while g < n_groups and before + _row_cost(group_start, g) * n_rows <= target:
-            before += _row_cost(group_start, g) * n_rows
-            g += 1
-        per_row = _row_cost(group_start, g) if g < n_groups else 1
-        starts[item] = g * n_rows + min(n_rows, -(-(target - before) // per_row))
-    starts[n_items] = n_groups * n_rows
+    target = max(1, -(-total // goal))
+    c = 0
+    for g in range(n_groups):
+        per_chunk = max(1, target // _row_cost(group_start, g))
+        for r in range(0, n_rows, per_chunk):
+            bounds[c] = g * n_rows + r
+            c += 1
+    bounds[c] = n_groups * n_rows
+    return c
 
 
 @njit(inline="always")
-def _segment(u, end, n_rows):
-    """The part of the run [u, end) of (group, row) pairs that lies in u's group: (group, first
-    row, end row)."""
-    g = u // n_rows
-    r0 = u - g * n_rows
-    return g, r0, min(n_rows, r0 + end - u)
+def _chunk(bounds, c, n_rows):
+    """Chunk c of `_plan_chunks`: (group, first row, end row)."""
+    g = bounds[c] // n_rows
+    return g, bounds[c] - g * n_rows, bounds[c + 1] - g * n_rows
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
-                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, n_items, pf, last_stage):
+                    ws_i8, ws_f32, ws_i16, ws_i64, n_banks, n_workers, pf, last_stage):
     n, D = out.shape
     k = weights.shape[1]
     n_expert = expert_rows.shape[1]
@@ -219,7 +235,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     gate_up = (w_gate, w_up)
 
     # carve the workspace (`_layout`): shared arrays first, then the per-thread banks
-    _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks, n_items)
+    _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks, n_workers)
     xq = ws_i8[:n * x_cols].reshape((n, x_cols))
     hq = ws_i8[n * x_cols:n * x_cols + n_slots * h_cols]
     banks_i8 = ws_i8[n * x_cols + n_slots * h_cols:]
@@ -234,13 +250,33 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     o += n_slots * h_blocks
     y = ws_f32[o:o + n_slots * D].reshape((n_slots, D))
     banks_f32 = ws_f32[o + n_slots * D:]
-    first = ws_i64[:n_expert + 1]
-    slot_row = ws_i64[n_expert + 1:n_expert + 1 + n_slots]
-    slot_of = ws_i64[n_expert + 1 + n_slots:n_expert + 1 + 2 * n_slots]
-    group_start = ws_i64[n_expert + 1 + 2 * n_slots:n_expert + 2 + 3 * n_slots]
-    group_expert = ws_i64[n_expert + 2 + 3 * n_slots:n_expert + 2 + 4 * n_slots]
+    o = 0
+    first = ws_i64[o:o + n_expert + 1]
+    seen = ws_i64[o + n_expert + 1:o + 2 * n_expert + 1]
+    o += 2 * n_expert + 1
+    slot_row = ws_i64[o:o + n_slots]
+    slot_of = ws_i64[o + n_slots:o + 2 * n_slots]
+    group_start = ws_i64[o + 2 * n_slots:o + 3 * n_slots + 1]
+    group_expert = ws_i64[o + 3 * n_slots + 1:o + 4 * n_slots + 1]
+    o += 4 * n_slots + 1
+    max_chunks = _max_chunks(n_slots, n_workers)
+    bounds_a = ws_i64[o:o + max_chunks + 1]
+    bounds_b = ws_i64[o + max_chunks + 1:o + 2 * (max_chunks + 1)]
+    o += 2 * (max_chunks + 1)
+    claimed = ws_i64[o:o + _LINE_I64]            # the queue's counter, a cache line of its own
+    o += _LINE_I64
+    block_rows_done = ws_i64[o:o + n_slots * h_blocks]     # per (group, activation block of h)
+    blocks_ready = ws_i64[o + n_slots * h_blocks:o + n_slots * (h_blocks + 1)]   # per group
 
-    # 0. group the slots; quantise x once per row
+    # 0. count the distinct experts selected (cached ones too: the bytes grouping reads, for
+    # the MoE counters), group the slots; quantise x once per row; cut the work into chunks
+    for e in range(n_expert):
+        seen[e] = 0
+    distinct = 0
+    for i in range(n):
+        for rank in range(k):
+            distinct += 1 - seen[experts[i, rank]]
+            seen[experts[i, rank]] = 1
     n_groups = _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert)
     if n * x_cols >= _PARALLEL_MIN:
         for task in prange(n * x_blocks):
@@ -250,98 +286,81 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
             for blk in range(x_blocks):
                 _quantize_block(x, xq, dx, bs, i, blk)
     if last_stage == 0:
-        return
+        return distinct
+    n_a = _plan_chunks(group_start, n_groups, n_ff, CHUNKS_PER_WORKER * n_workers, bounds_a)
+    n_b = _plan_chunks(group_start, n_groups, D, CHUNKS_PER_WORKER * n_workers, bounds_b) if last_stage >= 2 else 0
+    claimed[0] = 0
+    for i in range(n_groups * h_blocks):
+        block_rows_done[i] = 0
+    for g in range(n_groups):
+        blocks_ready[g] = 0
 
-    # A. per item (one per thread): its run of the (group, h row) pairs, h = SiLU(gate) ⊙ up for
-    # the group's rows of x (copied into the thread's bank when the run enters the group), and
-    # h to int8 per (group, activation block). Runs may cross groups: with the GPU's cache
-    # taking some experts, a decode step leaves 2-6 groups here, which no whole-group tiling
-    # spreads evenly over 16 threads. (No groups when every pair runs elsewhere: A and B do
-    # nothing, C writes zeros.)
-    starts = ws_i64[n_expert + 2 + 4 * n_slots:n_expert + 3 + 4 * n_slots + n_items]
-    _share_rows(group_start, n_groups, n_ff, n_items, starts)
-    for item in prange(n_items):
-        me = get_thread_id()
-        q = banks_i8[me * bank_i8:]
-        b = banks_i16[me * bank_i16:]
-        f32 = banks_f32[me * bank_f32:]
-        u = starts[item]
-        while u < starts[item + 1]:
-            g, r0, r1 = _segment(u, starts[item + 1], n_ff)
-            u += r1 - r0
-            s0, m = group_start[g], group_start[g + 1] - group_start[g]
-            qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(f32, 0, m, x_blocks)
-            gu = f32[x_blocks * m:x_blocks * m + 2 * m].reshape((2, m))   # gate and up of one row
-            for j in range(m):
-                row = slot_row[s0 + j]
-                for c in range(x_cols):
-                    qg[j, c] = xq[row, c]
-                for c in range(xs):
-                    bg[j, c] = bs[row, c]
-                for blk in range(x_blocks):
-                    d[blk, j] = dx[blk, row]
-            hg = _block(h, s0, m, n_ff)
-            e = group_expert[g]
-            for r in range(r0, r1):
-                for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
-                    row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, qg, d, bg, gu[kind], pf)
-                for j in range(m):
-                    hg[j, r] = _silu_times(gu[0, j], gu[1, j])
-            # the activation blocks of h this segment holds whole go to int8 here
-            for blk in range(-(-r0 // ACT_BLOCK), h_blocks):
-                if min(n_ff, (blk + 1) * ACT_BLOCK) > r1:
-                    break
-                _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk)
-    # ... and the ones a run boundary splits (a run starts strictly inside), afterwards
-    split = ws_i64[n_expert + 3 + 4 * n_slots + n_items:n_expert + 3 + 4 * n_slots + 2 * n_items]
-    n_split, split_rows = 0, 0
-    for item in range(1, n_items):
-        g = starts[item] // n_ff
-        r = starts[item] - g * n_ff
-        if g < n_groups and r % ACT_BLOCK != 0:
-            block = g * h_blocks + r // ACT_BLOCK
-            if n_split == 0 or split[n_split - 1] != block:
-                split[n_split] = block
-                n_split += 1
-                split_rows += group_start[g + 1] - group_start[g]
-    if split_rows > _SERIAL_H_BLOCKS:
-        for i in prange(n_split):
-            _quantize_group_block(h, hq, hdx, hbs, group_start, split[i] // h_blocks, n_ff, h_cols, h_blocks, hs,
-                                  split[i] % h_blocks)
-    else:
-        for i in range(n_split):
-            _quantize_group_block(h, hq, hdx, hbs, group_start, split[i] // h_blocks, n_ff, h_cols, h_blocks, hs,
-                                  split[i] % h_blocks)
-    if last_stage == 1:
-        return
+    # 1. the workers claim the gate/up chunks, then the down chunks (no groups when every pair
+    # runs elsewhere: nothing to claim, C writes zeros)
+    if n_a + n_b > 0:
+        for worker in prange(n_workers):
+            me = get_thread_id()
+            q = banks_i8[me * bank_i8:]
+            b = banks_i16[me * bank_i16:]
+            f32 = banks_f32[me * bank_f32:]
+            banked = -1                          # the group whose rows of x the bank holds
+            c = fetch_add(claimed, 0, 1)
+            while c < n_a + n_b:
+                if c < n_a:
+                    # A: h = SiLU(gate) ⊙ up for the chunk's rows, from the group's x in the bank
+                    g, r0, r1 = _chunk(bounds_a, c, n_ff)
+                    s0, m = group_start[g], group_start[g + 1] - group_start[g]
+                    qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(f32, 0, m, x_blocks)
+                    gu = f32[x_blocks * m:x_blocks * m + 2 * m].reshape((2, m))   # gate and up of one row
+                    if banked != g:
+                        for j in range(m):
+                            row = slot_row[s0 + j]
+                            for col in range(x_cols):
+                                qg[j, col] = xq[row, col]
+                            for col in range(xs):
+                                bg[j, col] = bs[row, col]
+                            for blk in range(x_blocks):
+                                d[blk, j] = dx[blk, row]
+                        banked = g
+                    hg = _block(h, s0, m, n_ff)
+                    e = group_expert[g]
+                    for r in range(r0, r1):
+                        for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
+                            row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, qg, d, bg, gu[kind], pf)
+                        for j in range(m):
+                            hg[j, r] = _silu_times(gu[0, j], gu[1, j])
+                    # the thread that completes an activation block of h turns it into int8
+                    for blk in range(r0 // ACT_BLOCK, (r1 - 1) // ACT_BLOCK + 1):
+                        lo, hi = blk * ACT_BLOCK, min(n_ff, (blk + 1) * ACT_BLOCK)
+                        mine = min(r1, hi) - max(r0, lo)
+                        if fetch_add(block_rows_done, g * h_blocks + blk, mine) + mine == hi - lo:
+                            _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk)
+                            fetch_add(blocks_ready, g, 1)
+                else:
+                    # B: y = W_down h for the chunk's output rows, once the group's h is int8
+                    g, r0, r1 = _chunk(bounds_b, c - n_a, D)
+                    s0, m = group_start[g], group_start[g + 1] - group_start[g]
+                    while load_acquire(blocks_ready, g) < h_blocks:
+                        pass
+                    e = group_expert[g]
+                    hqg, d, hb = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+                    acc = f32[x_blocks * m + 2 * m:x_blocks * m + 3 * m]     # past A's x scales and dots
+                    for r in range(r0, r1):
+                        row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, hqg, d, hb, acc, pf)
+                        for j in range(m):
+                            y[s0 + j, r] = acc[j]
+                c = fetch_add(claimed, 0, 1)
+    if last_stage <= 2:
+        return distinct
 
-    # B. y = W_down h, per item: its run of the (group, output row) pairs
-    _share_rows(group_start, n_groups, D, n_items, starts)
-    for item in prange(n_items):
-        me = get_thread_id()
-        acc_bank = banks_f32[me * bank_f32:]
-        u = starts[item]
-        while u < starts[item + 1]:
-            g, r0, r1 = _segment(u, starts[item + 1], D)
-            u += r1 - r0
-            s0, m = group_start[g], group_start[g + 1] - group_start[g]
-            e = group_expert[g]
-            q, d, b = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
-            acc = acc_bank[:m]
-            for r in range(r0, r1):
-                row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, q, d, b, acc, pf)
-                for j in range(m):
-                    y[s0 + j, r] = acc[j]
-    if last_stage == 2:
-        return
-
-    # C. the weighted sum, ranks in order
+    # 2. the weighted sum, ranks in order
     if n_slots * D >= _PARALLEL_MIN:
         for i in prange(n):
             _rank_sum(y, slot_of, weights, out, i)
     else:
         for i in range(n):
             _rank_sum(y, slot_of, weights, out, i)
+    return distinct
 
 
 class Workspace(threading.local):
@@ -376,29 +395,52 @@ def no_skip(n_expert: int) -> np.ndarray:
 
 
 STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
-_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, items) → workspace sizes: a decode
+_layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, workers) → workspace sizes: a decode
                                     # step's 40 calls of one size pay a dict lookup, not a Numba call
 
 
-def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
-                   weights: np.ndarray, out: np.ndarray, n_items: int, pf: int,
-                   stages: int = len(STAGES), skip: np.ndarray | None = None) -> None:
-    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]), leaving out the
-    pairs whose expert e has skip[e] ≥ 0 (skip: (E,) int32, the GPU expert cache's slot table:
-    the GPU runs those, gpu/expert_cache.py; None: none left out).
-
-    wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
-    expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
-    x: (n, D) float32; experts, weights: `cpu.moe.route`. n_items: how many runs of work each
-    parallel region shares out (the thread count: the runs weigh alike); pf: prefetch distance
-    in bytes. stages < 4 stops after that many of the kernel's steps (STAGES; out is then not
-    written): for a profiler timing each step (tools/device/moe_split.py)."""
+def _arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out, n_workers, pf,
+               stages, skip) -> tuple:
+    """`_routed_experts`'s arguments, the workspace included."""
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
-    key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks, n_items)
+    key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks, n_workers)
     sizes = _layouts.get(key)
     if sizes is None:
         sizes = _layouts[key] = _layout(*key)[0]
     skip = no_skip(expert_rows.shape[1]) if skip is None else skip
-    _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
-                    *_workspace.get(sizes), n_banks, n_items, pf, stages - 1)
+    return (wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
+            *_workspace.get(sizes), n_banks, n_workers, pf, stages - 1)
+
+
+def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
+                   weights: np.ndarray, out: np.ndarray, n_workers: int, pf: int,
+                   stages: int = len(STAGES), skip: np.ndarray | None = None) -> int:
+    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]), leaving out the
+    pairs whose expert e has skip[e] ≥ 0 (skip: (E,) int32, the GPU expert cache's slot table:
+    the GPU runs those, gpu/expert_cache.py; None: none left out). Returns how many distinct
+    experts `experts` holds (skipped ones included).
+
+    wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
+    expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
+    x: (n, D) float32; experts, weights: `cpu.moe.route`. n_workers: how many workers claim the
+    chunks (the thread count; the chunks are sized for it, any count gives the same bits);
+    pf: prefetch distance in bytes. stages < 4 stops after that many of the kernel's steps
+    (STAGES; out is then not written): for a profiler timing each step (tools/device/moe_split.py)."""
+    return _routed_experts(*_arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights,
+                                       out, n_workers, pf, stages, skip))
+
+
+class BoundCall:
+    """`routed_experts` on arrays fixed once (a captured step's pinned hand-off buffers, rewritten
+    in place before each replay): calling it runs the compiled kernel on them, with no argument
+    typing or dispatch (a replayed decode step makes 40 such calls, each ~15 µs of Python
+    through `cpu.moe.run_routed` on the H200 box's Xeon). Returns what routed_experts returns."""
+
+    def __init__(self, *arguments, stages: int = len(STAGES), skip: np.ndarray | None = None):
+        self.args = _arguments(*arguments, stages, skip)
+        # compiled for these argument types (or loaded from Numba's cache) without running
+        self.entry = _routed_experts.compile(tuple(_routed_experts.typeof_pyval(a) for a in self.args))
+
+    def __call__(self) -> int:
+        return self.entry(*self.args)

@@ -27,7 +27,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
-from cpu.moe import expert_groups, route, router_logits, routed_ffn, run_routed
+from cpu.moe import bind_routed, expert_groups, route, router_logits, routed_ffn, run_routed
 
 from . import expert_cache, graphs, memory
 from .memory import THREADS, stream
@@ -177,12 +177,15 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
                 expert_cache.run_cached(cache, x, experts, y)
 
         skip = None if cache is None else cache.host_slot_of
-        # runs at a graph's replay too: it may only use its arguments, ffn's host weights, the
-        # cache's host table (which `load` updates in place) and stats
+        # runs at a graph's replay too (bound once to the staging buffers): it may only use its
+        # arguments, ffn's host weights, the cache's host table (which `load` updates in place)
+        # and stats
         memory.host_call((x, experts, weights), (out,),
                          lambda x_host, experts_host, weights_host, out_host: run_routed(
                              ffn, x_host, experts_host, weights_host, out_host, stats, skip),
-                         meanwhile if device_shared or cache is not None else None)
+                         meanwhile if device_shared or cache is not None else None,
+                         bind=lambda x_host, experts_host, weights_host, out_host: bind_routed(
+                             ffn, x_host, experts_host, weights_host, out_host, stats, skip))
     on_device = (shared, gate_logit) if ffn.shared is not None else ()
     if cache is not None:
         expert_cache.finish(out, y, experts, weights, cache, *on_device)

@@ -132,13 +132,14 @@ class _Recorder:
                 cu.cuGraphDestroy(result[1])
         self.step.close()
 
-    def host_call(self, inputs, outputs, fn, meanwhile=None) -> None:
+    def host_call(self, inputs, outputs, fn, meanwhile=None, bind=None) -> None:
         stream = memory.stream()
         host_in = [self._pinned("in", i, a) for i, a in enumerate(inputs)]
         host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
+        call = bind(*host_in, *host_out) if bind is not None else lambda: fn(*host_in, *host_out)
         for dev, host in zip(inputs, host_in):
             dev.copy_to_host(host, stream=stream)
-        self.step.segments.append(Segment(self.end(), None, lambda: fn(*host_in, *host_out)))
+        self.step.segments.append(Segment(self.end(), None, call))
         if meanwhile is not None:       # (added to the segment once captured: abort frees the rest)
             self.begin()
             meanwhile()

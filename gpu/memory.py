@@ -209,7 +209,7 @@ def copy_raw(dst, src, up: bool) -> None:
         raise RuntimeError(f"CUDA copy failed: {cu.cuGetErrorName(err)[1].decode()}")
 
 
-def host_call(inputs, outputs, fn, meanwhile=None) -> None:
+def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     """Run a CPU function on device arrays: fn(*inputs_host, *outputs_host) gets pinned host
     copies of the device arrays `inputs` and fills `outputs_host`, which then go up into the
     device arrays `outputs`.
@@ -221,11 +221,14 @@ def host_call(inputs, outputs, fn, meanwhile=None) -> None:
 
     This is the one place where a forward waits for the device (the CPU FFN hand-off). Inside
     a CUDA-graph capture (gpu/graphs.py) it ends one captured segment and starts the next, and
-    fn runs at replay: fn must not keep the host arrays or rely on anything but them."""
+    fn runs at replay: fn must not keep the host arrays or rely on anything but them. `bind`,
+    if given, is fn's faster form for replays: bind(*inputs_host, *outputs_host) is called once
+    at capture (with the staging buffers a replay's copies fill) and returns what each replay
+    calls, with no arguments."""
     from . import graphs
     recorder = graphs.recording()
     if recorder is not None:
-        recorder.host_call(inputs, outputs, fn, meanwhile)
+        recorder.host_call(inputs, outputs, fn, meanwhile, bind)
         return
     host_in = [host_buffer(("in", i), a.shape, a.dtype) for i, a in enumerate(inputs)]
     host_out = [host_buffer(("out", i), a.shape, a.dtype) for i, a in enumerate(outputs)]

@@ -102,32 +102,65 @@ def wide_ffn():
     return make_ffn("Q4_K", "Q8_0", False, shared=False, rng=np.random.default_rng(22), n_ff=640)
 
 
-@pytest.mark.parametrize("n_items", [1, 3, 7, 16])
-def test_runs_of_work_crossing_groups_keep_the_bits(wide_ffn, n_items):
-    """However the (group, row) pairs are shared out, runs starting and ending inside groups and
-    inside activation blocks included, the result has the expert-by-expert path's bits."""
+@pytest.mark.parametrize("n_workers", [1, 3, 7, 16])
+def test_chunks_claimed_by_any_number_of_workers_keep_the_bits(wide_ffn, n_workers):
+    """However many workers claim the chunks (chunks then start and end inside activation blocks
+    of h, and down chunks may wait for their group's gate/up), the result has the
+    expert-by-expert path's bits."""
     ffn = wide_ffn
-    x = np.random.default_rng(40 + n_items).standard_normal((3, D)).astype(np.float32)
+    x = np.random.default_rng(40 + n_workers).standard_normal((3, D)).astype(np.float32)
     experts, weights = route(router_logits(ffn, x), K)
     want = np.empty_like(x)
     cpu.moe._run_expert_by_expert(ffn, x, experts, weights, want)
-    got = np.full_like(x, np.nan)
-    cpu.moe_kernel.routed_experts(*cpu.moe._fused_weights(ffn), ffn.gate.rows, x, experts, weights, got,
-                                  n_items, 0)
-    assert same_bits(got, want)
+    for _ in range(3):          # the counters are reset by each call
+        got = np.full_like(x, np.nan)
+        cpu.moe_kernel.routed_experts(*cpu.moe._fused_weights(ffn), ffn.gate.rows, x, experts, weights, got,
+                                      n_workers, 0)
+        assert same_bits(got, want)
 
 
-@pytest.mark.parametrize("sizes", [[1] * 5, [4, 1, 2, 9, 1, 1], [3], []])
-@pytest.mark.parametrize("n_items", [1, 4, 16])
-def test_share_rows_splits_the_pairs_into_runs_of_about_equal_cost(sizes, n_items):
+@pytest.mark.parametrize("sizes", [[1] * 5, [4, 1, 2, 9, 1, 1], [3], [40, 1], []])
+@pytest.mark.parametrize("goal", [1, 4, 64])
+def test_plan_chunks_cuts_each_group_into_chunks_of_about_equal_cost(sizes, goal):
     n_rows = 64
     group_start = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    starts = np.full(n_items + 1, -1, np.int64)
-    cpu.moe_kernel._share_rows(group_start, len(sizes), n_rows, n_items, starts)
-    assert starts[0] == 0 and starts[-1] == len(sizes) * n_rows
-    assert (np.diff(starts) >= 0).all()
-    # the cost of each pair (g, r): m_g + _ROW_READ; every run within one row of its share
+    bound = cpu.moe_kernel._max_chunks(int(group_start[-1]), -(-goal // cpu.moe_kernel.CHUNKS_PER_WORKER))
+    bounds = np.full(bound + 1, -1, np.int64)
+    n = cpu.moe_kernel._plan_chunks(group_start, len(sizes), n_rows, goal, bounds)
+    assert 0 <= n <= bound
+    starts = bounds[:n + 1]
+    assert starts[0] == 0 and starts[-1] == len(sizes) * n_rows and (np.diff(starts) > 0).all()
+    # every group starts a chunk, so no chunk crosses one
+    assert set(range(0, len(sizes) * n_rows, n_rows)) <= set(starts[:-1].tolist())
+    # a pair (g, r) costs m_g + _ROW_READ; a chunk of more than one row costs at most the target
     pair_cost = np.repeat(np.array(sizes, np.int64) + cpu.moe_kernel._ROW_READ, n_rows)
-    run_cost = [pair_cost[a:b].sum() for a, b in zip(starts[:-1], starts[1:])]
-    share = pair_cost.sum() / n_items
-    assert all(abs(c - share) <= pair_cost.max() for c in run_cost) if sizes else run_cost == [0] * n_items
+    target = -(-pair_cost.sum() // goal) if sizes else 1
+    for a, b in zip(starts[:-1], starts[1:]):
+        assert b - a == 1 or pair_cost[a:b].sum() <= target
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_a_bound_call_runs_on_whatever_its_arrays_hold_when_called(ffns, case):
+    """bind_routed (a captured step's hand-off): bound once to buffers that are rewritten in place
+    before each call, it gives run_routed's bits and counts, for each content in turn."""
+    from hybrid.forward import MoEStats
+    ffn = ffns[case]
+    n = 3
+    x, out = np.zeros((n, D), np.float32), np.zeros((n, D), np.float32)
+    experts, weights = np.zeros((n, K), np.int64), np.zeros((n, K), np.float32)
+    skip = np.full(ffn.router.rows, -1, np.int32)
+    bound_stats = MoEStats()
+    call = cpu.moe.bind_routed(ffn, x, experts, weights, out, bound_stats, skip)
+    rng = np.random.default_rng(50 + case)
+    for _ in range(2):
+        x[...] = rng.standard_normal((n, D)).astype(np.float32)
+        experts[...], weights[...] = route(router_logits(ffn, x), K)
+        skip[...] = -1
+        skip[experts[1, K - 1]] = 0                   # an expert the GPU cache would run
+        call()
+        want, want_stats = np.empty_like(x), MoEStats()
+        cpu.moe.run_routed(ffn, x.copy(), experts.copy(), weights.copy(), want, want_stats, skip)
+        assert same_bits(out, want)
+        assert bound_stats.expert_bytes_read == want_stats.expert_bytes_read > 0
+        assert bound_stats.rows == want_stats.rows and bound_stats.saving == want_stats.saving
+        bound_stats.reset()

@@ -113,3 +113,29 @@ def test_a_replayed_hand_off_overlaps_too():
     assert fired == [False, False, False]
     np.testing.assert_array_equal(memory.to_host(total), 3 * np.arange(32, dtype=np.float32) + 1)
 
+
+
+@real_gpu
+def test_a_replay_runs_the_bound_form_of_fn_on_the_staging_buffers():
+    """host_call(..., bind=): an eager call runs fn; the capture binds once, and each replay runs
+    the bound call on the staging buffers its copies refilled."""
+    x, out, _, _ = _buffers()
+    ran = []
+
+    def fn(x_host, out_host):
+        ran.append("fn")
+        out_host[:] = 2 * x_host
+
+    def bind(x_host, out_host):
+        ran.append("bind")
+
+        def call():
+            ran.append("bound")
+            out_host[:] = 2 * x_host
+        return call
+    cache = graphs.StepGraphs()
+    for step in range(4):                  # eager, captured + replayed, replayed, replayed
+        x.copy_to_device(np.arange(32, dtype=np.float32) + step)
+        cache.run("step", lambda: memory.host_call((x,), (out,), fn, bind=bind))
+        np.testing.assert_array_equal(memory.to_host(out), 2 * (np.arange(32, dtype=np.float32) + step))
+    assert ran == ["fn", "bind", "bound", "bound", "bound"]

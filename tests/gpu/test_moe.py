@@ -67,9 +67,9 @@ def hand_offs(monkeypatch):
     calls = []
     real = gpu.memory.host_call
 
-    def counting(inputs, outputs, fn, meanwhile=None):
+    def counting(inputs, outputs, fn, meanwhile=None, bind=None):
         calls.append(1)
-        real(inputs, outputs, fn, meanwhile)
+        real(inputs, outputs, fn, meanwhile, bind)
 
     def no_eager(why):
         raise AssertionError(f"the hybrid MoE path asked for eager execution: {why}")

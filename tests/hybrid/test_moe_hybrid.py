@@ -10,13 +10,12 @@ covered op by op in tests/gpu/test_moe.py. On a real GPU the planner's placement
 import numpy as np
 import pytest
 
-import gpu.ffn
 import gpu.memory
 import gpu.ops
 import hybrid.speculative as speculative
 from gpu import graphs
 from gpu.device import simulated
-from hybrid.forward import Forward
+from hybrid.forward import Forward, MoEStats
 from hybrid.generate import generate_tokens
 from hybrid.model_file import open_model
 from hybrid.mtp import MTPHead
@@ -69,9 +68,9 @@ def test_forward_matches_the_cpu_with_one_hand_off_per_moe_layer(hybrid, model_f
     hand_offs, calls_in_moe = [], []
     real_host_call, real_moe = gpu.memory.host_call, gpu.ops.moe_ffn
 
-    def counting_host_call(inputs, outputs, fn, meanwhile=None):
+    def counting_host_call(inputs, outputs, fn, meanwhile=None, bind=None):
         hand_offs.append(1)
-        real_host_call(inputs, outputs, fn, meanwhile)
+        real_host_call(inputs, outputs, fn, meanwhile, bind)
 
     def counting_moe(moe, x, out, stats=None):
         before = len(hand_offs)
@@ -173,11 +172,11 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         state.reset()
 
     log = []
-    real_routed, real_draft, real_to_host = gpu.ffn.run_routed, speculative.draft_tokens, gpu.memory.to_host
+    real_add, real_draft, real_to_host = MoEStats.add, speculative.draft_tokens, gpu.memory.to_host
 
-    def routed(ffn, x, *rest):
-        log.append(("moe rows", x.shape[0]))
-        return real_routed(ffn, x, *rest)
+    def add(stats, ffn, rows, *rest):       # every hand-off counts its rows, eager or replayed
+        log.append(("moe rows", rows))
+        return real_add(stats, ffn, rows, *rest)
 
     def draft_tokens(*args):
         log.append(("draft",))
@@ -189,7 +188,7 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         log.append(("to_host",))
         return real_to_host(a)
 
-    monkeypatch.setattr(gpu.ffn, "run_routed", routed)
+    monkeypatch.setattr(MoEStats, "add", add)
     monkeypatch.setattr(speculative, "draft_tokens", draft_tokens)
     monkeypatch.setattr(gpu.memory, "to_host", to_host)
     cache, scratch = fw.backend.graphs, {k: id(v) for k, v in gpu.memory._scratch.items()}

@@ -89,6 +89,7 @@ def patch(obj, name, wrapper):
 def instrument(prof: Profile, gpu: bool, samples: list):
     """Wrap the engine's pieces with the profiler's timers."""
     import cpu.moe
+    import cpu.moe_kernel
     import cpu.ops
     import hybrid.speculative as spec
     from hybrid.forward import Forward, MoEStats
@@ -104,17 +105,28 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     patch(spec, "accept_drafts", lambda f: prof.wrap("accept", f))
     patch(spec, "accept_greedy", lambda f: prof.wrap("accept", f))
     patch(SessionState, "rollback", lambda f: prof.wrap("rollback", f))
-    patch(MoEStats, "count", lambda f: prof.wrap("MoE counters", f))
+    patch(MoEStats, "add", lambda f: prof.wrap("MoE counters", f))
     patch(cpu.moe, "route", lambda f: prof.wrap("routing", f))
 
-    def sampled(f):
-        def kernel(*a, **kw):
-            if prof.on and len(samples) < 64:
-                samples.append((tuple(np.copy(v) if isinstance(v, np.ndarray) and v.flags.writeable else v for v in a),
-                                {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}))
-            return f(*a, **kw)
+    def sample(arguments):
+        """Keep a kernel call's arguments (`_routed_experts`'), to time its steps apart: copies of
+        its inputs and output (x, experts, skip, weights, out), the weights and scratch as they are."""
+        if prof.on and len(samples) < 64:
+            samples.append(arguments[:6] + tuple(np.copy(v) for v in arguments[6:11]) + arguments[11:])
+
+    def sampled(f):                     # eager hand-offs and the CPU backend
+        def kernel(*a, stages=len(cpu.moe_kernel.STAGES), skip=None):
+            sample(cpu.moe_kernel._arguments(*a, stages, skip))
+            return f(*a, stages=stages, skip=skip)
+        return prof.wrap("expert kernel", kernel)
+
+    def bound(f):                       # replayed hand-offs
+        def kernel(self):
+            sample(self.args)
+            return f(self)
         return prof.wrap("expert kernel", kernel)
     patch(cpu.moe, "routed_experts", sampled)
+    patch(cpu.moe_kernel.BoundCall, "__call__", bound)
     patch(cpu.moe, "run_routed", lambda f: prof.wrap("hand-off python", f))
     patch(cpu.moe, "router_logits", lambda f: prof.wrap("router (cpu)", f))
     patch(cpu.ops, "moe_ffn", lambda f: prof.wrap("hand-off (cpu moe_ffn)", f))
@@ -124,14 +136,28 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     import gpu.graphs as graphs
     import gpu.memory as memory
 
+    def count_cached(experts, skip):        # over the sampled calls: a fancy index costs µs
+        if prof.on and skip is not None and len(samples) < 64:
+            CACHE_PAIRS[0] += int((skip[experts] >= 0).sum())
+            CACHE_PAIRS[1] += experts.size
+
     def counted(f):
         def run_routed(ffn, x, experts, weights, out, stats=None, skip=None):
-            if prof.on and skip is not None:
-                CACHE_PAIRS[0] += int((skip[experts] >= 0).sum())
-                CACHE_PAIRS[1] += experts.size
+            count_cached(experts, skip)
             return f(ffn, x, experts, weights, out, stats, skip)
-        return prof.wrap("hand-off python", run_routed)
+        return run_routed
+
+    def counted_bound(f):
+        def bind_routed(ffn, x, experts, weights, out, stats=None, skip=None):
+            call = prof.wrap("hand-off python", f(ffn, x, experts, weights, out, stats, skip))
+
+            def replayed():
+                count_cached(experts, skip)
+                call()
+            return replayed
+        return bind_routed
     patch(gpu.ffn, "run_routed", counted)
+    patch(gpu.ffn, "bind_routed", counted_bound)
     patch(gpu.ffn, "router_logits", lambda f: prof.wrap("router (cpu)", f))
     patch(memory, "synchronize", lambda f: prof.wrap("GPU wait", f))
     patch(memory, "to_host", lambda f: prof.wrap("to host", f))
@@ -145,18 +171,24 @@ def instrument(prof: Profile, gpu: bool, samples: list):
 # --- the runs ---------------------------------------------------------------------------------------
 
 def plain_steps(model, prof: Profile, steps: int) -> float:
-    """`steps` one-token decode steps after three warm-up steps (eager, captured, replayed)."""
+    """`steps` one-token greedy decode steps after three warm-up steps (eager, captured,
+    replayed), each fed the token the last one picked (on the device), as decoding does: the
+    same token every step would route to the same experts, which then stay in the CPU's L3."""
     fw = model.forward
     state = fw.new_state(steps + 16)
     fw.forward(state, np.arange(1, 5, dtype=np.int32) % model.config.n_vocab, logits="last")
     tok = np.array([5], np.int32)
+
+    def step():
+        picks, _ = fw.forward(state, tok, logits="last", pick=True)
+        tok[0] = picks.ids[-1]
     for _ in range(3):
-        fw.forward(state, tok, logits="last", pick=True)
+        step()
     prof.reset()
     prof.on = True
     t0 = perf()
-    for _ in range(steps):                      # greedy decoding: the pick is made on the device
-        fw.forward(state, tok, logits="last", pick=True)
+    for _ in range(steps):
+        step()
     prof.on = False
     return (perf() - t0) / steps
 
@@ -192,17 +224,17 @@ def drafting_steps(model, prof: Profile, steps: int, depth: int):
 
 def kernel_stages(samples: list, reps: int = 5) -> tuple[list[float], float] | None:
     """Mean µs of each of the expert kernel's steps over the sampled calls, and of the whole call."""
-    from cpu.moe_kernel import STAGES, routed_experts
+    from cpu.moe_kernel import STAGES, _routed_experts
     if not samples:
         return None
     per_stage, whole = np.zeros(len(STAGES)), 0.0
-    for args, kw in samples:
+    for args in samples:
         cum = []
         for stages in range(1, len(STAGES) + 1):
             times = []
             for _ in range(reps):
                 t0 = perf()
-                routed_experts(*args, **{**kw, "stages": stages})
+                _routed_experts(*args[:-1], stages - 1)     # the last argument: the last step run
                 times.append(perf() - t0)
             cum.append(min(times))          # the least disturbed run: differences stay meaningful
         per_stage += np.diff([0.0, *cum])
@@ -296,7 +328,7 @@ def print_hand_offs(prof: Profile, phase: str, hand_offs: int, stages, regions, 
               + ", ".join(f"{n} {t:.1f}" for n, t in zip(STAGES, per_stage)))
         print(f"        (in the run: {kernel:.1f} µs; the call's Python (layout, workspace, dispatch) is part "
               f"of the first step; an empty Numba call costs {regions[0]:.1f} µs, an empty parallel region "
-              f"{regions[1]:.1f} µs: A and B are one region each)")
+              f"{regions[1]:.1f} µs: A and B share one region)")
     if copies:
         print("      copies, device time apart (in 'GPU wait' during the run): "
               + ", ".join(f"{k} {v:.1f}" for k, v in copies.items()))
