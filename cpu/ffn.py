@@ -7,10 +7,12 @@ SiLU and the product are the same float32 operations for every slot.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from . import matvec as _matvec
+from .atomics import fetch_add
 from .expf import expf
 from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_tiles_for, quantize_activations,
                      row_dot_quant, run_matvec)
@@ -22,17 +24,21 @@ def _silu_times(g, u):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, pf):
+def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_workers, pf):
     rows, n_slots = w_gate.shape[0], xq.shape[0]
     per_tile = -(-rows // n_tiles)
     wtypes, weights = (wtype_gate, wtype_up), (w_gate, w_up)
-    for t in prange(n_tiles):
+    claimed = np.zeros(1, np.int64)               # tiles handed out (`cpu.matvec.n_tiles_for`)
+    for _ in prange(n_workers):
         gu = np.empty((2, n_slots), np.float32)   # gate and up of one row, all slots
-        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
-            for k in range(2):   # a loop, not two calls: one copy of the (large) row-dot code
-                row_dot_quant(wtypes[k], weights[k], r, xq, dx, bs, gu[k], pf)
-            for n in range(n_slots):
-                h[n, r] = _silu_times(gu[0, n], gu[1, n])
+        t = fetch_add(claimed, 0, 1)
+        while t < n_tiles:
+            for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+                for k in range(2):   # a loop, not two calls: one copy of the (large) row-dot code
+                    row_dot_quant(wtypes[k], weights[k], r, xq, dx, bs, gu[k], pf)
+                for n in range(n_slots):
+                    h[n, r] = _silu_times(gu[0, n], gu[1, n])
+            t = fetch_add(claimed, 0, 1)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -55,7 +61,7 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
     if wtype_gate in QUANT_TYPES and wtype_up in QUANT_TYPES:
         xq, dx, bs = quantize_activations(x)
         _swiglu_quant(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out, n_tiles_for(rows),
-                      _matvec.PREFETCH_BYTES)
+                      numba.get_num_threads(), _matvec.PREFETCH_BYTES)
         return
     # float weights (not what a quantised FFN holds): two passes, same arithmetic per slot
     up = np.empty_like(h_out)

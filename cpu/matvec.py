@@ -24,6 +24,7 @@ from numba import njit, prange
 
 from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
+from .atomics import fetch_add
 from .simd import dot_q4_0, dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, f16_at, f16_bits_to_f32, f32_from_bits
 
 ACT_BLOCK = 256   # activation elements per int8 scale (a K-quant super-block)
@@ -175,15 +176,19 @@ def row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf):
 # ---- kernels ---------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, parallel=True)
-def _matvec_quant(wtype, w, xq, dx, bs, out, n_tiles, pf):
+def _matvec_quant(wtype, w, xq, dx, bs, out, n_tiles, n_workers, pf):
     rows, n_slots = w.shape[0], xq.shape[0]
     per_tile = -(-rows // n_tiles)
-    for t in prange(n_tiles):
+    claimed = np.zeros(1, np.int64)               # tiles handed out (`n_tiles_for`)
+    for _ in prange(n_workers):
         acc = np.empty(n_slots, np.float32)
-        for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
-            row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf)
-            for n in range(n_slots):
-                out[n, r] = acc[n]
+        t = fetch_add(claimed, 0, 1)
+        while t < n_tiles:
+            for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+                row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf)
+                for n in range(n_slots):
+                    out[n, r] = acc[n]
+            t = fetch_add(claimed, 0, 1)
 
 
 @njit(inline="always")
@@ -231,8 +236,10 @@ def _matvec_half(is_bf16, w, x, out, n_tiles):
 # ---- public entry point ----------------------------------------------------------------------
 
 def n_tiles_for(rows: int) -> int:
-    """Row tiles for prange: a few per thread, so static scheduling stays balanced."""
-    return max(1, min(rows, 4 * numba.get_num_threads()))
+    """Row tiles for a quantised kernel's threads to claim one at a time (`cpu.atomics`): a few
+    per thread, so a thread slowed down (on the H200 box's VM one thread of a region often runs
+    at ~0.6x the others) claims fewer, and the region does not wait for it."""
+    return max(1, min(rows, 8 * numba.get_num_threads()))
 
 
 def check_weights(wtype: int, w: np.ndarray, cols: int, what: str = "w") -> None:
@@ -309,7 +316,7 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=No
     w = frozen(w)
     if wtype in QUANT_TYPES:
         xq, dx, bs = act if act is not None else quantize_activations(x)
-        _matvec_quant(wtype, w, xq, dx, bs, out, tiles, PREFETCH_BYTES)
+        _matvec_quant(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
     elif wtype == F32.id:
         _matvec_f32(w.view(np.float32), x, out, tiles)
     else:
