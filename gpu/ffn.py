@@ -180,12 +180,10 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         # runs at a graph's replay too (bound once to the staging buffers): it may only use its
         # arguments, ffn's host weights, the cache's host table (which `load` updates in place)
         # and stats
-        memory.host_call((x, experts, weights), (out,),
-                         lambda x_host, experts_host, weights_host, out_host: run_routed(
-                             ffn, x_host, experts_host, weights_host, out_host, stats, skip),
+        memory.host_call((x, experts, weights), (out,),     # host: x, experts, weights, out
+                         lambda *host: run_routed(ffn, *host, stats, skip),
                          meanwhile if device_shared or cache is not None else None,
-                         bind=lambda x_host, experts_host, weights_host, out_host: bind_routed(
-                             ffn, x_host, experts_host, weights_host, out_host, stats, skip))
+                         bind=lambda *host: bind_routed(ffn, *host, stats, skip))
     on_device = (shared, gate_logit) if ffn.shared is not None else ()
     if cache is not None:
         expert_cache.finish(out, y, experts, weights, cache, *on_device)
