@@ -13,7 +13,41 @@ from gpu.device import available as _gpu_available, simulated as _gpu_simulated 
 if not _gpu_available() and not _gpu_simulated():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
-import pytest
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _share_simulated_shared_arrays() -> None:
+    """numba-cuda 0.30's simulated `cuda.shared.array` races: two threads of a launch's first
+    block can both allocate a "shared" array and then not share it, so rows of block 0 come out
+    wrong (seen in CI: tests/gpu/test_matvec.py's F32 case, rows 0-3 of a 5-row launch, once in
+    three runs). Allocate under a lock, one array per source line, as the real GPU shares: for
+    every test, not only those that also speed the simulator up (tests/gpu/test_ops.py)."""
+    from numba.core import types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared
+    from numba.np import numpy_support
+    original, lock = FakeCUDAShared.array, threading.Lock()
+
+    def shared_array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:
+            return original(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]   # one array per source line
+        with lock:
+            array = self._allocations.get(caller)
+            if array is None:
+                array = self._allocations[caller] = np.empty(shape, dtype)
+        return array
+    FakeCUDAShared.array = shared_array
+
+
+if _gpu_simulated():
+    _share_simulated_shared_arrays()
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SHARED_MODELS = ROOT.parent / "shared" / "models"

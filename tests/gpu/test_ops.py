@@ -3,14 +3,10 @@ tests/cpu), plus the property lossless drafting needs: an n-row call gives every
 of a one-row call. Shapes are tiny and odd (not multiples of 32) because the CUDA simulator is
 slow and the lanes past a segment's end must add nothing."""
 import sys
-import threading
-import traceback
 
 import numpy as np
 import pytest
 from numba import cuda
-from numba.core import types
-from numba.np import numpy_support
 
 import cpu.ops
 import gpu.ops
@@ -27,37 +23,18 @@ TOL = dict(rtol=2e-5, atol=2e-6)
 
 @pytest.fixture(scope="module", autouse=True)
 def quick_simulator():
-    """Two simulator settings for these kernel-heavy tests (nothing changes on a real GPU).
-
-    The simulator runs each CUDA thread as a Python thread and every barrier waits for all of
-    them: with the default 5 ms GIL switch interval a barrier costs ~10 ms, so switch faster.
-    Faster switching exposes a race in numba-cuda 0.30's simulated `cuda.shared.array`: two
-    threads of a launch's first block can both allocate a "shared" array and then not share it
-    (wrong results in rows of block 0). So allocate under a lock, as the real GPU shares."""
+    """A faster simulator for these kernel-heavy tests (nothing changes on a real GPU): it runs
+    each CUDA thread as a Python thread and every barrier waits for all of them; with the
+    default 5 ms GIL switch interval a barrier costs ~10 ms, so switch faster. (Faster
+    switching also made the simulator's shared-array race frequent: tests/conftest.py fixes
+    that for every test.)"""
     if not simulated():
         yield
         return
-    from numba.cuda.simulator.kernelapi import FakeCUDAShared
-    original, lock = FakeCUDAShared.array, threading.Lock()
-
-    def shared_array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = traceback.extract_stack(sys._getframe(1), limit=1)[0][0:2]   # one array per source line
-        with lock:
-            array = self._allocations.get(caller)
-            if array is None:
-                array = self._allocations[caller] = np.empty(shape, dtype)
-        return array
-
     before = sys.getswitchinterval()
-    FakeCUDAShared.array = shared_array
     sys.setswitchinterval(1e-4)
     yield
     sys.setswitchinterval(before)
-    FakeCUDAShared.array = original
 
 
 def rng(seed):
