@@ -198,9 +198,10 @@ def _plan_chunks(group_start, n_groups, n_rows, goal, bounds):
     chunks of about equal cost, none crossing a group: bounds[c] is chunk c's first pair,
     bounds[n_chunks] the end; returns n_chunks. A row of a group of m slots costs m + _ROW_READ
     (its m row dots and the read of its weights): a prompt chunk's groups differ in m, a decode
-    step's do not. A group gets rows_g = max(1, ⌊target / cost_g⌋) rows per chunk, so at most
-    2·goal chunks where rows_g ≥ 1 by the division and goal more where the floor is 1, plus
-    one partial chunk per group: `_max_chunks`."""
+    step's do not. A group gets rows_g = max(1, ⌊target / cost_g⌋) rows per chunk, and
+    n_rows / rows_g ≤ 2·n_rows·cost_g / target either way (⌊v⌋ ≥ v/2 for v ≥ 1; rows_g = 1
+    when cost_g > target), so all groups together make at most 2·goal chunks, plus one
+    partial chunk per group: `_max_chunks`."""
     total = 0
     for g in range(n_groups):
         total += _row_cost(group_start, g) * n_rows
