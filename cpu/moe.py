@@ -176,13 +176,13 @@ def _kernel_arguments(ffn, x, experts, weights, out) -> tuple | None:
     return (*prepared, ffn.gate.rows, x, experts, weights, out, numba.get_num_threads(), _matvec.PREFETCH_BYTES)
 
 
-def _run_fused(ffn, x, experts, weights, out, skip=None) -> bool:
-    """All routed experts (but those `skip` leaves out) in one `routed_experts` call; False
-    (nothing done) for float weights."""
+def _run_fused(ffn, x, experts, weights, out) -> bool:
+    """All routed experts (but the pairs marked to run elsewhere) in one `routed_experts` call;
+    False (nothing done) for float weights."""
     arguments = _kernel_arguments(ffn, x, experts, weights, out)
     if arguments is None:
         return False
-    routed_experts(*arguments, skip=skip)
+    routed_experts(*arguments)
     return True
 
 
@@ -205,34 +205,33 @@ def routed_ffn(ffn, x: np.ndarray, logits: np.ndarray, out: np.ndarray, stats=No
 
 
 def run_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, out: np.ndarray,
-               stats=None, skip=None) -> None:
+               stats=None) -> None:
     """out (n, D) = Σ_rank weights · expert(x) over the routed (row, rank) pairs `experts` (n, k)
     int64 with their weights (n, k) float32 (`route`); every pair counts into stats (a
-    hybrid.forward.MoEStats) when given. skip: (E,) int32, ≥ 0 for the experts that run
-    elsewhere (the GPU expert cache's slot table): their pairs are left out of out.
+    hybrid.forward.MoEStats) when given. A pair marked ~e (−1 − e) runs elsewhere (the GPU:
+    gpu/expert_cache.py) and is left out of out.
 
     The GPU backend's hand-off calls this on the host with routing done on the device (a
     captured step calls `bind_routed`'s call instead)."""
     _check_routed(ffn, x, experts, weights, out)
     if stats is not None:
         stats.count(ffn, experts)
-    if not _run_fused(ffn, x, experts, weights, out, skip):
-        if skip is not None and (skip[experts] >= 0).any():
-            raise ValueError("float experts cannot leave pairs to the GPU's expert cache")
+    if not _run_fused(ffn, x, experts, weights, out):
+        if (experts < 0).any():
+            raise ValueError("float experts cannot leave pairs to the GPU")
         _run_expert_by_expert(ffn, x, experts, weights, out)
 
 
 def bind_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, out: np.ndarray,
-                stats=None, skip=None) -> Callable[[], None]:
+                stats=None) -> Callable[[], None]:
     """`run_routed` on these arrays, checked once, as a call without arguments: for a captured
     step's hand-off, whose pinned buffers are rewritten in place before each replay. It may run
-    at any replay: it touches nothing but these arrays, the weights, the skip table (which the
-    expert cache updates in place) and stats."""
+    at any replay: it touches nothing but these arrays, the weights and stats."""
     _check_routed(ffn, x, experts, weights, out)
     arguments = _kernel_arguments(ffn, x, experts, weights, out)
     if arguments is None:
-        return lambda: run_routed(ffn, x, experts, weights, out, stats, skip)
-    kernel = BoundCall(*arguments, skip=skip)
+        return lambda: run_routed(ffn, x, experts, weights, out, stats)
+    kernel = BoundCall(*arguments)
     if stats is None:
         return kernel
     n, pairs = experts.shape[0], experts.size

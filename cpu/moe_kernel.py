@@ -109,19 +109,30 @@ def _layout(n, k, D, n_ff, n_expert, n_banks, n_workers):
     return sizes, (bank_i8, bank_f32, bank_i16)
 
 
+@njit(inline="always")
+def _expert_of(code):
+    """The expert of a routing entry: e for a pair run here, e for a pair marked ~e."""
+    return code if code >= 0 else -1 - code
+
+
+def expert_ids(experts: np.ndarray) -> np.ndarray:
+    """The experts of a routing whose entries may be marked ~e (run elsewhere)."""
+    return np.where(experts >= 0, experts, ~experts)
+
+
 @njit(cache=True, nogil=True)
-def _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert):
-    """Slots = the (row, rank) pairs whose expert e has skip[e] < 0 (the others run elsewhere:
-    the GPU's expert cache), ordered by expert (a stable counting sort: rows ascend within a group). Fills slot_row (row of each
-    slot), slot_of (slot of pair i·k + rank, −1 when skipped), group_start (n_groups + 1 slot
-    bounds) and group_expert (the expert of each group), using `first` (≥ n_expert + 1 int64)
-    as the counter; returns n_groups."""
+def _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert):
+    """Slots = the (row, rank) pairs this kernel runs (expert e ≥ 0; a pair marked ~e runs
+    elsewhere: the GPU, gpu/expert_cache.py), ordered by expert (a stable counting sort: rows
+    ascend within a group). Fills slot_row (row of each slot), slot_of (slot of pair i·k + rank,
+    −1 when it runs elsewhere), group_start (n_groups + 1 slot bounds) and group_expert (the
+    expert of each group), using `first` (≥ n_expert + 1 int64) as the counter; returns n_groups."""
     n, k = experts.shape
     for e in range(n_expert + 1):                  # first[e + 1] counts pairs routed to e, then sums
         first[e] = 0
     for i in range(n):
         for rank in range(k):
-            if skip[experts[i, rank]] < 0:
+            if experts[i, rank] >= 0:
                 first[experts[i, rank] + 1] += 1
     n_groups = 0
     for e in range(n_expert):
@@ -133,7 +144,7 @@ def _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_s
     for i in range(n):
         for rank in range(k):
             e = experts[i, rank]
-            if skip[e] >= 0:
+            if e < 0:
                 slot_of[i * k + rank] = -1
                 continue
             s = first[e]
@@ -143,13 +154,12 @@ def _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_s
 
 
 def group_slots(experts: np.ndarray, n_expert: int):
-    """`_group_slots_into` with fresh arrays and nothing skipped: (slot_row, slot_of,
-    group_start, group_expert)."""
+    """`_group_slots_into` with fresh arrays: (slot_row, slot_of, group_start, group_expert)."""
     n_slots = experts.size
     first = np.empty(n_expert + 1, np.int64)
     slot_row, slot_of = np.empty(n_slots, np.int64), np.empty(n_slots, np.int64)
     group_start, group_expert = np.empty(n_slots + 1, np.int64), np.empty(n_slots, np.int64)
-    g = _group_slots_into(experts, no_skip(n_expert), n_expert, first, slot_row, slot_of, group_start, group_expert)
+    g = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
     return slot_row, slot_of, group_start[:g + 1], group_expert[:g]
 
 
@@ -224,7 +234,7 @@ def _chunk(bounds, c, n_rows):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
+def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
                     ws_i8, ws_f32, ws_i16, ws_i64, n_banks, n_workers, pf, last_stage):
     n, D = out.shape
     k = weights.shape[1]
@@ -269,16 +279,17 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     block_rows_done = ws_i64[o:o + n_slots * h_blocks]     # per (group, activation block of h)
     blocks_ready = ws_i64[o + n_slots * h_blocks:o + n_slots * (h_blocks + 1)]   # per group
 
-    # 0. count the distinct experts selected (cached ones too: the bytes grouping reads, for
-    # the MoE counters), group the slots; quantise x once per row; cut the work into chunks
+    # 0. count the distinct experts selected (those run elsewhere too: the bytes grouping reads,
+    # for the MoE counters), group the slots; quantise x once per row; cut the work into chunks
     for e in range(n_expert):
         seen[e] = 0
     distinct = 0
     for i in range(n):
         for rank in range(k):
-            distinct += 1 - seen[experts[i, rank]]
-            seen[experts[i, rank]] = 1
-    n_groups = _group_slots_into(experts, skip, n_expert, first, slot_row, slot_of, group_start, group_expert)
+            e = _expert_of(experts[i, rank])
+            distinct += 1 - seen[e]
+            seen[e] = 1
+    n_groups = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
     if n * x_cols >= _PARALLEL_MIN:
         for task in prange(n * x_blocks):
             _quantize_block(x, xq, dx, bs, task // x_blocks, task % x_blocks)
@@ -382,26 +393,13 @@ class Workspace(threading.local):
 _workspace = Workspace()
 
 
-_NO_SKIP: dict[int, np.ndarray] = {}
-
-
-def no_skip(n_expert: int) -> np.ndarray:
-    """A skip table that leaves nothing out (shared; not to be written). Writable all the same,
-    like the expert cache's slot table: to Numba a read-only array is another type, so a second
-    compile of the whole kernel (minutes on a small box)."""
-    table = _NO_SKIP.get(n_expert)
-    if table is None:
-        table = _NO_SKIP[n_expert] = np.full(n_expert, -1, np.int32)
-    return table
-
-
 STAGES = ("group + quantise x", "A: gate/up", "B: down", "C: weighted sum")
 _layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, workers) → workspace sizes: a decode
                                     # step's 40 calls of one size pay a dict lookup, not a Numba call
 
 
 def _arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out, n_workers, pf,
-               stages, skip) -> tuple:
+               stages) -> tuple:
     """`_routed_experts`'s arguments, the workspace included."""
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
@@ -409,18 +407,17 @@ def _arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weig
     sizes = _layouts.get(key)
     if sizes is None:
         sizes = _layouts[key] = _layout(*key)[0]
-    skip = no_skip(expert_rows.shape[1]) if skip is None else skip
-    return (wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, skip, weights, out,
+    return (wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out,
             *_workspace.get(sizes), n_banks, n_workers, pf, stages - 1)
 
 
 def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.ndarray, experts: np.ndarray,
                    weights: np.ndarray, out: np.ndarray, n_workers: int, pf: int,
-                   stages: int = len(STAGES), skip: np.ndarray | None = None) -> int:
-    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]), leaving out the
-    pairs whose expert e has skip[e] ≥ 0 (skip: (E,) int32, the GPU expert cache's slot table:
-    the GPU runs those, gpu/expert_cache.py; None: none left out). Returns how many distinct
-    experts `experts` holds (skipped ones included).
+                   stages: int = len(STAGES)) -> int:
+    """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]) over the pairs
+    with experts[i, rank] ≥ 0; a pair marked ~e (= −1 − e, `run_elsewhere`) is left out: the GPU
+    runs expert e for it (gpu/expert_cache.py). Returns how many distinct experts `experts`
+    names (those run elsewhere included).
 
     wtypes: (gate, up, down) ggml type ids; w_*: (rows, row_bytes) uint8, C-contiguous, read-only;
     expert_rows: (3, E) int64, the row of w_gate / w_up / w_down where expert e's matrix starts.
@@ -429,7 +426,7 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
     pf: prefetch distance in bytes. stages < 4 stops after that many of the kernel's steps
     (STAGES; out is then not written): for a profiler timing each step (tools/device/moe_split.py)."""
     return _routed_experts(*_arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights,
-                                       out, n_workers, pf, stages, skip))
+                                       out, n_workers, pf, stages))
 
 
 class BoundCall:
@@ -438,8 +435,8 @@ class BoundCall:
     typing or dispatch (a replayed decode step makes 40 such calls, each ~15 µs of Python
     through `cpu.moe.run_routed` on the H200 box's Xeon). Returns what routed_experts returns."""
 
-    def __init__(self, *arguments, stages: int = len(STAGES), skip: np.ndarray | None = None):
-        self.args = _arguments(*arguments, stages, skip)
+    def __init__(self, *arguments, stages: int = len(STAGES)):
+        self.args = _arguments(*arguments, stages)
         # compiled for these argument types (or loaded from Numba's cache) without running
         self.entry = _routed_experts.compile(tuple(_routed_experts.typeof_pyval(a) for a in self.args))
 

@@ -258,7 +258,7 @@ def host_to_device(nbytes: int = 1 << 30) -> dict[str, float]:
     """GB/s of one nbytes host→device copy from a pinned buffer, from a pageable buffer
     registered with cuMemHostRegister (what gpu.weight_stream does with the mapped file) and
     from plain pageable memory."""
-    from .weight_stream import register_host_ranges, unregister_host_ranges
+    from .host_mapping import register_host_ranges, unregister_host_ranges
     dev = cuda.device_array(nbytes, np.uint8)
     stream = cuda.stream()
 

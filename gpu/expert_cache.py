@@ -1,38 +1,46 @@
-"""Routed experts cached on the GPU: the VRAM a plan leaves over holds copies of some experts of
-each MoE layer, and the GPU runs the selected ones it holds while the CPU runs the rest.
+"""The routed experts the GPU runs itself: copies of some experts of each MoE layer in the VRAM a
+plan leaves over (the cache), and a share of the others read straight from host memory over PCIe.
+The CPU runs the rest.
 
 Why: the routed experts are most of a MoE model's bytes per token and stay in host memory
 (hybrid/placement.py), so the CPU's read bandwidth sets the decode speed, while the GPU idles
-through each layer's hand-off. Every expert the GPU holds is read at HBM speed instead, and
-during that idle time. The planner gives each MoE layer the same number of slots
-(`Plan.expert_cache`).
+through each layer's hand-off. Every expert the GPU holds is read at HBM speed instead, and during
+that idle time. And the host's DRAM has bandwidth the CPU's cores leave unused: the GPU reads ~45
+GB/s of registered host memory over PCIe while the cores read ~88 (gpu/host_mapping.py), so it
+can take a share of the uncached experts too. The planner gives each MoE layer the same number of
+slots (`Plan.expert_cache`); the PCIe share is a fraction of each row's uncached experts.
 
 Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
   1. `route` on the device: each row's top-k experts and their renormalised weights (the rule of
-     cpu.moe.route), copied down with the rows for the hand-off (this runs for every MoE layer
-     with its router on the device, cache or none);
-  2. while the host runs the experts that have no slot (`cpu.moe.run_routed`, which skips the
-     others by the host copy of the slot table), the device runs the ones that have: gate and
-     up products of the pair's row, SiLU(g)·u, the down product (`run_cached`; one launch per
-     matrix kind for all the (row, rank) pairs, `gpu.matvec_q8.experts_matvec`, a pair without
-     a slot returns at once);
-  3. `finish`: out = (host part) + Σ over the cached ranks, in rank order, of weight · output
+     cpu.moe.route), and where each (row, rank) pair runs (`where`, n × k codes): from its cache
+     slot s (code s ≥ 0); over PCIe (code −2 − e), for the last `pcie_count[u]` of the row's u
+     uncached ranks; else on the CPU (−1). The experts copied down for the host mark every pair
+     the GPU runs as ~e (cpu.moe_kernel skips those). The rule reads nothing but the row's own
+     routing, so a row's split is the same in a one-row step and in a k-row verify;
+  2. while the host runs its pairs (`cpu.moe.run_routed`), the device runs the GPU's (`run`):
+     gate and up products of the pair's row, SiLU(g)·u, the down product (one launch per matrix
+     kind for all the pairs, `gpu.matvec_q8.experts_matvec`; a CPU pair returns at once);
+  3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
      (+ the gated shared expert).
-Every row's arithmetic is the same whatever the number of rows, so a k-token verify row keeps
-the bits of a one-token step (lossless drafting). The split into a host and a device part
-changes the order of the rank sum against the CPU-only path (a last-bit difference).
+Every row's arithmetic is the same whatever the number of rows (up to `PCIE_MAX_ROWS` rows for
+the PCIe share, which prompt chunks do not get: each pair reads its expert alone, where the CPU
+reads an expert once for all its rows), so a k-token verify row keeps the bits of a one-token
+step (lossless drafting). The split into a host and a device part changes the order of the rank
+sum against the CPU-only path, and the GPU rounds activations per 32, the CPU per 256 (a
+last-bit difference).
 
-Which experts: the cache starts with the lowest-numbered ones; `load` puts others in (a
-caller that has counted which experts a workload picks can move the most used ones in).
+Which experts are cached: the lowest-numbered ones at first; `load` puts others in (a caller that
+has counted which experts a workload picks can move the most used ones in).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import cuda, float32, float64, int64, uint32, uint64
+from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
 from . import memory
+from .host_mapping import DeviceViews
 from .intrinsics import bits_to_f32, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream
@@ -40,6 +48,8 @@ from .memory import THREADS, stream
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
+PCIE_MAX_ROWS = 16         # calls of up to this many rows (decode, verify) get the PCIe share
+ON_CPU = -1                # a `where` code: the CPU runs the pair
 
 
 def cacheable(ffn) -> bool:
@@ -49,14 +59,20 @@ def cacheable(ffn) -> bool:
 
 
 class ExpertCache:
-    """Copies of `n_slots` of one MoE layer's routed experts in VRAM, and which expert sits where.
+    """A MoE layer's experts on the GPU's side: copies of `n_slots` routed experts in VRAM and
+    which expert sits where, and (pcie_share > 0) the host memory of all of them mapped for the
+    device, of which each row's kernels read a share over PCIe.
 
     stacks: the (gate, up, down) device arrays (n_slots, rows, row_bytes) uint8; slot_of: device
-    int32 (E,), each expert's slot or −1; host_slot_of: the same table on the host."""
+    int32 (E,), each expert's slot or −1; host_slot_of: the same table on the host. mapped: the
+    (gate, up, down) host stacks as device arrays (matrix e·steps[kind] is expert e's), or None;
+    pcie_count: device int32 (k + 1,), how many of a row's u uncached experts it reads over PCIe;
+    pcie: "off", "mapped", or why the mapping failed."""
 
-    def __init__(self, ffn, n_slots: int):
+    def __init__(self, ffn, n_slots: int, pcie_share: float = 0.0):
         if not cacheable(ffn):
             raise ValueError("expert cache: the experts' types have no dp4a kernel")
+        counts = pcie_counts(pcie_share, ffn.n_used)
         n_expert = ffn.gate.data.shape[0]
         self.n_slots = min(int(n_slots), n_expert)
         self.stacks = tuple(cuda.device_array((self.n_slots, *m.data.shape[1:]), np.uint8)
@@ -66,6 +82,24 @@ class ExpertCache:
         self.slot_of = memory.upload(self.host_slot_of)
         self.experts = np.full(self.n_slots, -1, np.int64)      # the expert in each slot
         self.load(ffn, np.arange(self.n_slots))
+        self.mapped, self.steps, self.pcie = None, (1, 1, 1), "off"
+        if pcie_share > 0:
+            hosts, self.steps = zip(*(_host_stack(m.data) for m in (ffn.gate, ffn.up, ffn.down)))
+            self._views = DeviceViews(hosts)
+            if self._views.arrays is not None:
+                self.mapped, self.pcie = tuple(self._views.arrays), "mapped"
+            else:
+                self.pcie, counts = f"off: {self._views.why}", np.zeros_like(counts)
+        self.pcie_count = memory.upload(counts)
+        self._no_pcie = memory.upload(np.zeros(ffn.n_used + 1, np.int32))
+
+    def set_pcie_share(self, share: float) -> None:
+        """Change the PCIe share of a mapped cache in place (captured steps see the new table;
+        a benchmark sweeps it)."""
+        if self.mapped is None:
+            raise ValueError(f"this cache reads nothing over PCIe ({self.pcie})")
+        memory.copy(self.pcie_count, pcie_counts(share, self.pcie_count.shape[0] - 1))
+        memory.synchronize()
 
     def load(self, ffn, experts) -> None:
         """Put these experts (at most n_slots, distinct) in the cache, keeping those already in
@@ -84,6 +118,51 @@ class ExpertCache:
             self.experts[s], self.host_slot_of[e] = e, s
         memory.copy(self.slot_of, self.host_slot_of)
         memory.synchronize()
+
+    def tables(self, n: int) -> tuple:
+        """(slot_of, pcie_count) for `route` in a call of n rows: prompt-sized calls read nothing
+        over PCIe (module docstring)."""
+        return self.slot_of, self.pcie_count if n <= PCIE_MAX_ROWS else self._no_pcie
+
+    def sources(self, kind: int) -> tuple:
+        """(cached, mapped, step) of matrix kind 0/1/2 (gate/up/down) for `experts_matvec`: a
+        stack it never reads stands in for one that is absent."""
+        cached, mapped = self.stacks[kind], None if self.mapped is None else self.mapped[kind]
+        if mapped is None:
+            return cached, cached, 1
+        return (cached if self.n_slots else mapped), mapped, self.steps[kind]
+
+
+def pcie_counts(share: float, k: int) -> np.ndarray:
+    """For u = 0..k uncached experts in a row, how many of them the GPU reads over PCIe:
+    share · u, rounded half up."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the PCIe share is a fraction of a row's uncached experts, 0..1; got {share}")
+    return np.floor(share * np.arange(k + 1) + 0.5).astype(np.int32)
+
+
+def _host_stack(stack: np.ndarray) -> tuple[np.ndarray, int]:
+    """An expert stack (E, rows, row_bytes) whose experts are evenly spaced C-contiguous matrices
+    (the halves of a fused gate_up tensor too) as a C-contiguous stack of matrices from its
+    first expert on, and the step: expert e is matrix e·step."""
+    E, rows, row_bytes = stack.shape
+    step, rem = divmod(stack.strides[0], rows * row_bytes) if rows * row_bytes else (0, 1)
+    if rem or step < 1 or stack.strides[1:] != (row_bytes, 1):
+        raise ValueError("expert stack is not a stack of evenly spaced C-contiguous matrices")
+    matrices = (E - 1) * step + 1
+    return np.lib.stride_tricks.as_strided(stack, (matrices, rows, row_bytes), (rows * row_bytes, row_bytes, 1)), step
+
+
+def no_gpu_tables(n_expert: int, k: int) -> tuple:
+    """(slot_of, pcie_count) for `route` when the GPU runs no routed expert (device arrays,
+    made once per shape)."""
+    key = (n_expert, k)
+    if key not in _NO_GPU:
+        _NO_GPU[key] = (memory.upload(np.full(n_expert, -1, np.int32)), memory.upload(np.zeros(k + 1, np.int32)))
+    return _NO_GPU[key]
+
+
+_NO_GPU: dict[tuple, tuple] = {}
 
 
 # --- 1. routing ----------------------------------------------------------------------------------
@@ -111,13 +190,14 @@ def _pick_value(bits, e):
 
 
 @cuda.jit(cache=True)
-def _route(bits, experts, weights):
+def _route(bits, slot_of, pcie_count, experts, weights, where):
     """bits: the router logits (n, E) as uint32. One warp per row picks the k best in k rounds:
     each lane takes the largest `_pick_value` of its own experts (e ≡ lane mod 32), a shuffle
     butterfly gives the warp's largest, and the lane that holds the winner zeroes it. Then the
-    lanes weigh the picks and lane 0 sums them in rank order. About k·E/32 compares per lane,
-    no barrier per round: 5.7 µs a row on the H200 at E = 256 (k = 8), 8.8 at E = 512 (k = 10),
-    where a block that ranked every expert against all E others (E² compares) took 12 and 40."""
+    lanes weigh the picks and lane 0 sums them in rank order, and places each pair (the module
+    docstring's rule). About k·E/32 compares per lane, no barrier per round: 5.7 µs a row on the
+    H200 at E = 256 (k = 8), 8.8 at E = 512 (k = 10), where a block that ranked every expert
+    against all E others (E² compares) took 12 and 40."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
     n_expert = bits.shape[1]
@@ -126,6 +206,7 @@ def _route(bits, experts, weights):
     picked = cuda.shared.array(MAX_TOP_K, int64)
     picked_logit = cuda.shared.array(MAX_TOP_K, float64)
     share = cuda.shared.array(MAX_TOP_K, float64)         # exp(l_rank − l_0)
+    code = cuda.shared.array(MAX_TOP_K, int32)
     total = cuda.shared.array(1, float64)
     for e in range(t, n_expert, 32):      # a lane only ever reads back its own experts
         values[e] = _pick_value(bits[i, e], e)
@@ -147,12 +228,26 @@ def _route(bits, experts, weights):
     cuda.syncthreads()
     if t == 0:
         total[0] = 0.0
+        uncached = 0
         for r in range(k):
             total[0] += share[r]
+            if slot_of[picked[r]] < 0:
+                uncached += 1
+        over_pcie = pcie_count[uncached]            # the last ones of the uncached ranks
+        for r in range(k - 1, -1, -1):
+            slot = slot_of[picked[r]]
+            if slot >= 0:
+                code[r] = slot
+            elif over_pcie > 0:
+                code[r] = -2 - picked[r]
+                over_pcie -= 1
+            else:
+                code[r] = ON_CPU
     cuda.syncthreads()
     for r in range(t, k, 32):
-        experts[i, r] = picked[r]
+        experts[i, r] = picked[r] if code[r] == ON_CPU else -1 - picked[r]
         weights[i, r] = share[r] / total[0]
+        where[i, r] = code[r]
 
 
 def routes_on_device(n_expert: int, k: int) -> bool:
@@ -160,76 +255,80 @@ def routes_on_device(n_expert: int, k: int) -> bool:
     return k <= min(n_expert, MAX_TOP_K) and n_expert <= MAX_EXPERTS
 
 
-def route(logits, experts, weights) -> None:
-    """experts (n, k) int64 and weights (n, k) float32 of router logits (n, E), on the device."""
+def route(logits, experts, weights, where=None, tables=None) -> None:
+    """experts (n, k) int64 and weights (n, k) float32 of router logits (n, E), on the device,
+    and where (n, k) int32 each pair runs, by `tables` = (slot_of, pcie_count)
+    (`ExpertCache.tables`; None: the CPU runs every pair). Pairs the GPU runs come out of
+    experts as ~e: the host's copy of the routing."""
     n, k = experts.shape
     if not routes_on_device(logits.shape[1], k):
         raise ValueError(f"top-{k} of {logits.shape[1]} experts; the routing kernel takes top-{MAX_TOP_K} "
                          f"of {MAX_EXPERTS} at most")
+    slot_of, pcie_count = tables or no_gpu_tables(logits.shape[1], k)
+    if where is None:
+        where = memory.scratch("expert_cache.where", (n, k), np.int32)
     if n:
-        _route[n, 32, stream()](logits.view(np.uint32), experts, weights)
+        _route[n, 32, stream()](logits.view(np.uint32), slot_of, pcie_count, experts, weights, where)
 
 
-# --- 2. the cached experts -------------------------------------------------------------------------
+# --- 2. the GPU's pairs ------------------------------------------------------------------------------
 
 @cuda.jit(cache=True)
-def _silu_times_cached(g, u, slot_of, experts):
-    """g ← SiLU(g) ⊙ u on the rows of the pairs that have a slot. Not gpu.ffn.silu_times on
-    every row: the others hold leftovers, whose exp may overflow (the simulator raises)."""
+def _silu_times_gpu(g, u, where):
+    """g ← SiLU(g) ⊙ u on the rows of the pairs the GPU runs. Not gpu.ffn.silu_times on every
+    row: the others hold leftovers, whose exp may overflow (the simulator raises)."""
     t = cuda.grid(1)
     cols = g.shape[1]
-    k = experts.shape[1]
+    k = where.shape[1]
     if t < g.shape[0] * cols:
         a = t // cols
         c = t - a * cols
-        if slot_of[experts[a // k, a % k]] >= 0:
+        if where[a // k, a % k] != ON_CPU:
             gv = g[a, c]
             g[a, c] = gv / (float32(1.0) + math.exp(-gv)) * u[a, c]
 
 
-def run_cached(cache: ExpertCache, x, experts, y) -> None:
-    """y[i·k + rank] = the output of row i's rank-th expert, for the pairs whose expert is
-    cached (other rows of y are left as they were). x: (n, D) float32 on the device."""
-    n, k = experts.shape
+def run(cache: ExpertCache, x, where, y) -> None:
+    """y[i·k + rank] = the output of row i's rank-th expert, for the pairs `where` gives the GPU
+    (other rows of y are left as they were). x: (n, D) float32 on the device."""
+    n, k = where.shape
     gate_t, up_t, down_t = cache.wtypes
-    g_stack, u_stack, d_stack = cache.stacks
     s = stream()
-    h_shape = (n * k, g_stack.shape[1])
+    h_shape = (n * k, cache.stacks[0].shape[1])
     g, u = memory.scratch("expert_cache.g", h_shape), memory.scratch("expert_cache.u", h_shape)
     xq = quantize(x, s, UNITS[gate_t].x_layout)
-    experts_matvec(gate_t, g_stack, cache.slot_of, experts, xq, g, False, s)
+    experts_matvec(gate_t, *cache.sources(0), where, xq, g, False, s)
     if UNITS[up_t].x_layout != UNITS[gate_t].x_layout:
         xq = quantize(x, s, UNITS[up_t].x_layout)
-    experts_matvec(up_t, u_stack, cache.slot_of, experts, xq, u, False, s)
-    _silu_times_cached[-(-g.size // THREADS), THREADS, s](g, u, cache.slot_of, experts)
+    experts_matvec(up_t, *cache.sources(1), where, xq, u, False, s)
+    _silu_times_gpu[-(-g.size // THREADS), THREADS, s](g, u, where)
     hq = quantize(g, s, UNITS[down_t].x_layout)
-    experts_matvec(down_t, d_stack, cache.slot_of, experts, hq, y, True, s)
+    experts_matvec(down_t, *cache.sources(2), where, hq, y, True, s)
 
 
 # --- 3. the sum ------------------------------------------------------------------------------------
 
 @cuda.jit(cache=True)
-def _finish(out, y, experts, weights, slot_of, shared, gate_logit, with_shared):
+def _finish(out, y, where, weights, shared, gate_logit, with_shared):
     t = cuda.grid(1)
     D = out.shape[1]
-    k = experts.shape[1]
+    k = where.shape[1]
     if t < out.shape[0] * D:
         i = t // D
         c = t - i * D
         acc = out[i, c]
         for rank in range(k):
-            if slot_of[experts[i, rank]] >= 0:
+            if where[i, rank] != ON_CPU:
                 acc += weights[i, rank] * y[i * k + rank, c]
         if with_shared:
             acc += float32(1.0) / (float32(1.0) + math.exp(-gate_logit[i, 0])) * shared[i, c]
         out[i, c] = acc
 
 
-def finish(out, y, experts, weights, cache: ExpertCache, shared=None, gate_logit=None) -> None:
-    """out (n, D) += Σ over the cached ranks, in rank order, of weights · y; then
+def finish(out, y, where, weights, shared=None, gate_logit=None) -> None:
+    """out (n, D) += Σ over the GPU's ranks, in rank order, of weights · y; then
     + σ(gate_logit) · shared when given."""
     with_shared = shared is not None
     if not with_shared:
         shared = gate_logit = out      # not read
-    _finish[-(-out.size // THREADS), THREADS, stream()](out, y, experts, weights, cache.slot_of, shared,
-                                                         gate_logit, with_shared)
+    _finish[-(-out.size // THREADS), THREADS, stream()](out, y, where, weights, shared, gate_logit, with_shared)

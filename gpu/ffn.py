@@ -7,8 +7,9 @@ elementwise kernels, so every row keeps the bits of a one-row call, as on the CP
   - `hybrid_moe_ffn`, routed experts in host memory (the planner's placement): router logits and
     routing on the device, then ONE hand-off per layer (`memory.host_call`) in which the host
     counts and runs the selected experts with the fused CPU kernel (`cpu.moe.run_routed`);
-    meanwhile the device runs the shared expert and the selected experts its expert cache
-    holds (gpu/expert_cache.py), and adds both once the host's sum is back. Nothing is read
+    meanwhile the device runs the shared expert and the selected experts it takes (those its
+    expert cache holds, and a share of the others read from host memory over PCIe:
+    gpu/expert_cache.py), and adds both once the host's sum is back. Nothing is read
     back outside the hand-off, so a step with such layers can be captured as a CUDA graph;
   - `moe_ffn`, experts uploaded (same algorithm as `cpu/moe.py`): router logits come to the
     host (n × E floats) for the top-k choice, the rows routed to each chosen expert are
@@ -143,9 +144,10 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
 
 def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
-    one hand-off for all routed experts the GPU's expert cache (`ffn.cache`) does not hold; the
-    shared expert and the cached experts run on the device meanwhile (they only need x and the
-    routing) and are added once the host's sum is back."""
+    one hand-off for the routed experts the GPU leaves to the host (`ffn.cache`: the experts
+    cached in VRAM, and a share of the others read over PCIe; gpu/expert_cache.py); the shared
+    expert and the GPU's experts run on the device meanwhile (they only need x and the routing)
+    and are added once the host's sum is back."""
     n, D = x.shape
     shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
     device_shared = ffn.shared is not None and all(
@@ -166,27 +168,26 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         matvec(ffn.router.wtype, ffn.router.data, x, logits)
         experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
         weights = memory.scratch("moe_weights", (n, ffn.n_used))
-        expert_cache.route(logits, experts, weights)
+        where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
         cache = ffn.cache if n * ffn.n_used <= expert_cache.MAX_PAIRS else None
-        y = memory.scratch("moe_cached_y", (n * ffn.n_used, D)) if cache is not None else None
+        expert_cache.route(logits, experts, weights, where, None if cache is None else cache.tables(n))
+        y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else None
 
         def meanwhile():
             if shared_meanwhile is not None:
                 shared_meanwhile()
             if cache is not None:
-                expert_cache.run_cached(cache, x, experts, y)
+                expert_cache.run(cache, x, where, y)
 
-        skip = None if cache is None else cache.host_slot_of
         # runs at a graph's replay too (bound once to the staging buffers): it may only use its
-        # arguments, ffn's host weights, the cache's host table (which `load` updates in place)
-        # and stats
-        memory.host_call((x, experts, weights), (out,),     # host: x, experts, weights, out
-                         lambda *host: run_routed(ffn, *host, stats, skip),
+        # arguments, ffn's host weights and stats
+        memory.host_call((x, experts, weights), (out,),     # host: x, experts (the GPU's pairs as ~e), weights, out
+                         lambda *host: run_routed(ffn, *host, stats),
                          meanwhile if device_shared or cache is not None else None,
-                         bind=lambda *host: bind_routed(ffn, *host, stats, skip))
+                         bind=lambda *host: bind_routed(ffn, *host, stats))
     on_device = (shared, gate_logit) if ffn.shared is not None else ()
     if cache is not None:
-        expert_cache.finish(out, y, experts, weights, cache, *on_device)
+        expert_cache.finish(out, y, where, weights, *on_device)
     elif on_device:
         _add_gated[_blocks(n * D), THREADS, stream()](out, *on_device)
 

@@ -151,9 +151,10 @@ def ptx_targets():
         ("moe scatter_rows", ffn._scatter_rows, (m2, a(i64, 1), a(i64, 1), i64, m3)),
         ("moe weighted_sum", ffn._weighted_sum, (m3, m2, m2)),
         ("moe add_gated", ffn._add_gated, (m2, m2, m2)),
-        ("expert cache route", ec._route, (a(types.uint32, 2), a(i64, 2), m2)),
-        ("expert cache silu_times", ec._silu_times_cached, (m2, m2, a(types.int32, 1), a(i64, 2))),
-        ("expert cache finish", ec._finish, (m2, m2, a(i64, 2), m2, a(types.int32, 1), m2, m2, types.boolean)),
+        ("expert cache route", ec._route, (a(types.uint32, 2), a(types.int32, 1), a(types.int32, 1), a(i64, 2), m2,
+                                           a(types.int32, 2))),
+        ("expert cache silu_times", ec._silu_times_gpu, (m2, m2, a(types.int32, 2))),
+        ("expert cache finish", ec._finish, (m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean)),
         ("fill_zero", memory._fill_zero_kernel, (m1,)),
         ("copy_2d", memory._copy_2d_kernel, (a(f32, 2, "A"), a(f32, 2, "A"))),
     ]

@@ -23,7 +23,6 @@ device time, the time they waited for their weights, and the CPU FFN time of the
 """
 from __future__ import annotations
 
-import mmap
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +31,7 @@ from numba import njit, prange
 
 from . import ffn as device_ffn
 from . import graphs, memory
+from .host_mapping import page_ranges, register_host_ranges, unregister_host_ranges
 from .device import simulated
 from .matvec import matvec as device_matvec
 
@@ -117,46 +117,6 @@ def _copy_bytes(dst, src):
 
 def _flat(host: np.ndarray) -> np.ndarray:
     return host.reshape(host.size)
-
-
-# --- pinning the mapped file ----------------------------------------------------------------------
-
-def _page_ranges(arrays) -> list[tuple[int, int]]:
-    """The host arrays' address ranges rounded out to whole pages, overlapping ones merged
-    (the driver refuses to register a page twice)."""
-    page = mmap.PAGESIZE
-    spans = sorted((a.ctypes.data // page * page, -(-(a.ctypes.data + a.nbytes) // page) * page)
-                   for a in arrays)
-    merged: list[list[int]] = []
-    for lo, hi in spans:
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return [(lo, hi - lo) for lo, hi in merged]
-
-
-def register_host_ranges(arrays) -> tuple[list[int], str | None]:
-    """Page-lock the memory of host arrays for direct DMA: (registered base addresses, None),
-    or ([], why not) with nothing left registered."""
-    if simulated():
-        return [], "the CUDA simulator has no page-locked memory"
-    from cuda.bindings import driver as cu
-    done: list[int] = []
-    for start, size in _page_ranges(arrays):
-        (err,) = cu.cuMemHostRegister(start, size, cu.CU_MEMHOSTREGISTER_READ_ONLY)
-        if int(err) != 0:
-            unregister_host_ranges(done)
-            return [], f"cuMemHostRegister: {cu.cuGetErrorName(err)[1].decode()}"
-        done.append(start)
-    return done, None
-
-
-def unregister_host_ranges(bases: list[int]) -> None:
-    from cuda.bindings import driver as cu
-    for base in bases:
-        cu.cuMemHostUnregister(base)       # errors ignored: the mapping may already be gone
-    bases.clear()
 
 
 # --- the streamer ---------------------------------------------------------------------------------
@@ -315,7 +275,7 @@ class WeightStreamer:
         bases, why = register_host_ranges(arrays) if self.register else ([], "registration turned off")
         self.stats.pin_seconds = time.perf_counter() - t0
         self.stats.pinning = "registered" if why is None else f"staged: {why}"
-        self._pinned = _page_ranges(arrays) if bases else []
+        self._pinned = page_ranges(arrays) if bases else []
         if bases:
             import weakref
             self._finalizer = weakref.finalize(self, unregister_host_ranges, bases)

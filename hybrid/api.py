@@ -10,6 +10,7 @@ import numpy as np
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .model_file import default_model_path, open_model
+from .placement import DEFAULT_PCIE_SHARE, check_pcie_share
 from .sampling import Sampler, SamplerConfig
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -39,7 +40,7 @@ class Model:
     def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
                  threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
                  overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True,
-                 expert_cache: bool = True):
+                 expert_cache: bool = True, pcie_share: float = DEFAULT_PCIE_SHARE):
         from .chat_template import ChatTemplate
         from .forward import Forward
         from .placement import plan_for, ring_for_draft
@@ -47,6 +48,7 @@ class Model:
 
         if device not in DEVICES:
             raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+        pcie_share = check_pcie_share(pcie_share)
         self.path = Path(path) if path is not None else default_model_path()
         self.threads = set_threads(threads)
         self.file = open_model(self.path)
@@ -63,7 +65,7 @@ class Model:
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
-                                   expert_cache=self.plan.expert_cache)
+                                   expert_cache=self.plan.expert_cache, pcie_share=pcie_share)
         else:
             self.forward = Forward(self.file)
         self._mtp = None
@@ -208,7 +210,8 @@ def parse_draft(draft: int | str) -> int:
 
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
          n_ctx: int | None = None, vram: str | int | None = None, overrides: Sequence[str] = (),
-         cpu_only: bool = False, cuda_graphs: bool = True, expert_cache: bool = True) -> Model:
+         cpu_only: bool = False, cuda_graphs: bool = True, expert_cache: bool = True,
+         pcie_share: float = DEFAULT_PCIE_SHARE) -> Model:
     """Open a GGUF model (the bundled tiny model when `path` is None).
 
     device "auto" uses a GPU when one is present (trunk and lm_head there, FFN streamed on the
@@ -216,6 +219,8 @@ def load(path: str | os.PathLike | None = None, device: str = "auto", threads: i
     cuda_graphs=False launches every GPU kernel from Python instead of replaying captured steps.
     expert_cache: a MoE model copies as many routed experts per layer as the VRAM left over
     holds to the GPU, which runs those when a token selects them (False: all stay on the CPU).
+    pcie_share: of the routed experts a token picks that are not cached, the share the GPU reads
+    from host memory over PCIe while the CPU runs the rest (0: the CPU runs them all).
     """
     return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,
-                 cpu_only=cpu_only, cuda_graphs=cuda_graphs, expert_cache=expert_cache)
+                 cpu_only=cpu_only, cuda_graphs=cuda_graphs, expert_cache=expert_cache, pcie_share=pcie_share)

@@ -69,7 +69,7 @@ class CPUBackend:
     def run_step(self, key, body) -> None:
         body()
 
-    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None):
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
         if any((expert_cache or {}).values()):
             raise HybridError("an expert cache lives on the GPU, but this forward runs on the CPU backend")
         if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
@@ -161,14 +161,15 @@ class GPUBackend:
         """Pinned float32 host scratch for the FFN hidden of a hand-off."""
         return self.memory.host_buffer("ffn_hidden", tuple(shape))
 
-    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None):
-        """The records with the GPU's matrices uploaded, and `expert_cache` (layer → slots)
-        routed experts of each MoE layer copied to the GPU (gpu/expert_cache.py)."""
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
+        """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
+        experts of each MoE layer copied to the GPU, and that share of each row's other routed
+        experts read by the GPU over PCIe (gpu/expert_cache.py)."""
         from .weights import place_weights
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
-        if expert_cache:
-            placed = _with_expert_caches(placed, expert_cache)
+        if expert_cache or pcie_share > 0:
+            placed = _with_expert_caches(placed, expert_cache or {}, pcie_share)
         # the FFNs a prompt chunk may stream: the trunk's in the order a forward runs them, the MTP block's
         streamable = self.streamer.streamable
         self.streamer.set_order([layer.ffn for layer in placed.layers if streamable(layer.ffn)],
@@ -176,10 +177,10 @@ class GPUBackend:
         return placed
 
 
-def _with_expert_caches(weights, slots):
-    """weights with an ExpertCache of slots[i] experts on each MoE layer i (the MTP block is
-    layer n_layer) whose routed experts stayed in host memory and whose router is on the GPU
-    (the routing the cache needs runs there)."""
+def _with_expert_caches(weights, slots, pcie_share: float):
+    """weights with an ExpertCache of slots[i] experts and the PCIe share on each MoE layer i
+    (the MTP block is layer n_layer) whose routed experts stayed in host memory and whose router
+    is on the GPU (the routing that splits the pairs runs there)."""
     from dataclasses import replace
 
     from gpu.expert_cache import ExpertCache, cacheable
@@ -189,10 +190,10 @@ def _with_expert_caches(weights, slots):
 
     def cached(layer, index):
         ffn, k = layer.ffn, int(slots.get(index, 0))
-        if (k <= 0 or not isinstance(ffn, MoEFFN) or not cacheable(ffn) or not is_device(ffn.router.data)
+        if ((k <= 0 and pcie_share <= 0) or not isinstance(ffn, MoEFFN) or not cacheable(ffn) or not is_device(ffn.router.data)
                 or any(is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down))):
             return layer
-        return replace(layer, ffn=replace(ffn, cache=ExpertCache(ffn, k)))
+        return replace(layer, ffn=replace(ffn, cache=ExpertCache(ffn, k, pcie_share)))
     layers = tuple(cached(layer, layer.index) for layer in weights.layers)
     mtp = weights.mtp
     if mtp is not None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cpu.argmax import PICK_COLUMNS
+from cpu.moe_kernel import expert_ids
 
 from .backend import make_backend
 from .config import ModelConfig
@@ -41,16 +42,18 @@ _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k,
 
 class Forward:
     def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True,
-                 expert_cache=None):
+                 expert_cache=None, pcie_share: float = 0.0):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
         own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
         cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py);
-        expert_cache: layer → routed experts the GPU backend copies to VRAM (gpu/expert_cache.py)."""
+        expert_cache: layer → routed experts the GPU backend copies to VRAM; pcie_share: the share
+        of each row's other routed experts its kernels read from host memory over PCIe
+        (gpu/expert_cache.py)."""
         self.backend = make_backend(backend, ops, cuda_graphs)
         self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
         self.config: ModelConfig = model_file.config
-        self.weights: ModelWeights = bind_weights(model_file, self.backend, placement, expert_cache)
+        self.weights: ModelWeights = bind_weights(model_file, self.backend, placement, expert_cache, pcie_share)
         c = self.config
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
@@ -267,9 +270,9 @@ class MoEStats:
         self.rows = self.expert_bytes_read = self.expert_bytes_per_row = 0
 
     def count(self, ffn: MoEFFN, experts: np.ndarray) -> None:
-        """Count a call's routing: experts (rows, k)."""
+        """Count a call's routing: experts (rows, k), pairs the GPU runs marked ~e."""
         # a set of a few dozen ints: ~1 µs, np.unique ~7 µs (40 hand-offs per decode step)
-        self.add(ffn, experts.shape[0], len(set(experts.ravel().tolist())), experts.size)
+        self.add(ffn, experts.shape[0], len(set(expert_ids(experts).ravel().tolist())), experts.size)
 
     def add(self, ffn: MoEFFN, rows: int, distinct: int, pairs: int) -> None:
         """Count a call of `rows` rows that selected `distinct` experts in its `pairs` (row, rank)

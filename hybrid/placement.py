@@ -13,7 +13,8 @@ The GPU fills up in this order (DESIGN.md §3–4):
    smallest first, as many as fit (each is read once per token, so the count is what matters);
    routed experts stay on the CPU: a token reads only top-k of them, which CPU RAM serves well.
    `expert_cache` spends what is left on caching the same number of experts in every MoE layer
-   (the runtime picks the most used ones).
+   (the runtime picks the most used ones). Of the uncached experts a token picks, the GPU still
+   reads a share (`pcie_share`) from host memory over PCIe, in place and without VRAM.
 Embeddings stay on the CPU: a token reads one row, so sending D floats up is free and the VRAM
 goes to whole matrices. When tied, token_embd *is* the lm_head and goes with it. Everything not
 on the GPU stays memory-mapped from the GGUF and is streamed by the CPU kernels. Without drafting
@@ -44,6 +45,22 @@ PREFILL_ROWS = 256              # rows per prompt chunk (hybrid.generate.PREFILL
 DEFAULT_N_CTX = 4096
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
+
+# Of the routed experts a token picks that the GPU does not cache, the share its kernels read from
+# host memory over PCIe while the CPU runs the rest (gpu/expert_cache.py). The host's DRAM serves
+# both: on the GPU machine the CPU read 88 GB/s while the GPU read 45 over PCIe.
+DEFAULT_PCIE_SHARE = 0.5
+
+
+def check_pcie_share(share) -> float:
+    """The PCIe share as a float in 0..1, or a HybridError."""
+    try:
+        value = float(share)
+    except (TypeError, ValueError):
+        raise HybridError(f"the PCIe share must be a number from 0 to 1; got {share!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise HybridError(f"the PCIe share is a fraction of a token's uncached experts, from 0 to 1; got {value}")
+    return value
 
 
 # --- -ot / --override-tensor -------------------------------------------------------------------

@@ -64,7 +64,7 @@ class MoEFFN:
     n_used: int                # k experts per token
     shared: DenseFFN | None    # the shared expert, when the model has one
     shared_gate: Matrix | None  # ffn_gate_inp_shexp {D} as a 1-row matrix: σ(w·x) scales the shared expert
-    cache: Any = None           # gpu.expert_cache.ExpertCache: some routed experts copied to the GPU
+    cache: Any = None           # gpu.expert_cache.ExpertCache: the routed experts the GPU runs (cached, over PCIe)
 
     @functools.cached_property
     def expert_bytes(self) -> int:
@@ -131,10 +131,11 @@ class ModelWeights:
     mtp: MTPBlock | None
 
 
-def bind_weights(model_file, backend=None, placement=None, expert_cache=None) -> ModelWeights:
+def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pcie_share: float = 0.0) -> ModelWeights:
     """Per-layer records for a qwen35, qwen35moe or qwen3next model, placed by `backend`
-    (hybrid.backend) following `placement` and `expert_cache` (layer → routed experts to copy
-    to the GPU: `Plan.expert_cache`); host records when backend is None."""
+    (hybrid.backend) following `placement`, `expert_cache` (layer → routed experts to copy to
+    the GPU: `Plan.expert_cache`) and `pcie_share` (of each row's other routed experts, the share
+    the GPU reads from host memory); host records when backend is None."""
     cfg: ModelConfig = model_file.config
     t = _Tensors(model_file.tensors, cfg)
     embd = t.matrix("token_embd.weight")
@@ -144,7 +145,7 @@ def bind_weights(model_file, backend=None, placement=None, expert_cache=None) ->
                    for i in range(cfg.n_layer))
     mtp = _mtp_block(t, cfg.n_layer, embd, output, output_norm) if cfg.n_nextn else None
     weights = ModelWeights(cfg, embd, output_norm, output, layers, mtp)
-    return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache)
+    return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache, pcie_share)
 
 
 def embed_tokens(weights: ModelWeights, token_ids: np.ndarray, ops, table: Matrix | None = None) -> np.ndarray:

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ..errors import HybridError
 from . import app
-from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, ModelArg, ModelOpt, OverrideTensorOpt,
+from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, PcieShareOpt, ModelArg, ModelOpt, OverrideTensorOpt,
                      ThreadsOpt, VramOpt, load_model, pick_model)
 
 FORMATS = ("md", "csv", "json")
@@ -35,6 +35,7 @@ def bench(
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
+    pcie_share: float = PcieShareOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
@@ -52,7 +53,7 @@ def bench(
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache)
+                   expert_cache=expert_cache, pcie_share=pcie_share)
     rows = []
     for n in n_prompt:
         if n > 0:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..errors import HybridError
 from . import app
-from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, MinPOpt,
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, PcieShareOpt, MinPOpt,
                      ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
                      load_model, pick_model)
 from .decode import pick_draft
@@ -67,6 +67,7 @@ def chat(
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
+    pcie_share: float = PcieShareOpt,
 ) -> None:
     """Chat with a model. The conversation stays in the model's state between turns, so each turn
     only prefills what is new. /reset forgets it, /exit or Ctrl-D quits, Ctrl-C stops a reply.
@@ -79,7 +80,7 @@ def chat(
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache)
+                   expert_cache=expert_cache, pcie_share=pcie_share)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
     sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, seed=None if seed < 0 else seed)

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..errors import HybridError
+from ..placement import DEFAULT_PCIE_SHARE
 
 ModelArg = typer.Argument(None, help="GGUF model file (default: the bundled tiny qwen35 model).",
                           show_default=False)
@@ -43,6 +44,11 @@ ExpertCacheOpt = typer.Option(True, "--expert-cache/--no-expert-cache",
                               help="MoE models: copy as many routed experts of each layer as the VRAM left "
                                    "over holds to the GPU, which runs them when a token picks them (the rest "
                                    "run on the CPU).")
+PcieShareOpt = typer.Option(DEFAULT_PCIE_SHARE, "--pcie-share", min=0.0, max=1.0,
+                            help="MoE models with a GPU: of the routed experts a token picks that the GPU does "
+                                 "not cache, the share the GPU reads itself from host memory over PCIe while "
+                                 "the CPU runs the rest (0 = the CPU runs them all). The host's memory serves "
+                                 "both readers at once.")
 OverrideTensorOpt = typer.Option(
     [], "-ot", "--override-tensor",
     help="Pin tensors whose name matches REGEX to a side: REGEX=CPU or REGEX=GPU (repeatable, "
@@ -89,12 +95,13 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
 
 def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_ctx: int,
                console: Console, quiet: bool = False, vram: Optional[str] = None, cpu_only: bool = False,
-               overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True):
+               overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True,
+               pcie_share: float = DEFAULT_PCIE_SHARE):
     from ..api import load
     device, extra = placement_options(device, vram, cpu_only, overrides)
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
-                     expert_cache=expert_cache, **extra)
+                     expert_cache=expert_cache, pcie_share=pcie_share, **extra)
     with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
         model.warmup()
     return model

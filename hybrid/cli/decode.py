@@ -12,7 +12,7 @@ from rich.console import Console
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, MinPOpt,
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, PcieShareOpt, MinPOpt,
                      ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
                      load_model, pick_model)
 from .display import LiveStream, drive
@@ -73,6 +73,7 @@ def decode(
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
+    pcie_share: float = PcieShareOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
 ) -> None:
     """Generate text from a prompt, streaming it with live prefill and decode speed.
@@ -86,7 +87,7 @@ def decode(
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache)
+                   expert_cache=expert_cache, pcie_share=pcie_share)
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,

@@ -68,31 +68,34 @@ def test_routed_ffn_is_the_routed_part_of_moe_ffn():
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=["-".join(map(str, c)) for c in CASES])
-def test_pairs_left_to_the_gpu_cache_are_left_out_of_the_sum(ffns, case):
-    """run_routed with a skip table marking some experts (the GPU's expert cache runs those): the sum
-    of the other pairs, with the bits of the expert-by-expert path given zero weight for the
-    left-out ranks (adding 0 · y changes no bits but a zero's sign)."""
+def test_pairs_marked_for_the_gpu_are_left_out_of_the_sum(ffns, case):
+    """run_routed with some pairs marked ~e (the GPU runs those: its expert cache, or its reads over
+    PCIe): the sum of the other pairs, with the bits of the expert-by-expert path given zero
+    weight for the left-out ranks (adding 0 · y changes no bits but a zero's sign), and every
+    pair still counted."""
+    from hybrid.forward import MoEStats
     ffn = ffns[case]
     x = np.random.default_rng(30 + case).standard_normal((5, D)).astype(np.float32)
     experts, weights = route(router_logits(ffn, x), K)
-    def check(cached_experts):
-        skip = np.full(ffn.router.rows, -1, np.int32)
-        skip[cached_experts] = np.arange(len(cached_experts))       # their slots in a GPU cache
-        cached = skip[experts] >= 0
+
+    def check(on_gpu):
         want = np.empty_like(x)
-        cpu.moe._run_expert_by_expert(ffn, x, experts, np.where(cached, 0, weights).astype(np.float32), want)
-        got = np.full_like(x, np.nan)
-        cpu.moe.run_routed(ffn, x, experts, weights, got, skip=skip)
-        assert cached.any() and not cached.all()
+        cpu.moe._run_expert_by_expert(ffn, x, experts, np.where(on_gpu, 0, weights).astype(np.float32), want)
+        got, stats, want_stats = np.full_like(x, np.nan), MoEStats(), MoEStats()
+        cpu.moe.run_routed(ffn, x, np.where(on_gpu, ~experts, experts), weights, got, stats)
+        assert on_gpu.any() and not on_gpu.all()
         assert same_bits(got + 0.0, want + 0.0)       # + 0.0: -0.0 → 0.0
         assert np.abs(got).max() > 0
+        want_stats.count(ffn, experts)
+        assert stats == want_stats
 
-    check([experts[0, 0], experts[3, 1]])
+    check(np.isin(experts, [experts[0, 0], experts[3, 1]]))        # by expert, as the cache splits
     # one expert left here: a single group, shared out row by row
-    check([e for e in range(ffn.router.rows) if e != experts[2, 0]])
+    check(experts != experts[2, 0])
+    check(np.arange(experts.size).reshape(experts.shape) % 3 == 1)  # by pair, as the PCIe share splits
 
     nothing = np.full_like(x, np.nan)
-    cpu.moe.run_routed(ffn, x, experts, weights, nothing, skip=np.zeros(ffn.router.rows, np.int32))
+    cpu.moe.run_routed(ffn, x, ~experts, weights, nothing)
     assert np.array_equal(nothing, np.zeros_like(x))
 
 
@@ -148,18 +151,16 @@ def test_a_bound_call_runs_on_whatever_its_arrays_hold_when_called(ffns, case):
     n = 3
     x, out = np.zeros((n, D), np.float32), np.zeros((n, D), np.float32)
     experts, weights = np.zeros((n, K), np.int64), np.zeros((n, K), np.float32)
-    skip = np.full(ffn.router.rows, -1, np.int32)
     bound_stats = MoEStats()
-    call = cpu.moe.bind_routed(ffn, x, experts, weights, out, bound_stats, skip)
+    call = cpu.moe.bind_routed(ffn, x, experts, weights, out, bound_stats)
     rng = np.random.default_rng(50 + case)
     for _ in range(2):
         x[...] = rng.standard_normal((n, D)).astype(np.float32)
         experts[...], weights[...] = route(router_logits(ffn, x), K)
-        skip[...] = -1
-        skip[experts[1, K - 1]] = 0                   # an expert the GPU cache would run
+        experts[1, K - 1] = ~experts[1, K - 1]          # a pair the GPU would run
         call()
         want, want_stats = np.empty_like(x), MoEStats()
-        cpu.moe.run_routed(ffn, x.copy(), experts.copy(), weights.copy(), want, want_stats, skip)
+        cpu.moe.run_routed(ffn, x.copy(), experts.copy(), weights.copy(), want, want_stats)
         assert same_bits(out, want)
         assert bound_stats.expert_bytes_read == want_stats.expert_bytes_read > 0
         assert bound_stats.rows == want_stats.rows and bound_stats.saving == want_stats.saving

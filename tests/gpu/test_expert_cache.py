@@ -1,7 +1,9 @@
-"""gpu/expert_cache.py: routing on the device as cpu.moe.route does it; each cached (row, rank)
-pair with the bits of a one-slot matvec on its expert; and the hybrid MoE FFN with a cache (the
-GPU runs the cached experts, the host the rest) against the CPU op, in one hand-off, with
-every row keeping the bits of a one-row call. Tiny shapes: the simulator runs every thread."""
+"""gpu/expert_cache.py: routing on the device as cpu.moe.route does it, and where it places each
+pair (cache slot, PCIe, CPU) by the rule the module states; each pair the GPU runs with the bits
+of a one-slot matvec on its expert, from a cache slot or from the mapped host stack; and the
+hybrid MoE FFN with a cache and a PCIe share (the GPU runs its pairs, the host the rest) against
+the CPU op, in one hand-off, with every row keeping the bits of a one-row call. Tiny shapes: the
+simulator runs every thread (there the mapped host stacks are device copies)."""
 import dataclasses
 
 import numpy as np
@@ -9,9 +11,11 @@ import pytest
 from numba import cuda
 
 import cpu.moe
+import cpu.moe_kernel
 import cpu.ops
 import gpu.expert_cache as ec
 import gpu.matvec_q8 as mq
+import gpu.ffn
 import gpu.ops
 from tests.cpu.quant_data import random_rows, type_id
 from tests.gpu.test_moe import D, E, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
@@ -55,37 +59,92 @@ def test_device_routing_of_a_nan_row_still_picks_distinct_experts():
     assert 0 not in got and 3 not in got                 # numbers rank above NaN
 
 
+def place_like_the_module_says(experts, slot_of, counts):
+    """The placement rule, written out: (where codes, the host's experts)."""
+    where = np.full(experts.shape, ec.ON_CPU, np.int32)
+    for i, row in enumerate(experts):
+        uncached = [r for r, e in enumerate(row) if slot_of[e] < 0]
+        pcie = uncached[len(uncached) - counts[len(uncached)]:] if counts[len(uncached)] else []
+        for r, e in enumerate(row):
+            where[i, r] = slot_of[e] if slot_of[e] >= 0 else -2 - e if r in pcie else ec.ON_CPU
+    return where, np.where(where == ec.ON_CPU, experts, ~experts)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_device_routing_places_each_pair_by_the_rule(share):
+    rng = np.random.default_rng(7)
+    n, n_expert, k = 5, 16, 4
+    logits = rng.standard_normal((n, n_expert)).astype(np.float32)
+    want_experts, want_weights = cpu.moe.route(logits, k)
+    slot_of = np.full(n_expert, -1, np.int32)
+    slot_of[[1, 4, 6, 9, 12, 13]] = np.arange(6)
+    counts = ec.pcie_counts(share, k)
+    experts = cuda.to_device(np.full((n, k), 99, np.int64))
+    weights = cuda.to_device(np.full((n, k), np.nan, np.float32))
+    where = cuda.to_device(np.full((n, k), 99, np.int32))
+    ec.route(cuda.to_device(logits), experts, weights, where, (cuda.to_device(slot_of), cuda.to_device(counts)))
+    want_where, want_host = place_like_the_module_says(want_experts, slot_of, counts)
+    assert np.array_equal(where.copy_to_host(), want_where)
+    assert np.array_equal(experts.copy_to_host(), want_host)
+    np.testing.assert_allclose(weights.copy_to_host(), want_weights, rtol=1e-6)
+    got = where.copy_to_host()
+    assert (got <= -2).any() == (share > 0) and (got >= 0).any() and (got == ec.ON_CPU).any() == (share < 1)
+
+
+def test_pcie_counts_round_half_up_and_stay_within_the_row():
+    assert ec.pcie_counts(0.5, 8).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert ec.pcie_counts(0.3, 4).tolist() == [0, 0, 1, 1, 1]
+    assert ec.pcie_counts(0.0, 3).tolist() == [0] * 4 and ec.pcie_counts(1.0, 3).tolist() == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
-def test_each_cached_pair_has_the_bits_of_a_one_slot_matvec(kind):
+def test_each_gpu_pair_has_the_bits_of_a_one_slot_matvec_wherever_it_reads_from(kind):
+    """Cached pairs read their cache slot, PCIe pairs matrix e·step of the mapped host stack (here
+    a fused gate_up layout: step 2), CPU pairs are skipped."""
     rng = np.random.default_rng(5)
-    rows, cols, slots, n, k = 8, 256, 3, 2, 2
+    rows, cols, slots, n_expert, n, k = 8, 256, 3, 5, 2, 3
     stack = random_rows(kind, slots * rows, cols, rng).reshape(slots, rows, -1)
-    slot_of = np.array([2, -1, 0, -1, 1], np.int32)       # experts 0, 2, 4 cached; 1, 3 not
-    experts = np.array([[0, 1], [3, 4]], np.int64)
+    host = random_rows(kind, 2 * n_expert * rows, cols, rng).reshape(2 * n_expert, rows, -1)
+    where = np.array([[2, -1, -2 - 3], [-2 - 0, 0, -1]], np.int32)
     x = rng.standard_normal((n, cols)).astype(np.float32)
     t = type_id(kind)
-    stack_dev, x_dev = cuda.to_device(stack), cuda.to_device(x)
+    x_dev = cuda.to_device(x)
     out = cuda.to_device(np.full((n * k, rows), np.nan, np.float32))
     s = gpu.memory.stream()
-    mq.experts_matvec(t, stack_dev, cuda.to_device(slot_of), cuda.to_device(experts),
+    mq.experts_matvec(t, cuda.to_device(stack), cuda.to_device(host), 2, cuda.to_device(where),
                       mq.quantize(x_dev, s, mq.UNITS[t].x_layout), out, False, s)
     got = out.copy_to_host()
     for a in range(n * k):
-        i, e = divmod(a, k)[0], experts[a // k, a % k]
-        if slot_of[e] < 0:
+        i, code = a // k, where[a // k, a % k]
+        if code == ec.ON_CPU:
             assert np.isnan(got[a]).all(), a                # left as it was
             continue
+        matrix = stack[code] if code >= 0 else host[2 * (-2 - code)]
         one = cuda.to_device(np.zeros((1, rows), np.float32))
-        mq.matvec(t, cuda.to_device(np.ascontiguousarray(stack[slot_of[e]])), x_dev[i:i + 1], one, rows, cols, 1, s)
+        mq.matvec(t, cuda.to_device(np.ascontiguousarray(matrix)), x_dev[i:i + 1], one, rows, cols, 1, s)
         assert np.array_equal(got[a].view(np.uint32), one.copy_to_host()[0].view(np.uint32)), a
         assert np.abs(got[a]).max() > 0
 
 
-@pytest.mark.parametrize("slots", [1, E], ids=["some-cached", "all-cached"])
-def test_hybrid_moe_with_a_cache_matches_the_cpu_op_in_one_hand_off(hand_offs, monkeypatch, slots):  # noqa: F811
+def test_host_stacks_of_a_fused_tensor_step_over_the_other_half():
+    fused = np.arange(3 * 4 * 2, dtype=np.uint8).reshape(3, 4, 2)     # 3 experts, gate rows 0-1, up rows 2-3
+    gate, up = fused[:, :2], fused[:, 2:]
+    for half in (gate, up):
+        stack, step = ec._host_stack(half)
+        assert step == 2 and stack.flags.c_contiguous and stack.shape == (5, 2, 2)
+        for e in range(3):
+            assert np.array_equal(stack[e * step], half[e])
+    stack, step = ec._host_stack(np.ascontiguousarray(gate))
+    assert step == 1 and stack.shape == (3, 2, 2)
+
+
+@pytest.mark.parametrize("slots, share", [(1, 0.0), (E, 0.0), (1, 1.0), (0, 0.5)],
+                         ids=["some-cached", "all-cached", "cached-and-pcie", "pcie-only"])
+def test_hybrid_moe_with_gpu_experts_matches_the_cpu_op_in_one_hand_off(hand_offs, monkeypatch, slots, share):  # noqa: F811
     moe = hybrid_moe(seed=44)
-    cache = ec.ExpertCache(moe, slots)
-    cached_moe = dataclasses.replace(moe, cache=cache)
+    cache = ec.ExpertCache(moe, slots, share)
+    assert cache.pcie == ("mapped" if share else "off")
+    gpu_moe = dataclasses.replace(moe, cache=cache)
     x = np.random.default_rng(45).standard_normal((3, D)).astype(np.float32)
     want, want_stats = np.empty_like(x), RecordingStats()
     cpu.ops.moe_ffn(host_copy(moe), x, want, want_stats)
@@ -93,25 +152,39 @@ def test_hybrid_moe_with_a_cache_matches_the_cpu_op_in_one_hand_off(hand_offs, m
     ran_on_host = []
     real = cpu.moe.run_routed
 
-    def recording(ffn, x, experts, weights, out, stats=None, skip=None):
-        ran_on_host.append(np.where(skip[experts] >= 0, -1, experts))
-        real(ffn, x, experts, weights, out, stats, skip)
+    def recording(ffn, x, experts, weights, out, stats=None):
+        ran_on_host.append(np.where(experts >= 0, experts, -1))
+        real(ffn, x, experts, weights, out, stats)
     monkeypatch.setattr(gpu.ffn, "run_routed", recording)
 
     out, stats = cuda.to_device(np.full_like(x, np.nan)), RecordingStats()
-    gpu.ops.moe_ffn(cached_moe, cuda.to_device(x), out, stats)
+    gpu.ops.moe_ffn(gpu_moe, cuda.to_device(x), out, stats)
     assert len(hand_offs) == 1
     chosen = want_stats.chosen[0]
-    assert np.array_equal(stats.chosen[0], chosen)                  # every pair counted, cached or not
-    in_cache = cache.host_slot_of[chosen] >= 0
-    assert in_cache.any()
-    assert np.array_equal(ran_on_host[0], np.where(in_cache, -1, chosen))
+    assert np.array_equal(cpu.moe_kernel.expert_ids(stats.chosen[0]), chosen)   # every pair counted
+    want_where, want_host = place_like_the_module_says(chosen, cache.host_slot_of,
+                                                       ec.pcie_counts(share, K))
+    assert (want_where != ec.ON_CPU).any()
+    assert np.array_equal(ran_on_host[0], np.where(want_where == ec.ON_CPU, chosen, -1))
     np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-4, atol=1e-5)
 
     # every row has the bits of a one-row call
     one = cuda.to_device(np.zeros((1, D), np.float32))
-    gpu.ops.moe_ffn(cached_moe, cuda.to_device(x[1:2]), one)
+    gpu.ops.moe_ffn(gpu_moe, cuda.to_device(x[1:2]), one)
     assert np.array_equal(out.copy_to_host()[1].view(np.uint32), one.copy_to_host()[0].view(np.uint32))
+
+
+def test_prompt_sized_calls_read_nothing_over_pcie():
+    moe = hybrid_moe(seed=47)
+    cache = ec.ExpertCache(moe, 0, 1.0)
+    for n, counted in ((1, True), (ec.PCIE_MAX_ROWS, True), (ec.PCIE_MAX_ROWS + 1, False)):
+        slot_of, counts = cache.tables(n)
+        assert counts.copy_to_host().any() == counted
+
+
+def test_a_share_outside_zero_to_one_is_refused():
+    with pytest.raises(ValueError, match="0..1"):
+        ec.ExpertCache(hybrid_moe(seed=48), 1, 1.5)
 
 
 def test_loading_other_experts_moves_them_in_and_keeps_the_rest():

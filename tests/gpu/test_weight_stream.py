@@ -21,7 +21,7 @@ import cpu.ops
 import gpu.ops
 from gpu import memory
 from gpu.device import available, simulated
-from gpu.weight_stream import StreamStats, WeightStreamer, _page_ranges
+from gpu.weight_stream import StreamStats, WeightStreamer
 from hybrid import ggml_types as gt
 from hybrid.backend import GPUBackend
 from hybrid.forward import Forward
@@ -91,16 +91,6 @@ def test_only_dense_host_ffns_of_enough_rows_are_streamed():
     on_device = DenseFFN(ffn.gate, ffn.up, Matrix("down", ffn.down.wtype, memory.upload(ffn.down.data), 32, 32))
     assert not streamer.wants(on_device, 64)
     assert not WeightStreamer(min_rows=None).wants(ffn, 1 << 20)
-
-
-def test_page_ranges_round_out_and_merge():
-    buf = np.zeros(1 << 16, np.uint8)
-    a, b, c = buf[10:20], buf[30:40], buf[40000:40010]     # a and b share a page
-    ranges = _page_ranges([c, a, b])
-    assert len(ranges) == 2
-    for (lo, size), array in zip(ranges, (a, c)):
-        assert lo % 4096 == 0 and size % 4096 == 0
-        assert lo <= array.ctypes.data and array.ctypes.data + array.nbytes <= lo + size
 
 
 def test_stats_reset_keeps_the_pinning_facts():

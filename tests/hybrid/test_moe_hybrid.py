@@ -44,12 +44,13 @@ def model_file(tmp_path_factory):
         yield mf
 
 
-def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None) -> Forward:
+def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None, pcie_share=0.0) -> Forward:
     if SIMULATED:
         placement = lambda name: "gpu" if name.endswith(".ffn_gate_inp.weight") else "cpu"  # noqa: E731
     else:
         placement = plan_placement(model_file, 1 << 30, n_ring=3).side
-    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache)
+    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
+                 pcie_share=pcie_share)
     for layer in (*fw.weights.layers, fw.weights.mtp.block):
         assert layer.ffn.router.location == "gpu" and layer.ffn.gate.location == "cpu"
     return fw
@@ -119,12 +120,15 @@ def test_greedy_drafting_equals_plain_decoding(hybrid, plain):
     assert 0 < stats["accepted"] < stats["drafted"]           # both outcomes happened
 
 
-def test_with_an_expert_cache_the_forward_agrees_and_drafting_stays_lossless(model_file):
-    """Half of each layer's experts (the MTP block's too) cached on the GPU: the logits agree with
-    the CPU forward, rows keep their one-row bits, and greedy drafting equals plain decoding."""
+@pytest.mark.parametrize("slots, share", [(2, 0.0), (1, 0.5)], ids=["cache", "cache-and-pcie"])
+def test_with_gpu_experts_the_forward_agrees_and_drafting_stays_lossless(model_file, slots, share):
+    """Some of each layer's experts (the MTP block's too) cached on the GPU, and a share of the
+    others read by it over PCIe: the logits agree with the CPU forward, rows keep their one-row
+    bits, and greedy drafting equals plain decoding."""
     n_layer = SHAPE["n_layer"]
-    fw = hybrid_forward(model_file, expert_cache={i: 2 for i in range(n_layer + 1)})
-    assert all(layer.ffn.cache is not None for layer in (*fw.weights.layers, fw.weights.mtp.block))
+    fw = hybrid_forward(model_file, expert_cache={i: slots for i in range(n_layer + 1)}, pcie_share=share)
+    caches = [layer.ffn.cache for layer in (*fw.weights.layers, fw.weights.mtp.block)]
+    assert all(c is not None and c.pcie == ("mapped" if share else "off") for c in caches)
     ids = np.array(PROMPT[:3])
     cpu_fw = Forward(model_file)
     want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")

@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
+from hybrid.placement import DEFAULT_PCIE_SHARE  # noqa: E402
+
 perf = time.perf_counter
 
 
@@ -79,7 +81,7 @@ class Profile:
                       key=lambda r: -r[1])
 
 
-CACHE_PAIRS = [0, 0]     # (row, rank) pairs the GPU's expert cache ran, of all pairs split
+GPU_PAIRS = [0, 0]       # (row, rank) pairs the GPU ran (cached or over PCIe), of all pairs split
 
 
 def patch(obj, name, wrapper):
@@ -110,14 +112,14 @@ def instrument(prof: Profile, gpu: bool, samples: list):
 
     def sample(arguments):
         """Keep a kernel call's arguments (`_routed_experts`'), to time its steps apart: copies of
-        its inputs and output (x, experts, skip, weights, out), the weights and scratch as they are."""
+        its inputs and output (x, experts, weights, out), the weights and scratch as they are."""
         if prof.on and len(samples) < 64:
-            samples.append(arguments[:6] + tuple(np.copy(v) for v in arguments[6:11]) + arguments[11:])
+            samples.append(arguments[:6] + tuple(np.copy(v) for v in arguments[6:10]) + arguments[10:])
 
     def sampled(f):                     # eager hand-offs and the CPU backend
-        def kernel(*a, stages=len(cpu.moe_kernel.STAGES), skip=None):
-            sample(cpu.moe_kernel._arguments(*a, stages, skip))
-            return f(*a, stages=stages, skip=skip)
+        def kernel(*a, stages=len(cpu.moe_kernel.STAGES)):
+            sample(cpu.moe_kernel._arguments(*a, stages))
+            return f(*a, stages=stages)
         return prof.wrap("expert kernel", kernel)
 
     def bound(f):                       # replayed hand-offs
@@ -136,23 +138,23 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     import gpu.graphs as graphs
     import gpu.memory as memory
 
-    def count_cached(experts, skip):        # over the sampled calls: a fancy index costs µs
-        if prof.on and skip is not None and len(samples) < 64:
-            CACHE_PAIRS[0] += int((skip[experts] >= 0).sum())
-            CACHE_PAIRS[1] += experts.size
+    def count_gpu_pairs(experts):        # over the sampled calls: the pairs marked ~e ran on the GPU
+        if prof.on and len(samples) < 64:
+            GPU_PAIRS[0] += int((experts < 0).sum())
+            GPU_PAIRS[1] += experts.size
 
     def counted(f):
-        def run_routed(ffn, x, experts, weights, out, stats=None, skip=None):
-            count_cached(experts, skip)
-            return f(ffn, x, experts, weights, out, stats, skip)
+        def run_routed(ffn, x, experts, weights, out, stats=None):
+            count_gpu_pairs(experts)
+            return f(ffn, x, experts, weights, out, stats)
         return run_routed
 
     def counted_bound(f):
-        def bind_routed(ffn, x, experts, weights, out, stats=None, skip=None):
-            call = prof.wrap("hand-off python", f(ffn, x, experts, weights, out, stats, skip))
+        def bind_routed(ffn, x, experts, weights, out, stats=None):
+            call = prof.wrap("hand-off python", f(ffn, x, experts, weights, out, stats))
 
             def replayed():
-                count_cached(experts, skip)
+                count_gpu_pairs(experts)
                 call()
             return replayed
         return bind_routed
@@ -343,13 +345,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--cpu-only", action="store_true", help="no GPU: the CPU backend's MoE calls")
     p.add_argument("--no-expert-cache", action="store_true",
-                   help="keep every routed expert on the CPU (no GPU expert cache in the leftover VRAM)")
+                   help="no GPU expert cache in the leftover VRAM")
+    p.add_argument("--pcie-share", type=float, default=DEFAULT_PCIE_SHARE,
+                   help="of each token's uncached experts, the share the GPU reads over PCIe (0: none)")
     args = p.parse_args(argv)
 
     import hybrid
     gpu = not args.cpu_only
     model = hybrid.load(args.model, device="cpu" if args.cpu_only else "cuda", vram=None if args.cpu_only else args.vram,
-                        threads=args.threads, cpu_only=args.cpu_only, expert_cache=not args.no_expert_cache)
+                        threads=args.threads, cpu_only=args.cpu_only, expert_cache=not args.no_expert_cache,
+                        pcie_share=args.pcie_share)
     c = model.config
     if not c.is_moe:
         print(f"{args.model} is not a MoE model ({c.arch}); nothing to split")
@@ -374,13 +379,12 @@ def main(argv: list[str]) -> int:
                             ("H2D out", (1, D), False)])
     print(f"\nplain decode: {1e3 * step:.2f} ms per step, {hand_offs / args.steps:.0f} hand-offs per step")
     slots = model.plan.expert_cache
-    if gpu and slots:
-        share = CACHE_PAIRS[0] / max(CACHE_PAIRS[1], 1)
-        print(f"  expert cache: {next(iter(slots.values()))} of {c.n_expert} experts in each of {len(slots)} layers "
-              f"({model.plan.vram.get('expert_cache', 0) / 2**30:.2f} GiB); the GPU ran {share:.1%} of the selected "
+    if gpu:
+        share = GPU_PAIRS[0] / max(GPU_PAIRS[1], 1)
+        cached = (f"{next(iter(slots.values()))} of {c.n_expert} experts cached in each of {len(slots)} layers "
+                  f"({model.plan.vram.get('expert_cache', 0) / 2**30:.2f} GiB)" if slots else "no expert cache")
+        print(f"  GPU experts: {cached}, PCIe share {args.pcie_share}; the GPU ran {share:.1%} of the selected "
               f"(row, expert) pairs")
-    elif gpu:
-        print("  expert cache: none (every routed expert runs on the CPU)")
     print_phase(prof, "decode", args.steps)
     print_hand_offs(prof, "decode", hand_offs, stages, regions, copies)
 

@@ -67,13 +67,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=4, help="traced steps")
     p.add_argument("--k", type=int, default=1, help="tokens per step (a verify step with logits of all rows when > 1)")
     p.add_argument("--no-expert-cache", action="store_true")
+    p.add_argument("--pcie-share", type=float, default=None, help="default: the engine's")
     args = p.parse_args(argv)
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import hybrid
-    model = hybrid.load(args.model, device="cuda", vram=args.vram, expert_cache=not args.no_expert_cache)
+    from hybrid.placement import DEFAULT_PCIE_SHARE
+    share = DEFAULT_PCIE_SHARE if args.pcie_share is None else args.pcie_share
+    model = hybrid.load(args.model, device="cuda", vram=args.vram, expert_cache=not args.no_expert_cache,
+                        pcie_share=share)
     model.warmup()
     fw = model.forward
     state = fw.new_state(args.steps * args.k + 64)

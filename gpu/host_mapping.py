@@ -1,0 +1,96 @@
+"""Host memory the GPU reads in place: page-locked ranges of the mapped GGUF file.
+
+Two users: the weight streamer copies a prompt chunk's FFN weights with the copy engine straight
+from the registered mapping (gpu/weight_stream.py), and a decode step's kernels read some routed
+experts over PCIe without any copy (gpu/expert_cache.py). Registration page-locks the ranges
+(cuMemHostRegister, read-only: the file is mapped read-only) and maps them into the device's
+address space, so a device pointer to them exists.
+
+Why the GPU should read host memory at all: on the GPU machine the CPU's 16 cores read ~85-98
+GB/s, and while they do, a kernel reading registered host memory still gets ~45 GB/s over PCIe
+(tools/device/pcie_share.py: 88.2 GB/s for the CPU and 44.6 for the GPU at once). The host's
+DRAM has more bandwidth than the cores pull; the GPU's reads use some of the rest.
+"""
+from __future__ import annotations
+
+import mmap
+import weakref
+
+import numpy as np
+
+from .device import simulated
+
+
+def page_ranges(arrays) -> list[tuple[int, int]]:
+    """The host arrays' address ranges rounded out to whole pages, overlapping ones merged
+    (the driver refuses to register a page twice)."""
+    page = mmap.PAGESIZE
+    spans = sorted((a.ctypes.data // page * page, -(-(a.ctypes.data + a.nbytes) // page) * page)
+                   for a in arrays)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi - lo) for lo, hi in merged]
+
+
+def register_host_ranges(arrays) -> tuple[list[int], str | None]:
+    """Page-lock the memory of host arrays, mapped for the device: (registered base addresses,
+    None), or ([], why not) with nothing left registered."""
+    if simulated():
+        return [], "the CUDA simulator has no page-locked memory"
+    from cuda.bindings import driver as cu
+    flags = cu.CU_MEMHOSTREGISTER_READ_ONLY | cu.CU_MEMHOSTREGISTER_DEVICEMAP
+    done: list[int] = []
+    for start, size in page_ranges(arrays):
+        (err,) = cu.cuMemHostRegister(start, size, flags)
+        if int(err) != 0:
+            unregister_host_ranges(done)
+            return [], f"cuMemHostRegister: {cu.cuGetErrorName(err)[1].decode()}"
+        done.append(start)
+    return done, None
+
+
+def unregister_host_ranges(bases: list[int]) -> None:
+    from cuda.bindings import driver as cu
+    for base in bases:
+        cu.cuMemHostUnregister(base)       # errors ignored: the mapping may already be gone
+    bases.clear()
+
+
+class DeviceViews:
+    """Device arrays over host arrays, read in place by kernels (over PCIe), for as long as this
+    object lives: `arrays` (C-contiguous views of the file), or None with `why` when the
+    driver refused. Under the simulator the views are copies in (simulated) device memory:
+    kernels read the same bytes, the same way."""
+
+    def __init__(self, hosts):
+        self.arrays, self.why = None, None
+        if simulated():
+            from numba import cuda
+            self.arrays = [cuda.to_device(np.ascontiguousarray(h)) for h in hosts]
+            return
+        if not all(h.flags.c_contiguous for h in hosts):
+            self.why = "the views are not C-contiguous"
+            return
+        bases, self.why = register_host_ranges(hosts)
+        if self.why is not None:
+            return
+        self._finalizer = weakref.finalize(self, unregister_host_ranges, bases)
+        self.arrays = [_device_view(h) for h in hosts]
+
+
+def _device_view(host: np.ndarray):
+    """A numba device array over registered host memory (no copy; the owner keeps it alive)."""
+    from cuda.bindings import driver as cu
+    from numba import cuda
+    err, pointer = cu.cuMemHostGetDevicePointer(host.ctypes.data, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cuMemHostGetDevicePointer: {cu.cuGetErrorName(err)[1].decode()}")
+    # not flagged read-only (though it is): to Numba a read-only array is another type, which a
+    # kernel taking it beside a device array of the same layout could not unify
+    interface = {"shape": host.shape, "strides": None, "typestr": host.dtype.str, "data": (int(pointer), False),
+                 "version": 3}
+    return cuda.from_cuda_array_interface(interface, owner=host, sync=False)
