@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
     import hybrid
     from cpu.bandwidth import read_bandwidth
     probe_before = read_bandwidth(1 << 30)
+    t0 = time.perf_counter()
     model = hybrid.load(args.model, device="cuda", vram=args.vram, expert_cache=not args.no_expert_cache,
                         pcie_share=max(shares))
     c = model.config
@@ -86,12 +87,13 @@ def main(argv: list[str]) -> int:
     if not c.is_moe or not mapped or mapped[0].mapped is None:
         print(f"nothing to sweep: {'not a MoE model' if not c.is_moe else mapped[0].pcie if mapped else 'no GPU experts'}")
         return 1
+    loaded = time.perf_counter() - t0
     model.warmup()
     w = model.forward.weights
     routed = sum(layer.ffn.n_used * layer.ffn.expert_bytes for layer in w.layers)   # bytes per token
     print(f"{args.model.name}: {c.n_layer} layers, {c.n_expert} experts (top {c.n_expert_used}); hybrid @ "
           f"{args.vram}, {mapped[0].n_slots} experts cached per layer; routed bytes per token "
-          f"{routed / 1e6:.1f} MB")
+          f"{routed / 1e6:.1f} MB; loaded in {loaded:.1f} s (host experts {mapped[0].pcie})")
 
     fw = model.forward
     state = fw.new_state(args.rounds * len(shares) * (args.steps + 2) + 64)
