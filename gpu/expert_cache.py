@@ -13,13 +13,19 @@ slots (`Plan.expert_cache`); the PCIe share is a fraction of each row's uncached
 Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
   1. `route` on the device: each row's top-k experts and their renormalised weights (the rule of
      cpu.moe.route), and where each (row, rank) pair runs (`where`, n × k codes): from its cache
-     slot s (code s ≥ 0); over PCIe (code −2 − e), for the last `pcie_count[u]` of the row's u
-     uncached ranks; else on the CPU (−1). The experts copied down for the host mark every pair
+     slot s (code s ≥ 0); over PCIe, for the last `pcie_count[u]` of the row's u uncached ranks
+     (code −2 − s: staging slot s, the j-th such pair of row i in slot i·c + j, c = the most
+     any row takes); else on the CPU (−1). The experts copied down for the host mark every pair
      the GPU runs as ~e (cpu.moe_kernel skips those). The rule reads nothing but the row's own
      routing, so a row's split is the same in a one-row step and in a k-row verify;
   2. while the host runs its pairs (`cpu.moe.run_routed`), the device runs the GPU's (`run`):
-     gate and up products of the pair's row, SiLU(g)·u, the down product (one launch per matrix
-     kind for all the pairs, `gpu.matvec_q8.experts_matvec`; a CPU pair returns at once);
+     `fetch` copies the PCIe pairs' three matrices from the mapped host memory into staging
+     slots in one launch, on a side stream beside the shared expert (the copy waits on PCIe,
+     not on the SMs); then gate and up products of each pair's row, SiLU(g)·u, the down product
+     (one launch per matrix kind for all the pairs, from cache or staging slots,
+     `gpu.matvec_q8.experts_matvec`; a CPU pair returns at once). Fetching first and computing
+     from VRAM beat computing straight from host memory: three dependent launches each waited
+     out PCIe's latency on ~0.6 MB (35B-A3B shape, H100 box: a 0.5 share made steps slower);
   3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
      (+ the gated shared expert).
 Every row's arithmetic is the same whatever the number of rows (up to `PCIE_MAX_ROWS` rows for
@@ -41,14 +47,18 @@ from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
 from . import memory
 from .host_mapping import DeviceViews
-from .intrinsics import bits_to_f32, warp_max_u64
+from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
+from .device import simulated
 from .memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 PCIE_MAX_ROWS = 16         # calls of up to this many rows (decode, verify) get the PCIe share
+# blocks and threads per fetched pair: ~1 MB of loads in flight covers PCIe's latency (the
+# simulator runs each thread as a Python thread: a few do there)
+FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (128, 256)
 ON_CPU = -1                # a `where` code: the CPU runs the pair
 
 
@@ -61,13 +71,14 @@ def cacheable(ffn) -> bool:
 class ExpertCache:
     """A MoE layer's experts on the GPU's side: copies of `n_slots` routed experts in VRAM and
     which expert sits where, and (pcie_share > 0) the host memory of all of them mapped for the
-    device, of which each row's kernels read a share over PCIe.
+    device, from which each row's share is fetched over PCIe.
 
     stacks: the (gate, up, down) device arrays (n_slots, rows, row_bytes) uint8; slot_of: device
     int32 (E,), each expert's slot or −1; host_slot_of: the same table on the host. mapped: the
-    (gate, up, down) host stacks as device arrays (matrix e·steps[kind] is expert e's), or None;
-    pcie_count: device int32 (k + 1,), how many of a row's u uncached experts it reads over PCIe;
-    pcie: "off", "mapped", or why the mapping failed."""
+    (gate, up, down) host stacks as device arrays (matrices, words) uint32, expert e being
+    matrix e·steps[kind]; or None. pcie_count: device int32 (k + 1,), how many of a row's u
+    uncached experts the GPU fetches; per_row: the most any row fetches (its staging slots,
+    fixed at construction); pcie: "off", "mapped", or why the mapping failed."""
 
     def __init__(self, ffn, n_slots: int, pcie_share: float = 0.0):
         if not cacheable(ffn):
@@ -84,22 +95,27 @@ class ExpertCache:
         self.load(ffn, np.arange(self.n_slots))
         self.mapped, self.steps, self.pcie = None, (1, 1, 1), "off"
         if pcie_share > 0:
-            hosts, self.steps = zip(*(_host_stack(m.data) for m in (ffn.gate, ffn.up, ffn.down)))
-            self._views = DeviceViews(hosts)
-            if self._views.arrays is not None:
-                self.mapped, self.pcie = tuple(self._views.arrays), "mapped"
-            else:
-                self.pcie, counts = f"off: {self._views.why}", np.zeros_like(counts)
+            self.pcie = self._map(ffn)
+            if self.mapped is None:
+                counts = np.zeros_like(counts)
+        self.per_row = int(counts[-1])
         self.pcie_count = memory.upload(counts)
         self._no_pcie = memory.upload(np.zeros(ffn.n_used + 1, np.int32))
 
-    def set_pcie_share(self, share: float) -> None:
-        """Change the PCIe share of a mapped cache in place (captured steps see the new table;
-        a benchmark sweeps it)."""
-        if self.mapped is None:
-            raise ValueError(f"this cache reads nothing over PCIe ({self.pcie})")
-        memory.copy(self.pcie_count, pcie_counts(share, self.pcie_count.shape[0] - 1))
-        memory.synchronize()
+    def _map(self, ffn) -> str:
+        """Map the experts' host memory for the device (`mapped`, `steps`); the mapping's state."""
+        hosts, steps = [], []
+        for m in (ffn.gate, ffn.up, ffn.down):
+            stack, step = _host_stack(m.data)
+            if stack[0].nbytes % 16:
+                return "off: the expert matrices are not whole 16-byte words"
+            hosts.append(stack.reshape(stack.shape[0], -1).view(np.uint32))
+            steps.append(step)
+        self._views = DeviceViews(hosts)
+        if self._views.arrays is None:
+            return f"off: {self._views.why}"
+        self.mapped, self.steps = tuple(self._views.arrays), tuple(steps)
+        return "mapped"
 
     def load(self, ffn, experts) -> None:
         """Put these experts (at most n_slots, distinct) in the cache, keeping those already in
@@ -119,18 +135,27 @@ class ExpertCache:
         memory.copy(self.slot_of, self.host_slot_of)
         memory.synchronize()
 
-    def tables(self, n: int) -> tuple:
-        """(slot_of, pcie_count) for `route` in a call of n rows: prompt-sized calls read nothing
-        over PCIe (module docstring)."""
-        return self.slot_of, self.pcie_count if n <= PCIE_MAX_ROWS else self._no_pcie
+    def set_pcie_share(self, share: float) -> None:
+        """Change the PCIe share in place (captured steps see the new table; a benchmark sweeps
+        it), up to the share the cache was made with (its staging slots)."""
+        counts = pcie_counts(share, self.pcie_count.shape[0] - 1)
+        if counts[-1] > self.per_row:
+            raise ValueError(f"share {share} fetches up to {counts[-1]} experts a row; this cache stages {self.per_row}")
+        memory.copy(self.pcie_count, counts)
+        memory.synchronize()
 
-    def sources(self, kind: int) -> tuple:
-        """(cached, mapped, step) of matrix kind 0/1/2 (gate/up/down) for `experts_matvec`: a
-        stack it never reads stands in for one that is absent."""
-        cached, mapped = self.stacks[kind], None if self.mapped is None else self.mapped[kind]
-        if mapped is None:
-            return cached, cached, 1
-        return (cached if self.n_slots else mapped), mapped, self.steps[kind]
+    def tables(self, n: int) -> tuple:
+        """(slot_of, pcie_count) for `route` in a call of n rows: prompt-sized calls fetch nothing
+        (module docstring)."""
+        return self.slot_of, self.pcie_count if n <= PCIE_MAX_ROWS and self.per_row else self._no_pcie
+
+    def staging(self) -> tuple | None:
+        """The (gate, up, down) staging stacks (PCIE_MAX_ROWS · per_row slots each), or None.
+        Scratch: every MoE layer of this shape uses the same ones, one after another."""
+        if not self.per_row:
+            return None
+        return tuple(memory.scratch(f"expert_cache.stage{kind}", (PCIE_MAX_ROWS * self.per_row, *stack.shape[1:]),
+                                    np.uint8) for kind, stack in enumerate(self.stacks))
 
 
 def pcie_counts(share: float, k: int) -> np.ndarray:
@@ -234,12 +259,14 @@ def _route(bits, slot_of, pcie_count, experts, weights, where):
             if slot_of[picked[r]] < 0:
                 uncached += 1
         over_pcie = pcie_count[uncached]            # the last ones of the uncached ranks
+        stage = i * pcie_count[k]                   # this row's first staging slot
         for r in range(k - 1, -1, -1):
             slot = slot_of[picked[r]]
             if slot >= 0:
                 code[r] = slot
             elif over_pcie > 0:
-                code[r] = -2 - picked[r]
+                code[r] = -2 - stage
+                stage += 1
                 over_pcie -= 1
             else:
                 code[r] = ON_CPU
@@ -288,22 +315,75 @@ def _silu_times_gpu(g, u, where):
             g[a, c] = gv / (float32(1.0) + math.exp(-gv)) * u[a, c]
 
 
-def run(cache: ExpertCache, x, where, y) -> None:
-    """y[i·k + rank] = the output of row i's rank-th expert, for the pairs `where` gives the GPU
-    (other rows of y are left as they were). x: (n, D) float32 on the device."""
+@cuda.jit(device=True, inline=True)
+def _copy_matrix(src, matrix, dst, t, stride):
+    """dst[:] = src[matrix, :] (uint32 words, 16 bytes a load), words t·4, (t + stride)·4, …
+    of it by this thread: two loads in flight before their stores."""
+    words = dst.shape[0]
+    q = 4 * t
+    while q + 4 * stride < words:
+        a0, a1, a2, a3 = load_u32x4(src, matrix, q)
+        b0, b1, b2, b3 = load_u32x4(src, matrix, q + 4 * stride)
+        store_u32x4(dst, q, a0, a1, a2, a3)
+        store_u32x4(dst, q + 4 * stride, b0, b1, b2, b3)
+        q += 8 * stride
+    if q < words:
+        a0, a1, a2, a3 = load_u32x4(src, matrix, q)
+        store_u32x4(dst, q, a0, a1, a2, a3)
+
+
+@cuda.jit(cache=True)
+def _fetch(where, experts, g_src, u_src, d_src, g_step, u_step, d_step, g_dst, u_dst, d_dst):
+    """Pair a (grid y) fetched over PCIe (code −2 − s): its expert's three matrices from the
+    mapped host stacks (matrices, words) into staging slot s of the (slots, words) stacks."""
+    a = cuda.blockIdx.y
+    k = where.shape[1]
+    i = a // k
+    code = where[i, a - i * k]
+    if code > -2:
+        return
+    slot = -2 - code
+    e = -1 - experts[i, a - i * k]
+    t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    stride = cuda.gridDim.x * cuda.blockDim.x
+    _copy_matrix(g_src, e * g_step, g_dst[slot], t, stride)
+    _copy_matrix(u_src, e * u_step, u_dst[slot], t, stride)
+    _copy_matrix(d_src, e * d_step, d_dst[slot], t, stride)
+
+
+def fetch(cache: ExpertCache, where, experts, staged, stream) -> None:
+    """Copy the pairs `where` sends over PCIe into their staging slots (`staged`: `staging()`)."""
     n, k = where.shape
+    dst = [stage.reshape(stage.shape[0], stage.shape[1] * stage.shape[2]).view(np.uint32) for stage in staged]
+    _fetch[(FETCH_BLOCKS, n * k), FETCH_THREADS, stream](where, experts, *cache.mapped, *cache.steps, *dst)
+
+
+def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
+    """y[i·k + rank] = the output of row i's rank-th expert, for the pairs `where` gives the GPU
+    (other rows of y are left as they were); meanwhile() queues other device work (the shared
+    expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device."""
+    n, k = where.shape
+    staged = cache.staging() if n <= PCIE_MAX_ROWS else None
+    if staged is not None:
+        memory.beside(lambda side: fetch(cache, where, experts, staged, side), meanwhile)
+    elif meanwhile is not None:
+        meanwhile()
     gate_t, up_t, down_t = cache.wtypes
     s = stream()
     h_shape = (n * k, cache.stacks[0].shape[1])
     g, u = memory.scratch("expert_cache.g", h_shape), memory.scratch("expert_cache.u", h_shape)
+
+    def sources(kind):
+        cached = cache.stacks[kind]
+        return (cached, cached) if staged is None else ((cached if cache.n_slots else staged[kind]), staged[kind])
     xq = quantize(x, s, UNITS[gate_t].x_layout)
-    experts_matvec(gate_t, *cache.sources(0), where, xq, g, False, s)
+    experts_matvec(gate_t, *sources(0), where, xq, g, False, s)
     if UNITS[up_t].x_layout != UNITS[gate_t].x_layout:
         xq = quantize(x, s, UNITS[up_t].x_layout)
-    experts_matvec(up_t, *cache.sources(1), where, xq, u, False, s)
+    experts_matvec(up_t, *sources(1), where, xq, u, False, s)
     _silu_times_gpu[-(-g.size // THREADS), THREADS, s](g, u, where)
     hq = quantize(g, s, UNITS[down_t].x_layout)
-    experts_matvec(down_t, *cache.sources(2), where, hq, y, True, s)
+    experts_matvec(down_t, *sources(2), where, hq, y, True, s)
 
 
 # --- 3. the sum ------------------------------------------------------------------------------------

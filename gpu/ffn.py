@@ -174,10 +174,10 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else None
 
         def meanwhile():
-            if shared_meanwhile is not None:
-                shared_meanwhile()
             if cache is not None:
-                expert_cache.run(cache, x, where, y)
+                expert_cache.run(cache, x, where, experts, y, shared_meanwhile)
+            else:
+                shared_meanwhile()
 
         # runs at a graph's replay too (bound once to the staging buffers): it may only use its
         # arguments, ffn's host weights and stats

@@ -222,12 +222,12 @@ def _kernel_template(TYPE_ID, SHAPE, STAMP):
 
 
 def _experts_template(TYPE_ID, SHAPE, STAMP):
-    def matvec_q8_experts_kernel(ws, ws8, hs, hs8, step, where, x_per_pair, xq, xm, out, rows, n_blocks):
+    def matvec_q8_experts_kernel(ws, ws8, hs, hs8, where, x_per_pair, xq, xm, out, rows, n_blocks):
         """Pair a = i·k + rank (grid y) of a MoE layer's routing, run where `where` (n, k) says
         (gpu/expert_cache.py): code s ≥ 0, from slot s of the cached stacks ws (slots, rows,
-        words); code −2 − e, from matrix e·step of the host-resident stacks hs (read over PCIe);
-        −1 (the CPU runs it) skips the pair, leaving its out row as it was. out[a] = W · x, x
-        being row i of xq/xm (the layer input) or, with x_per_pair, row a (the pair's hidden)."""
+        words); code −2 − s, from slot s of the staged stacks hs (fetched over PCIe); −1 (the
+        CPU runs it) skips the pair, leaving its out row as it was. out[a] = W · x, x being row
+        i of xq/xm (the layer input) or, with x_per_pair, row a (the pair's hidden)."""
         if TYPE_ID < 0 or SHAPE < 0 or STAMP < 0:  # never true (see matvec_q8_kernel)
             return
         a = cuda.blockIdx.y
@@ -240,7 +240,7 @@ def _experts_template(TYPE_ID, SHAPE, STAMP):
         if code >= 0:
             w, w8 = ws[code], ws8[code]
         else:
-            w, w8 = hs[(-2 - code) * step], hs8[(-2 - code) * step]
+            w, w8 = hs[-2 - code], hs8[-2 - code]
         matvec_rows(w, w8, xq[xr:xr + 1], xm[xr:xr + 1], out[a:a + 1], rows, n_blocks, cuda.blockIdx.x)
     return matvec_q8_experts_kernel
 
@@ -318,15 +318,14 @@ def kernel_argtypes(unit: Dp4aUnit) -> tuple:
 
 
 def experts_argtypes(unit: Dp4aUnit) -> tuple:
-    """Numba argument types of an experts kernel (ws, ws8, hs, hs8, step, where, x_per_pair, xq,
-    xm, out, rows, n_blocks)."""
+    """Numba argument types of an experts kernel (ws, ws8, hs, hs8, where, x_per_pair, xq, xm, out,
+    rows, n_blocks)."""
     from numba import types
     from numba.np import numpy_support
 
     def stack(dtype):
         return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 3, "C")
-    return (stack(unit.word), stack(np.uint8), stack(unit.word), stack(np.uint8), types.int64,
-            types.Array(types.int32, 2, "C"), types.boolean, _matrix(np.uint32), _matrix(np.uint32),
+    return (stack(unit.word), stack(np.uint8), stack(unit.word), stack(np.uint8), types.Array(types.int32, 2, "C"), types.boolean, _matrix(np.uint32), _matrix(np.uint32),
             _matrix(np.float32), types.int64, types.int64)
 
 
@@ -394,13 +393,11 @@ def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, st
             w, w_dev, xq[s0:s0 + k], xm[s0:s0 + k], ok, rows, n_blocks)
 
 
-def experts_matvec(type_id: int, cached, mapped, step: int, where, quantized, out_dev, x_per_pair: bool,
-                   stream) -> None:
+def experts_matvec(type_id: int, cached, staged, where, quantized, out_dev, x_per_pair: bool, stream) -> None:
     """A MoE layer's routed experts that the GPU runs (gpu/expert_cache.py): for every (row i,
     rank) pair a = i·k + rank that `where` (n, k) int32 gives the GPU — code s ≥ 0: slot s of
-    `cached` (slots, rows, row_bytes) uint8 in VRAM; code −2 − e: matrix e·step of `mapped`, the
-    experts' host memory mapped for the device — out_dev[a] = W · x, x being row i of the
-    quantised input, or row a with x_per_pair. quantized: (xq, xm) of `quantize` in this type's
+    `cached`; code −2 − s: slot s of `staged` (both (slots, rows, row_bytes) uint8 in VRAM) —
+    out_dev[a] = W · x, x being row i of the quantised input, or row a with x_per_pair. quantized: (xq, xm) of `quantize` in this type's
     layout; out_dev: (n·k, rows) float32. Each pair gets the bits of a one-slot `matvec` on its
     expert's matrix, wherever that is read from."""
     unit = UNITS[type_id]
@@ -412,5 +409,5 @@ def experts_matvec(type_id: int, cached, mapped, step: int, where, quantized, ou
     blocks = -(-rows // (WARPS * (32 // lanes) * r))
     xq, xm = quantized
     experts_kernel(type_id, r, lanes)[(blocks, pairs), BLOCK_THREADS, stream](
-        cached.view(unit.word), cached, mapped.view(unit.word), mapped, step, where, x_per_pair, xq, xm, out_dev,
+        cached.view(unit.word), cached, staged.view(unit.word), staged, where, x_per_pair, xq, xm, out_dev,
         rows, cols // unit.type.block_elems)

@@ -57,6 +57,28 @@ def mark():
     return _marker
 
 
+_side = None
+_fork = _join = None
+
+
+def beside(side_work, main_work=None) -> None:
+    """side_work(stream) queues work on a second stream, after everything queued so far, and
+    main_work() (if given) queues work on the main stream meanwhile, so the GPU may run both at
+    once; work queued on the main stream afterwards waits for both. Inside a CUDA-graph capture
+    this records a fork and a join of the graph."""
+    global _side, _fork, _join
+    if _side is None:
+        _side = cuda.stream()
+        _fork, _join = (cuda.event() if simulated() else cuda.event(timing=False) for _ in range(2))
+    _fork.record(stream())
+    _fork.wait(_side)
+    side_work(_side)
+    if main_work is not None:
+        main_work()
+    _join.record(_side)
+    _join.wait(stream())
+
+
 def wait_for(event) -> None:
     """Wait until the stream has run everything queued before `event` was recorded."""
     event.synchronize()

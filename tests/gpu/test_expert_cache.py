@@ -18,7 +18,7 @@ import gpu.matvec_q8 as mq
 import gpu.ffn
 import gpu.ops
 from tests.cpu.quant_data import random_rows, type_id
-from tests.gpu.test_moe import D, E, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
+from tests.gpu.test_moe import D, E, F, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 
 
@@ -62,11 +62,15 @@ def test_device_routing_of_a_nan_row_still_picks_distinct_experts():
 def place_like_the_module_says(experts, slot_of, counts):
     """The placement rule, written out: (where codes, the host's experts)."""
     where = np.full(experts.shape, ec.ON_CPU, np.int32)
+    per_row = counts[-1]
     for i, row in enumerate(experts):
         uncached = [r for r, e in enumerate(row) if slot_of[e] < 0]
-        pcie = uncached[len(uncached) - counts[len(uncached)]:] if counts[len(uncached)] else []
+        fetched = uncached[::-1][:counts[len(uncached)]]          # from the last rank down
         for r, e in enumerate(row):
-            where[i, r] = slot_of[e] if slot_of[e] >= 0 else -2 - e if r in pcie else ec.ON_CPU
+            if slot_of[e] >= 0:
+                where[i, r] = slot_of[e]
+            elif r in fetched:
+                where[i, r] = -2 - (i * per_row + fetched.index(r))
     return where, np.where(where == ec.ON_CPU, experts, ~experts)
 
 
@@ -99,19 +103,19 @@ def test_pcie_counts_round_half_up_and_stay_within_the_row():
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
 def test_each_gpu_pair_has_the_bits_of_a_one_slot_matvec_wherever_it_reads_from(kind):
-    """Cached pairs read their cache slot, PCIe pairs matrix e·step of the mapped host stack (here
-    a fused gate_up layout: step 2), CPU pairs are skipped."""
+    """Cached pairs read their cache slot, fetched pairs their staging slot, CPU pairs are
+    skipped."""
     rng = np.random.default_rng(5)
-    rows, cols, slots, n_expert, n, k = 8, 256, 3, 5, 2, 3
+    rows, cols, slots, n, k = 8, 256, 3, 2, 3
     stack = random_rows(kind, slots * rows, cols, rng).reshape(slots, rows, -1)
-    host = random_rows(kind, 2 * n_expert * rows, cols, rng).reshape(2 * n_expert, rows, -1)
+    staged = random_rows(kind, 4 * rows, cols, rng).reshape(4, rows, -1)
     where = np.array([[2, -1, -2 - 3], [-2 - 0, 0, -1]], np.int32)
     x = rng.standard_normal((n, cols)).astype(np.float32)
     t = type_id(kind)
     x_dev = cuda.to_device(x)
     out = cuda.to_device(np.full((n * k, rows), np.nan, np.float32))
     s = gpu.memory.stream()
-    mq.experts_matvec(t, cuda.to_device(stack), cuda.to_device(host), 2, cuda.to_device(where),
+    mq.experts_matvec(t, cuda.to_device(stack), cuda.to_device(staged), cuda.to_device(where),
                       mq.quantize(x_dev, s, mq.UNITS[t].x_layout), out, False, s)
     got = out.copy_to_host()
     for a in range(n * k):
@@ -119,11 +123,35 @@ def test_each_gpu_pair_has_the_bits_of_a_one_slot_matvec_wherever_it_reads_from(
         if code == ec.ON_CPU:
             assert np.isnan(got[a]).all(), a                # left as it was
             continue
-        matrix = stack[code] if code >= 0 else host[2 * (-2 - code)]
+        matrix = stack[code] if code >= 0 else staged[-2 - code]
         one = cuda.to_device(np.zeros((1, rows), np.float32))
         mq.matvec(t, cuda.to_device(np.ascontiguousarray(matrix)), x_dev[i:i + 1], one, rows, cols, 1, s)
         assert np.array_equal(got[a].view(np.uint32), one.copy_to_host()[0].view(np.uint32)), a
         assert np.abs(got[a]).max() > 0
+
+
+def test_fetch_copies_each_pcie_pair_into_its_staging_slot():
+    """A fused gate_up tensor (the halves step over each other) and a plain down stack: every
+    fetched pair's slot holds its expert's matrices, the other slots stay as they were."""
+    moe = hybrid_moe(seed=49)
+    rng = np.random.default_rng(9)
+    fused = random_rows("Q8_0", E * 2 * F, D, rng).reshape(E, 2 * F, -1)
+    moe = dataclasses.replace(moe, gate=dataclasses.replace(moe.gate, data=fused[:, :F]),
+                              up=dataclasses.replace(moe.up, data=fused[:, F:]))
+    cache = ec.ExpertCache(moe, 0, 1.0)
+    assert cache.pcie == "mapped" and cache.steps == (2, 2, 1) and cache.per_row == K
+    experts = np.array([[3, 0], [1, 2]], np.int64)
+    where = np.array([[-2 - 1, ec.ON_CPU], [-2 - 2, -2 - 3]], np.int32)
+    staged = cache.staging()
+    for stage in staged:
+        stage.copy_to_device(np.full(stage.shape, 7, np.uint8))
+    ec.fetch(cache, cuda.to_device(where), cuda.to_device(np.where(where == ec.ON_CPU, experts, ~experts)),
+             staged, gpu.memory.stream())
+    got = [stage.copy_to_host() for stage in staged]
+    for (i, r), slot in {(0, 0): 1, (1, 0): 2, (1, 1): 3}.items():
+        for kind, m in enumerate((moe.gate, moe.up, moe.down)):
+            assert np.array_equal(got[kind][slot], m.data[experts[i, r]]), (i, r, kind)
+    assert all((g[0] == 7).all() for g in got) and all((g[4:] == 7).all() for g in got)
 
 
 def test_host_stacks_of_a_fused_tensor_step_over_the_other_half():
