@@ -29,7 +29,7 @@ Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
   3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
      (+ the gated shared expert).
 Every row's arithmetic is the same whatever the number of rows (up to `PCIE_MAX_ROWS` rows for
-the PCIe share, which prompt chunks do not get: each pair reads its expert alone, where the CPU
+the PCIe share, which prompt chunks do not get: each pair fetches its expert alone, where the CPU
 reads an expert once for all its rows), so a k-token verify row keeps the bits of a one-token
 step (lossless drafting). The split into a host and a device part changes the order of the rank
 sum against the CPU-only path, and the GPU rounds activations per 32, the CPU per 256 (a
@@ -45,6 +45,8 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
+from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
+
 from . import memory
 from .host_mapping import DeviceViews
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
@@ -55,7 +57,6 @@ from .memory import THREADS, stream
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
-PCIE_MAX_ROWS = 16         # calls of up to this many rows (decode, verify) get the PCIe share
 # blocks and threads per fetched pair: ~1 MB of loads in flight covers PCIe's latency (the
 # simulator runs each thread as a Python thread: a few do there)
 FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (128, 256)
@@ -84,6 +85,7 @@ class ExpertCache:
         if not cacheable(ffn):
             raise ValueError("expert cache: the experts' types have no dp4a kernel")
         counts = pcie_counts(pcie_share, ffn.n_used)
+        self.k = ffn.n_used
         n_expert = ffn.gate.data.shape[0]
         self.n_slots = min(int(n_slots), n_expert)
         self.stacks = tuple(cuda.device_array((self.n_slots, *m.data.shape[1:]), np.uint8)
@@ -138,16 +140,24 @@ class ExpertCache:
     def set_pcie_share(self, share: float) -> None:
         """Change the PCIe share in place (captured steps see the new table; a benchmark sweeps
         it), up to the share the cache was made with (its staging slots)."""
-        counts = pcie_counts(share, self.pcie_count.shape[0] - 1)
+        counts = pcie_counts(share, self.k)
         if counts[-1] > self.per_row:
             raise ValueError(f"share {share} fetches up to {counts[-1]} experts a row; this cache stages {self.per_row}")
         memory.copy(self.pcie_count, counts)
         memory.synchronize()
 
+    def runs(self, n: int) -> bool:
+        """Whether the GPU runs any pair of a call of n rows: it caches experts, or the call is
+        small enough to fetch (module docstring) and the launches' grid holds its pairs."""
+        return n * self.k <= MAX_PAIRS and (self.n_slots > 0 or self.fetches(n))
+
+    def fetches(self, n: int) -> bool:
+        """Whether a call of n rows fetches its share over PCIe."""
+        return self.per_row > 0 and n <= PCIE_MAX_ROWS
+
     def tables(self, n: int) -> tuple:
-        """(slot_of, pcie_count) for `route` in a call of n rows: prompt-sized calls fetch nothing
-        (module docstring)."""
-        return self.slot_of, self.pcie_count if n <= PCIE_MAX_ROWS and self.per_row else self._no_pcie
+        """(slot_of, pcie_count) for `route` in a call of n rows."""
+        return self.slot_of, self.pcie_count if self.fetches(n) else self._no_pcie
 
     def staging(self) -> tuple | None:
         """The (gate, up, down) staging stacks (PCIE_MAX_ROWS · per_row slots each), or None.
@@ -156,14 +166,6 @@ class ExpertCache:
             return None
         return tuple(memory.scratch(f"expert_cache.stage{kind}", (PCIE_MAX_ROWS * self.per_row, *stack.shape[1:]),
                                     np.uint8) for kind, stack in enumerate(self.stacks))
-
-
-def pcie_counts(share: float, k: int) -> np.ndarray:
-    """For u = 0..k uncached experts in a row, how many of them the GPU reads over PCIe:
-    share · u, rounded half up."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"the PCIe share is a fraction of a row's uncached experts, 0..1; got {share}")
-    return np.floor(share * np.arange(k + 1) + 0.5).astype(np.int32)
 
 
 def _host_stack(stack: np.ndarray) -> tuple[np.ndarray, int]:
@@ -363,7 +365,7 @@ def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
     (other rows of y are left as they were); meanwhile() queues other device work (the shared
     expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device."""
     n, k = where.shape
-    staged = cache.staging() if n <= PCIE_MAX_ROWS else None
+    staged = cache.staging() if cache.fetches(n) else None
     if staged is not None:
         memory.beside(lambda side: fetch(cache, where, experts, staged, side), meanwhile)
     elif meanwhile is not None:

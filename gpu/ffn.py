@@ -169,7 +169,7 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
         weights = memory.scratch("moe_weights", (n, ffn.n_used))
         where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
-        cache = ffn.cache if n * ffn.n_used <= expert_cache.MAX_PAIRS else None
+        cache = ffn.cache if ffn.cache is not None and ffn.cache.runs(n) else None
         expert_cache.route(logits, experts, weights, where, None if cache is None else cache.tables(n))
         y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else None
 

@@ -61,11 +61,11 @@ class Model:
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
         # A MoE model's leftover VRAM caches routed experts (expert_cache=False leaves it free).
         self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
-                             ring_for_draft(None, self.has_mtp), expert_cache=expert_cache)
+                             ring_for_draft(None, self.has_mtp), expert_cache=expert_cache, pcie_share=pcie_share)
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
-                                   expert_cache=self.plan.expert_cache, pcie_share=pcie_share)
+                                   expert_cache=self.plan.expert_cache, pcie_share=self.plan.pcie_share)
         else:
             self.forward = Forward(self.file)
         self._mtp = None

@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from .config import ModelConfig
 from .errors import HybridError
 from .units import MiB, format_size, parse_size
@@ -46,10 +48,16 @@ DEFAULT_N_CTX = 4096
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
-# Of the routed experts a token picks that the GPU does not cache, the share its kernels read from
-# host memory over PCIe while the CPU runs the rest (gpu/expert_cache.py). The host's DRAM serves
-# both: on the GPU machine the CPU read 88 GB/s while the GPU read 45 over PCIe.
-DEFAULT_PCIE_SHARE = 0.5
+# Of the routed experts a token picks that the GPU does not cache, the share it fetches from host
+# memory over PCIe while the CPU runs the rest (gpu/expert_cache.py). The host's DRAM serves both:
+# on the GPU machine the CPU read 88 GB/s while the GPU read 45 over PCIe. 35B-A3B shape at 12 GiB,
+# H100 box, one process: shares 0 / 0.25 / 0.375 / 0.5 gave 11.72 / 10.82 / 10.05 / 11.08 ms per
+# token (past 0.375 the GPU's side of a hand-off takes longer than the CPU's).
+DEFAULT_PCIE_SHARE = 0.375
+# Calls of up to this many rows fetch their share: a verify step at the deepest draft (16) has 17,
+# so every decode and verify step splits a row alike (lossless drafting); a prompt chunk fetches
+# nothing (each pair fetches its expert alone, where the CPU reads an expert once for all rows).
+PCIE_MAX_ROWS = 17
 
 
 def check_pcie_share(share) -> float:
@@ -61,6 +69,14 @@ def check_pcie_share(share) -> float:
     if not 0.0 <= value <= 1.0:
         raise HybridError(f"the PCIe share is a fraction of a token's uncached experts, from 0 to 1; got {value}")
     return value
+
+
+def pcie_counts(share: float, k: int) -> np.ndarray:
+    """For u = 0..k uncached experts in a row, how many of them the GPU fetches over PCIe:
+    share · u, rounded half up."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"the PCIe share is a fraction of a row's uncached experts, 0..1; got {share}")
+    return np.floor(share * np.arange(k + 1) + 0.5).astype(np.int32)
 
 
 # --- -ot / --override-tensor -------------------------------------------------------------------
@@ -125,6 +141,7 @@ class Plan:
     expert_cache: dict[int, int] = field(default_factory=dict)   # layer → experts cached on the GPU
     expert_cache_token_bytes: int = 0        # per-token expert bytes the cache serves (uniform routing)
     notes: tuple[str, ...] = ()
+    pcie_share: float = 0.0                  # of a token's uncached experts, the share the GPU fetches
 
     def side(self, name: str) -> str:
         return self.tensors[name].side
@@ -198,6 +215,7 @@ class Plan:
             "ffn_layers_on_cpu": self.ffn_layers(CPU),
             "expert_cache": {str(k): v for k, v in self.expert_cache.items()},
             "expert_cache_token_bytes": self.expert_cache_token_bytes,
+            "pcie_share": self.pcie_share,
             "groups": self.groups(),
             "tensors": {n: t.side for n, t in self.tensors.items()},
             "forced": sorted(n for n, t in self.tensors.items() if t.forced),
@@ -339,10 +357,12 @@ def cpu_plan(model, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0, overrides: Sequ
 
 
 def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,
-                   overrides: Sequence[Override] = (), expert_cache: bool = False,
+                   overrides: Sequence[Override] = (), expert_cache: bool = False, pcie_share: float = 0.0,
                    margin: int | None = None, notes: Sequence[str] = ()) -> Plan:
     """Place `model` (anything with .config and .tensors: name → .name/.role/.nbytes/.ne) given
-    `budget` bytes of VRAM. HybridError when the must-have part does not fit."""
+    `budget` bytes of VRAM. HybridError when the must-have part does not fit. A MoE model's
+    PCIe share (of each token's uncached experts, fetched by the GPU) reserves its staging
+    slots before the expert cache takes what is left."""
     c: ModelConfig = model.config
     n_ctx = _cap_ctx(c, n_ctx)
     if n_ring < 0:
@@ -386,13 +406,29 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
             vram["kv_cache"] += u.extra
             left -= u.cost
 
+    per_expert = _expert_bytes_on_cpu(model, groups, side, c, drafting)
+    staging = pcie_staging_bytes(pcie_share, c.n_expert_used, max(per_expert.values(), default=0))
+    if staging > left:
+        notes = [*notes, f"no room for the PCIe share's staging ({format_size(staging)}): the CPU runs every "
+                         f"uncached expert"]
+    if 0 < staging <= left:
+        vram["pcie_staging"] = staging
+        left -= staging
+    else:
+        pcie_share = 0.0
     cache: dict[int, int] = {}
     cache_token_bytes = 0
     if expert_cache and c.is_moe:
-        cache, cache_bytes, cache_token_bytes = _expert_cache(model, groups, side, c, left, drafting)
+        cache, cache_bytes, cache_token_bytes = _expert_cache(c, per_expert, left)
         vram["expert_cache"] = cache_bytes
     return Plan("cuda", _places(model, side, set(forced)), budget, vram, n_ctx, n_ring,
-                cache, cache_token_bytes, tuple(notes))
+                cache, cache_token_bytes, tuple(notes), pcie_share)
+
+
+def pcie_staging_bytes(share: float, k: int, expert_bytes: int) -> int:
+    """VRAM the PCIe share stages its fetched experts in: the most experts a row fetches, for
+    every row of the largest call that fetches, of the largest expert (one set serves all layers)."""
+    return int(pcie_counts(share, k)[-1]) * PCIE_MAX_ROWS * expert_bytes if share > 0 else 0
 
 
 def _optional_units(model, groups: Mapping[str, str], unit, c: ModelConfig, n_ctx: int, drafting: bool):
@@ -414,20 +450,23 @@ def _optional_units(model, groups: Mapping[str, str], unit, c: ModelConfig, n_ct
     yield from sorted(dense, key=lambda u: u.nbytes)
 
 
-def _expert_cache(model, groups, side, c: ModelConfig, left: int, drafting: bool) -> tuple[dict[int, int], int, int]:
-    """Spend `left` bytes on caching the same number of experts in every MoE layer whose routed
-    experts are on the CPU. Returns (layer → experts, bytes, per-token bytes served at uniform
-    routing: the runtime caches the most-used experts, so real hits are higher)."""
+def _expert_bytes_on_cpu(model, groups, side, c: ModelConfig, drafting: bool) -> dict[int, int]:
+    """Layer → bytes of one routed expert, for the MoE layers whose routed experts are on the CPU
+    (the MTP block's only when drafting)."""
     per_expert: dict[int, int] = {}
-    token: dict[int, int] = {}
     for n, g in groups.items():
         i = layer_of(n)
-        if g != "experts" or side[n] != CPU or (i >= c.n_layer and not drafting):
-            continue
-        t = model.tensors[n]
-        per_expert[i] = per_expert.get(i, 0) + t.nbytes // c.n_expert
-        if i < c.n_layer:
-            token[i] = token.get(i, 0) + t.nbytes * c.n_expert_used // c.n_expert
+        if g == "experts" and side[n] == CPU and (i < c.n_layer or drafting):
+            per_expert[i] = per_expert.get(i, 0) + model.tensors[n].nbytes // c.n_expert
+    return per_expert
+
+
+def _expert_cache(c: ModelConfig, per_expert: Mapping[int, int], left: int) -> tuple[dict[int, int], int, int]:
+    """Spend `left` bytes on caching the same number of experts in every MoE layer of
+    `per_expert` (`_expert_bytes_on_cpu`). Returns (layer → experts, bytes, per-token bytes
+    served at uniform routing: the runtime caches the most-used experts, so real hits are
+    higher)."""
+    token = {i: b * c.n_expert_used for i, b in per_expert.items() if i < c.n_layer}
     one_each = sum(per_expert.values())
     k = min(c.n_expert, left // one_each) if one_each else 0
     if k <= 0:
@@ -482,7 +521,7 @@ def gpu_free_memory() -> int | None:
 
 def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cpu_only: bool = False,
              overrides: Sequence[str] | Sequence[Override] = (), n_ctx: int = DEFAULT_N_CTX,
-             n_ring: int = 0, *, expert_cache: bool = False) -> Plan:
+             n_ring: int = 0, *, expert_cache: bool = False, pcie_share: float = 0.0) -> Plan:
     """The plan a run uses. device: cpu, cuda or auto. vram: budget ('12GiB', bytes) or None for
     the GPU's free memory. Without a GPU: a CPU plan for auto, a clear error for cuda."""
     if device not in ("cpu", "cuda", "auto"):
@@ -509,7 +548,7 @@ def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cp
                      f"using {format_size(free)}")
         budget = free
     return plan_placement(model_file, budget, n_ctx=n_ctx, n_ring=n_ring, overrides=rules,
-                          expert_cache=expert_cache, notes=notes)
+                          expert_cache=expert_cache, pcie_share=pcie_share, notes=notes)
 
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from . import app
-from .common import CpuOnlyOpt, OverrideTensorOpt, VramOpt
+from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
 from ..model_file import default_model_path, open_model
 from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides, ring_for_draft
 from ..summary import describe_plan, summarize
@@ -40,6 +40,7 @@ def info(
         "--expert-cache/--no-expert-cache",
         help="MoE: plan the GPU cache of routed experts in the leftover VRAM, as decoding uses by default "
              "(--no-expert-cache: the plan of a run with --no-expert-cache).")] = True,
+    pcie_share: float = PcieShareOpt,
     cpu_bandwidth: Annotated[str, typer.Option(
         "--cpu-bandwidth", help="CPU read bandwidth for the per-token roofline in the plan.")] = "100GB/s",
 ) -> None:
@@ -51,7 +52,7 @@ def info(
         summary = summarize(m)
         if plan:
             summary["plan"] = describe_plan(
-                _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache), bandwidth)
+                _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share), bandwidth)
     if as_json:
         # plain print: rich would wrap long lines and break the JSON
         print(json.dumps(summary))
@@ -62,14 +63,15 @@ def info(
             render_plan(summary["plan"], out)
 
 
-def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache):
+def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share):
     """An explicit --vram plans for that budget on any machine (no GPU needed: 'what would fit
     on a 12 GiB card?'); without it, the plan a run here would use (free VRAM, or the CPU)."""
     n_ring = ring_for_draft(draft, m.config.n_nextn > 0)
     if vram is not None and not cpu_only:
         return plan_placement(m, parse_size(vram, "VRAM budget (--vram)"), n_ctx=ctx_size, n_ring=n_ring,
-                              overrides=rules, expert_cache=expert_cache)
-    return plan_for(m, "auto", None, cpu_only, rules, ctx_size, n_ring, expert_cache=expert_cache)
+                              overrides=rules, expert_cache=expert_cache, pcie_share=pcie_share)
+    return plan_for(m, "auto", None, cpu_only, rules, ctx_size, n_ring, expert_cache=expert_cache,
+                    pcie_share=pcie_share)
 
 
 def render(s: dict[str, Any], out: Console) -> None:
@@ -167,7 +169,7 @@ def _vram_table(p: dict[str, Any]) -> Table:
     t.add_column("size", justify="right")
     names = {"weights": "weights on the GPU", "kv_cache": f"KV cache (n_ctx {p['n_ctx']})",
              "gdn_state": f"GDN + conv state (live + {p['n_ring']} ring slots)", "scratch": "activation scratch",
-             "margin": "safety margin", "expert_cache": "expert cache",
+             "margin": "safety margin", "expert_cache": "expert cache", "pcie_staging": "PCIe share staging",
              "weight_streaming": "prompt FFN weight streaming (2 layer slots)"}
     for key, n in p["vram"].items():
         t.add_row(names.get(key, key), _size(n))

@@ -17,6 +17,7 @@ import gpu.expert_cache as ec
 import gpu.matvec_q8 as mq
 import gpu.ffn
 import gpu.ops
+from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
 from tests.cpu.quant_data import random_rows, type_id
 from tests.gpu.test_moe import D, E, F, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
@@ -82,7 +83,7 @@ def test_device_routing_places_each_pair_by_the_rule(share):
     want_experts, want_weights = cpu.moe.route(logits, k)
     slot_of = np.full(n_expert, -1, np.int32)
     slot_of[[1, 4, 6, 9, 12, 13]] = np.arange(6)
-    counts = ec.pcie_counts(share, k)
+    counts = pcie_counts(share, k)
     experts = cuda.to_device(np.full((n, k), 99, np.int64))
     weights = cuda.to_device(np.full((n, k), np.nan, np.float32))
     where = cuda.to_device(np.full((n, k), 99, np.int32))
@@ -93,12 +94,6 @@ def test_device_routing_places_each_pair_by_the_rule(share):
     np.testing.assert_allclose(weights.copy_to_host(), want_weights, rtol=1e-6)
     got = where.copy_to_host()
     assert (got <= -2).any() == (share > 0) and (got >= 0).any() and (got == ec.ON_CPU).any() == (share < 1)
-
-
-def test_pcie_counts_round_half_up_and_stay_within_the_row():
-    assert ec.pcie_counts(0.5, 8).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
-    assert ec.pcie_counts(0.3, 4).tolist() == [0, 0, 1, 1, 1]
-    assert ec.pcie_counts(0.0, 3).tolist() == [0] * 4 and ec.pcie_counts(1.0, 3).tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])
@@ -191,7 +186,7 @@ def test_hybrid_moe_with_gpu_experts_matches_the_cpu_op_in_one_hand_off(hand_off
     chosen = want_stats.chosen[0]
     assert np.array_equal(cpu.moe_kernel.expert_ids(stats.chosen[0]), chosen)   # every pair counted
     want_where, want_host = place_like_the_module_says(chosen, cache.host_slot_of,
-                                                       ec.pcie_counts(share, K))
+                                                       pcie_counts(share, K))
     assert (want_where != ec.ON_CPU).any()
     assert np.array_equal(ran_on_host[0], np.where(want_where == ec.ON_CPU, chosen, -1))
     np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-4, atol=1e-5)
@@ -202,12 +197,14 @@ def test_hybrid_moe_with_gpu_experts_matches_the_cpu_op_in_one_hand_off(hand_off
     assert np.array_equal(out.copy_to_host()[1].view(np.uint32), one.copy_to_host()[0].view(np.uint32))
 
 
-def test_prompt_sized_calls_read_nothing_over_pcie():
+def test_prompt_sized_calls_fetch_nothing_over_pcie():
     moe = hybrid_moe(seed=47)
-    cache = ec.ExpertCache(moe, 0, 1.0)
-    for n, counted in ((1, True), (ec.PCIE_MAX_ROWS, True), (ec.PCIE_MAX_ROWS + 1, False)):
-        slot_of, counts = cache.tables(n)
-        assert counts.copy_to_host().any() == counted
+    fetching, caching = ec.ExpertCache(moe, 0, 1.0), ec.ExpertCache(moe, 1)
+    for n, fetched in ((1, True), (PCIE_MAX_ROWS, True), (PCIE_MAX_ROWS + 1, False)):
+        assert fetching.tables(n)[1].copy_to_host().any() == fetched
+        assert fetching.fetches(n) == fetching.runs(n) == fetched
+        assert caching.runs(n) and not caching.fetches(n)
+    assert not caching.runs(ec.MAX_PAIRS // K + 1)
 
 
 def test_a_share_outside_zero_to_one_is_refused():

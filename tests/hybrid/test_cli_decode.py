@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hybrid
+from hybrid.errors import HybridError
 
 
 def run_cli(*args, timeout=600):
@@ -56,10 +57,16 @@ def test_bad_input_gives_clear_message(args, message):
     assert "Traceback" not in r.stderr
 
 
-def test_bad_flag_is_a_usage_error():
-    r = run_cli("decode", "--temp", "warm")
+@pytest.mark.parametrize("args", [("--temp", "warm"), ("--pcie-share", "1.5"), ("--pcie-share", "-0.1")])
+def test_bad_flag_is_a_usage_error(args):
+    r = run_cli("decode", *args)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
+
+
+def test_library_refuses_a_pcie_share_outside_zero_to_one():
+    with pytest.raises(HybridError, match="from 0 to 1"):
+        hybrid.load(device="cpu", pcie_share=2.0)
 
 
 def test_bench_json_rows():

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 import hybrid.placement as placement
 from hybrid.cli import app
 from hybrid.errors import HybridError
-from hybrid.placement import (CPU, GPU, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides, plan_for,
-                              plan_placement, ring_for_draft)
+from hybrid.placement import (CPU, GPU, PCIE_MAX_ROWS, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
+                              pcie_counts, plan_for, plan_placement, ring_for_draft)
 from hybrid.synth import plan_model, preset
 from hybrid.synth.types import synth_layout
 
@@ -246,6 +246,54 @@ def test_moe_expert_cache_spends_leftover_vram(moe):
     assert cached.per_token(CPU) < plain.per_token(CPU)
     assert cached.per_token(CPU) + cached.per_token(GPU) == plain.per_token(CPU) + plain.per_token(GPU)
     assert all(cached.side(n) == CPU for n in moe.tensors if "_exps." in n)   # tensors stay mapped
+
+
+def test_moe_pcie_share_reserves_its_staging_before_the_expert_cache(moe):
+    c = moe.config
+    cached = plan_placement(moe, 12 * GiB, n_ring=5, expert_cache=True)
+    shared = plan_placement(moe, 12 * GiB, n_ring=5, expert_cache=True, pcie_share=0.375)
+    expert = sum(moe.tensors[n].nbytes for n in moe.tensors if n.startswith("blk.0.") and "_exps." in n) // c.n_expert
+    per_row = int(pcie_counts(0.375, c.n_expert_used)[-1])
+    assert per_row == 3 and shared.pcie_share == 0.375
+    assert shared.vram["pcie_staging"] == PCIE_MAX_ROWS * per_row * expert
+    assert shared.vram_used <= shared.budget
+    assert next(iter(shared.expert_cache.values())) < next(iter(cached.expert_cache.values()))
+    assert "pcie_staging" not in cached.vram and cached.pcie_share == 0.0
+
+
+def test_moe_pcie_share_is_off_where_its_staging_does_not_fit(moe):
+    without = plan_placement(moe, 12 * GiB, n_ring=5, margin=0)
+    staging = plan_placement(moe, 12 * GiB, n_ring=5, pcie_share=1.0, margin=0).vram["pcie_staging"]
+    squeezed = plan_placement(moe, without.vram_used + staging - 1, n_ring=5, pcie_share=1.0, margin=0)
+    assert squeezed.pcie_share == 0.0 and "pcie_staging" not in squeezed.vram
+    assert any("PCIe" in note for note in squeezed.notes)
+
+
+def test_dense_models_get_no_pcie_share(m27b):
+    p = plan_placement(m27b, 12 * GiB, n_ring=5, pcie_share=0.5)
+    assert p.pcie_share == 0.0 and "pcie_staging" not in p.vram
+
+
+def test_every_verify_step_fits_the_pcie_row_limit():
+    from hybrid.api import parse_draft
+    deepest = max(d for d in range(64) if _parses(parse_draft, d))
+    assert PCIE_MAX_ROWS == deepest + 1
+
+
+def _parses(parse, depth) -> bool:
+    try:
+        parse(depth)
+        return True
+    except HybridError:
+        return False
+
+
+def test_pcie_counts_round_half_up_and_refuse_shares_outside_zero_to_one():
+    assert pcie_counts(0.5, 8).tolist() == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert pcie_counts(0.375, 8).tolist() == [0, 0, 1, 1, 2, 2, 2, 3, 3]
+    assert pcie_counts(0.0, 3).tolist() == [0] * 4 and pcie_counts(1.0, 3).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="0..1"):
+        pcie_counts(1.5, 8)
 
 
 # --- hybrid info --plan ---------------------------------------------------------------------------
