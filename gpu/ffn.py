@@ -8,7 +8,7 @@ elementwise kernels, so every row keeps the bits of a one-row call, as on the CP
     routing on the device, then ONE hand-off per layer (`memory.host_call`) in which the host
     counts and runs the selected experts with the fused CPU kernel (`cpu.moe.run_routed`);
     meanwhile the device runs the shared expert and the selected experts it takes (those its
-    expert cache holds, and a share of the others read from host memory over PCIe:
+    expert cache holds, and a share of the others fetched from host memory over PCIe:
     gpu/expert_cache.py), and adds both once the host's sum is back. Nothing is read
     back outside the hand-off, so a step with such layers can be captured as a CUDA graph;
   - `moe_ffn`, experts uploaded (same algorithm as `cpu/moe.py`): router logits come to the
@@ -145,7 +145,7 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
 def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
     one hand-off for the routed experts the GPU leaves to the host (`ffn.cache`: the experts
-    cached in VRAM, and a share of the others read over PCIe; gpu/expert_cache.py); the shared
+    cached in VRAM, and a share of the others fetched over PCIe; gpu/expert_cache.py); the shared
     expert and the GPU's experts run on the device meanwhile (they only need x and the routing)
     and are added once the host's sum is back."""
     n, D = x.shape

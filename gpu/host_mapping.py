@@ -1,8 +1,9 @@
 """Host memory the GPU reads in place: page-locked ranges of the mapped GGUF file.
 
 Two users: the weight streamer copies a prompt chunk's FFN weights with the copy engine straight
-from the registered mapping (gpu/weight_stream.py), and a decode step's kernels read some routed
-experts over PCIe without any copy (gpu/expert_cache.py). Registration page-locks the ranges
+from the registered mapping (gpu/weight_stream.py), and a decode step's fetch kernel copies the
+routed experts the GPU takes from it, by pointers the routing picks on the device
+(gpu/expert_cache.py). Registration page-locks the ranges
 (cuMemHostRegister, read-only: the file is mapped read-only) and maps them into the device's
 address space, so a device pointer to them exists.
 
