@@ -102,7 +102,6 @@ class ExpertCache:
                 counts = np.zeros_like(counts)
         self.per_row = int(counts[-1])
         self.pcie_count = memory.upload(counts)
-        self._no_pcie = memory.upload(np.zeros(ffn.n_used + 1, np.int32))
 
     def _map(self, ffn) -> str:
         """Map the experts' host memory for the device (`mapped`, `steps`); the mapping's state."""
@@ -157,7 +156,7 @@ class ExpertCache:
 
     def tables(self, n: int) -> tuple:
         """(slot_of, pcie_count) for `route` in a call of n rows."""
-        return self.slot_of, self.pcie_count if self.fetches(n) else self._no_pcie
+        return self.slot_of, self.pcie_count if self.fetches(n) else no_gpu_tables(len(self.host_slot_of), self.k)[1]
 
     def staging(self) -> tuple | None:
         """The (gate, up, down) staging stacks (PCIE_MAX_ROWS · per_row slots each), or None.
