@@ -415,7 +415,7 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
                    weights: np.ndarray, out: np.ndarray, n_workers: int, pf: int,
                    stages: int = len(STAGES)) -> int:
     """out (n, D) = Σ_rank weights[i, rank] · (expert experts[i, rank])(x[i]) over the pairs
-    with experts[i, rank] ≥ 0; a pair marked ~e (= −1 − e, `run_elsewhere`) is left out: the GPU
+    with experts[i, rank] ≥ 0; a pair marked ~e (= −1 − e) is left out: the GPU
     runs expert e for it (gpu/expert_cache.py). Returns how many distinct experts `experts`
     names (those run elsewhere included).
 

@@ -1,5 +1,5 @@
 """The routed experts the GPU runs itself: copies of some experts of each MoE layer in the VRAM a
-plan leaves over (the cache), and a share of the others read straight from host memory over PCIe.
+plan leaves over (the cache), and a share of the others fetched from host memory over PCIe.
 The CPU runs the rest.
 
 Why: the routed experts are most of a MoE model's bytes per token and stay in host memory
@@ -48,10 +48,10 @@ from numba import cuda, float32, float64, int32, int64, uint32, uint64
 from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
 
 from . import memory
+from .device import simulated
 from .host_mapping import DeviceViews
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
-from .device import simulated
 from .memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)

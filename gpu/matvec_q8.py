@@ -325,8 +325,8 @@ def experts_argtypes(unit: Dp4aUnit) -> tuple:
 
     def stack(dtype):
         return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 3, "C")
-    return (stack(unit.word), stack(np.uint8), stack(unit.word), stack(np.uint8), types.Array(types.int32, 2, "C"), types.boolean, _matrix(np.uint32), _matrix(np.uint32),
-            _matrix(np.float32), types.int64, types.int64)
+    return (stack(unit.word), stack(np.uint8), stack(unit.word), stack(np.uint8), types.Array(types.int32, 2, "C"),
+            types.boolean, _matrix(np.uint32), _matrix(np.uint32), _matrix(np.float32), types.int64, types.int64)
 
 
 # (slots, rows per group, lanes per row): the most units in flight; the most accumulators
@@ -397,9 +397,9 @@ def experts_matvec(type_id: int, cached, staged, where, quantized, out_dev, x_pe
     """A MoE layer's routed experts that the GPU runs (gpu/expert_cache.py): for every (row i,
     rank) pair a = i·k + rank that `where` (n, k) int32 gives the GPU — code s ≥ 0: slot s of
     `cached`; code −2 − s: slot s of `staged` (both (slots, rows, row_bytes) uint8 in VRAM) —
-    out_dev[a] = W · x, x being row i of the quantised input, or row a with x_per_pair. quantized: (xq, xm) of `quantize` in this type's
-    layout; out_dev: (n·k, rows) float32. Each pair gets the bits of a one-slot `matvec` on its
-    expert's matrix, wherever that is read from."""
+    out_dev[a] = W · x, x being row i of the quantised input, or row a with x_per_pair.
+    quantized: (xq, xm) of `quantize` in this type's layout; out_dev: (n·k, rows) float32. Each
+    pair gets the bits of a one-slot `matvec` on its expert's matrix, wherever that is read from."""
     unit = UNITS[type_id]
     _, rows, row_bytes = cached.shape
     cols = row_bytes // unit.type.block_bytes * unit.type.block_elems

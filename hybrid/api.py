@@ -219,7 +219,7 @@ def load(path: str | os.PathLike | None = None, device: str = "auto", threads: i
     cuda_graphs=False launches every GPU kernel from Python instead of replaying captured steps.
     expert_cache: a MoE model copies as many routed experts per layer as the VRAM left over
     holds to the GPU, which runs those when a token selects them (False: all stay on the CPU).
-    pcie_share: of the routed experts a token picks that are not cached, the share the GPU reads
+    pcie_share: of the routed experts a token picks that are not cached, the share the GPU fetches
     from host memory over PCIe while the CPU runs the rest (0: the CPU runs them all).
     """
     return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,

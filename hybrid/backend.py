@@ -164,7 +164,7 @@ class GPUBackend:
     def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
         """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
         experts of each MoE layer copied to the GPU, and that share of each row's other routed
-        experts read by the GPU over PCIe (gpu/expert_cache.py)."""
+        experts fetched by the GPU over PCIe (gpu/expert_cache.py)."""
         from .weights import place_weights
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
