@@ -3,11 +3,17 @@
 Same ops, arguments and cache layout as `cpu/attention.py`: k_cache, v_cache are float32
 (n_head_kv, n_ctx, d_h), head-major, so one query head streams its KV head's positions.
 
-Attention: one block per (query row, head). Each warp takes every WARPS-th group of POSITIONS
-cache positions, lanes split d_h (coalesced reads of a key/value row), and keeps an online
-softmax (running max, sum and weighted value sum). The warps' partial results are then merged in warp order. Row t's
-result depends only on its own query and the pos[t] + 1 positions it sees, so the slots
-of a k-row verify keep the bits of one-row calls.
+Attention is split over the positions (as flash-decoding does), because a decode step has only
+n_head query rows to spread: one block per (query row, head) read the cache at ~12 GB/s, 0.64 ms
+per layer at 2048 positions on an H100. Two launches:
+* `_attention_parts`: one block per (row, KV head, part); a warp per query head of the KV head's
+  group (they read the same K/V rows, so all but the first read hit L1). A part is a run of
+  `part_size(n_kv)` positions (16 up to 1024 positions, then 1/64 of them); the warp keeps an
+  online softmax over it (running max, sum and weighted value sum), four positions per step
+  (their K and V rows loaded at once, one butterfly for their scores), lanes split d_h.
+* `_attention_merge`: one block per (row, head) merges the parts in order and applies the gate.
+The parts depend only on how many positions a row sees, and are merged in a fixed order, so each
+row of a k-row verify (or a prompt chunk) keeps the bits of a one-row call.
 """
 from __future__ import annotations
 
@@ -17,15 +23,28 @@ from numba import cuda, float32
 
 from hybrid.errors import HybridError
 
+from . import memory
 from .device import simulated
 from .intrinsics import warp_reduce
 from .memory import THREADS, stream
 
-WARPS = 1 if simulated() else 4
 MAX_HEAD_DIM = 256                    # qwen35/qwen3next use 256; local arrays need a bound
 PER_LANE = MAX_HEAD_DIM // 32
 POSITIONS = 4                         # cache positions per warp step: one butterfly for their scores
+# parts per row and the shortest part (the simulator's are small, so tests meet several parts)
+PARTS, PART_MIN = (4, 4) if simulated() else (64, 16)
+ROWS_PER_CALL = 17                    # rows per pair of launches: a verify step up to --draft 16
+MERGE_THREADS = 32 if simulated() else 128
 NEG_INF = float32(-math.inf)
+
+
+@cuda.jit(device=True, inline=True)
+def part_size(n_kv):
+    """Positions per part for a row that sees n_kv: at least PART_MIN, at most PARTS parts, a
+    multiple of POSITIONS."""
+    per = -(-n_kv // PARTS)
+    per = -(-per // POSITIONS) * POSITIONS
+    return max(per, PART_MIN)
 
 
 @cuda.jit(cache=True)
@@ -49,14 +68,24 @@ def kv_append(k, v, k_cache, v_cache, pos):
 
 
 @cuda.jit(cache=True)
-def _gated_attention(q, qg, k_cache, v_cache, pos, out):
-    n, H, d = q.shape
-    t = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x - t * H
-    g = h // (H // k_cache.shape[0])
+def _attention_parts(q, k_cache, v_cache, pos, row0, part_best, part_total, part_acc):
+    n_kv_heads = k_cache.shape[0]
+    H, d = q.shape[1], q.shape[2]
+    b = cuda.blockIdx.x
+    s = b % PARTS
+    b //= PARTS
+    g = b % n_kv_heads
+    r = b // n_kv_heads                 # row of this call's batch
+    t = row0 + r
     warp = cuda.threadIdx.x >> 5
     lane = cuda.threadIdx.x & 31
+    h = g * (H // n_kv_heads) + warp
     n_kv = pos[t] + 1
+    per = part_size(n_kv)
+    lo = s * per
+    if lo >= n_kv:                      # (the whole block: every warp has the same bounds)
+        return
+    hi = min(lo + per, n_kv)
     scale = float32(1.0 / math.sqrt(d))
 
     qv = cuda.local.array(PER_LANE, float32)
@@ -64,66 +93,77 @@ def _gated_attention(q, qg, k_cache, v_cache, pos, out):
     red = cuda.local.array((POSITIONS, 1), float32)
     for j in range(PER_LANE):
         i = lane + 32 * j
-        qv[j] = q[t, h, i] if i < d else float32(0.0)
+        qv[j] = q[t, h, i] * scale if i < d else float32(0.0)
         acc[j] = float32(0.0)
-    best = NEG_INF                      # running max of this warp's scores
+    kk = cuda.local.array((POSITIONS, PER_LANE), float32)
+    vv = cuda.local.array((POSITIONS, PER_LANE), float32)
+    best = NEG_INF                      # running max of the part's scores
     total = float32(0.0)                # running Σ exp(score − best)
-    for p0 in range(warp * POSITIONS, n_kv, WARPS * POSITIONS):
-        for r in range(POSITIONS):
-            p = min(p0 + r, n_kv - 1)   # past the end: a valid row, ignored below
-            s = float32(0.0)
+    for p0 in range(lo, hi, POSITIONS):
+        # every load of the step first, so that they are in flight together (one memory latency
+        # per step, not one per position behind each exp)
+        for k in range(POSITIONS):
+            p = min(p0 + k, hi - 1)     # past the end: a valid row, ignored below
             for j in range(PER_LANE):
                 i = lane + 32 * j
                 if i < d:
-                    s += qv[j] * k_cache[g, p, i]
-            red[r, 0] = s
+                    kk[k, j] = k_cache[g, p, i]
+                    vv[k, j] = v_cache[g, p, i]
+        for k in range(POSITIONS):
+            score = float32(0.0)
+            for j in range(PER_LANE):
+                if lane + 32 * j < d:
+                    score += qv[j] * kk[k, j]
+            red[k, 0] = score
         warp_reduce(red)                # POSITIONS dot products in one butterfly
         new_best = best
-        for r in range(POSITIONS):
-            if p0 + r < n_kv:
-                red[r, 0] *= scale
-                new_best = max(new_best, red[r, 0])
-        rescale = math.exp(best - new_best)     # 0 on the first group (best = −inf)
+        for k in range(POSITIONS):
+            if p0 + k < hi:
+                new_best = max(new_best, red[k, 0])
+        rescale = math.exp(best - new_best)     # 0 on the first step (best = −inf)
         total *= rescale
         for j in range(PER_LANE):
             acc[j] *= rescale
-        for r in range(POSITIONS):
-            if p0 + r < n_kv:
-                e = math.exp(red[r, 0] - new_best)
+        for k in range(POSITIONS):
+            if p0 + k < hi:
+                e = math.exp(red[k, 0] - new_best)
                 total += e
                 for j in range(PER_LANE):
-                    i = lane + 32 * j
-                    if i < d:
-                        acc[j] += e * v_cache[g, p0 + r, i]
+                    acc[j] += e * vv[k, j]
         best = new_best
-
-    # merge the warps' (best, total, acc) in warp order
-    part_best = cuda.shared.array(WARPS, float32)
-    part_total = cuda.shared.array(WARPS, float32)
-    part_acc = cuda.shared.array((WARPS, MAX_HEAD_DIM), float32)
     if lane == 0:
-        part_best[warp] = best
-        part_total[warp] = total
+        part_best[r, h, s] = best
+        part_total[r, h, s] = total
     for j in range(PER_LANE):
         i = lane + 32 * j
         if i < d:
-            part_acc[warp, i] = acc[j]
+            part_acc[r, h, s, i] = acc[j]
+
+
+@cuda.jit(cache=True)
+def _attention_merge(qg, pos, row0, part_best, part_total, part_acc, out):
+    H = part_best.shape[1]
+    d = part_acc.shape[3]
+    r = cuda.blockIdx.x // H
+    h = cuda.blockIdx.x - r * H
+    t = row0 + r
+    n_kv = pos[t] + 1
+    used = -(-n_kv // part_size(n_kv))
+    weight = cuda.shared.array(PARTS, float32)
+    top = part_best[r, h, 0]
+    for s in range(1, used):
+        top = max(top, part_best[r, h, s])
+    norm = float32(0.0)
+    for s in range(used):               # every thread, the same sum in the same order
+        norm += part_total[r, h, s] * math.exp(part_best[r, h, s] - top)
+    if cuda.threadIdx.x < used:
+        weight[cuda.threadIdx.x] = math.exp(part_best[r, h, cuda.threadIdx.x] - top) / norm
     cuda.syncthreads()
-    if warp == 0:
-        top = part_best[0]
-        for w in range(1, WARPS):
-            top = max(top, part_best[w])
-        norm = float32(0.0)
-        for w in range(WARPS):
-            norm += part_total[w] * math.exp(part_best[w] - top)
-        for j in range(PER_LANE):
-            i = lane + 32 * j
-            if i < d:
-                o = float32(0.0)
-                for w in range(WARPS):
-                    o += part_acc[w, i] * math.exp(part_best[w] - top)
-                gate = qg[t, h, d + i]
-                out[t, h * d + i] = o / norm / (float32(1.0) + math.exp(-gate))
+    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+        o = float32(0.0)
+        for s in range(used):
+            o += part_acc[r, h, s, i] * weight[s]
+        out[t, h * d + i] = o / (float32(1.0) + math.exp(-qg[t, h, d + i]))
 
 
 def gated_attention(q, qg, k_cache, v_cache, pos, out):
@@ -135,6 +175,19 @@ def gated_attention(q, qg, k_cache, v_cache, pos, out):
     packed `attn_q` output whose second half per head is the gate. Head h reads KV head
     h // (H / n_head_kv). Scale 1/sqrt(d_h)."""
     n, H, d = q.shape
+    n_kv_heads = k_cache.shape[0]
     if d > MAX_HEAD_DIM:
         raise HybridError(f"GPU attention supports head_dim ≤ {MAX_HEAD_DIM}; this model has {d}")
-    _gated_attention[n * H, 32 * WARPS, stream()](q, qg, k_cache, v_cache, pos, out)
+    group = H // n_kv_heads
+    if group * n_kv_heads != H or group > 32:
+        raise HybridError(f"GPU attention needs n_head a multiple of n_head_kv, at most 32 query heads per KV "
+                          f"head; this model has {H} and {n_kv_heads}")
+    rows = min(n, ROWS_PER_CALL)
+    best = memory.scratch("attention_part_best", (rows, H, PARTS))
+    total = memory.scratch("attention_part_total", (rows, H, PARTS))
+    acc = memory.scratch("attention_part_acc", (rows, H, PARTS, d))
+    for row0 in range(0, n, rows):
+        m = min(rows, n - row0)
+        _attention_parts[m * n_kv_heads * PARTS, 32 * group, stream()](q, k_cache, v_cache, pos, row0,
+                                                                       best, total, acc)
+        _attention_merge[m * H, MERGE_THREADS, stream()](qg, pos, row0, best, total, acc, out)

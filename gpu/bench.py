@@ -3,6 +3,7 @@ with CUDA events.
 
     python -m gpu.bench --gemm [--quick]    # prompt-chunk GEMMs of a dense 27B's FFN, every tile
     python -m gpu.bench --h2d               # host→device GB/s: pinned, registered, pageable
+    python -m gpu.bench --attention         # decode attention µs by context length (35B-A3B heads)
 
 Timing trick: a one-thread kernel first sleeps for a few milliseconds on the stream while Python
 enqueues the start event, the timed launches and the end event behind it. The events then measure
@@ -283,15 +284,41 @@ def host_to_device(nbytes: int = 1 << 30) -> dict[str, float]:
     return result
 
 
+def bench_attention(contexts=(16, 128, 512, 2048, 8192), n_head=16, n_head_kv=2, head_dim=256,
+                    rows=(1, 4)) -> list[tuple[int, int, float, float]]:
+    """(rows, context, µs per call, GB/s of K/V read) of gpu.attention.gated_attention, each row
+    seeing `context` positions (a decode or verify step that far into a sequence)."""
+    from . import memory
+    from .attention import gated_attention
+    rng = np.random.default_rng(0)
+    cache_shape = (n_head_kv, max(contexts) + max(rows), head_dim)
+    k_cache, v_cache = (memory.upload(rng.standard_normal(cache_shape, np.float32)) for _ in range(2))
+    results = []
+    for n in rows:
+        q = memory.upload(rng.standard_normal((n, n_head, head_dim), np.float32))
+        qg = memory.upload(rng.standard_normal((n, n_head, 2 * head_dim), np.float32))
+        out = cuda.device_array((n, n_head * head_dim), np.float32)
+        for context in contexts:
+            pos = memory.upload(np.arange(context - 1, context - 1 + n, dtype=np.int64))
+            t = time_launches(lambda: gated_attention(q, qg, k_cache, v_cache, pos, out)).seconds
+            kv_bytes = 2 * n_head_kv * (context + n - 1) * head_dim * 4
+            results.append((n, context, 1e6 * t, kv_bytes / t / 1e9))
+    return results
+
+
 def main(argv: list[str]) -> int:
     from .device import require_cuda
     require_cuda()
+    if "--attention" in argv:
+        print(f"{'rows':>4} {'context':>8} {'µs':>8} {'KV GB/s':>8}")
+        for n, context, us, rate in bench_attention():
+            print(f"{n:4d} {context:8d} {us:8.1f} {rate:8.1f}")
     if "--gemm" in argv:
         print_gemm(quick="--quick" in argv)
     if "--h2d" in argv:
         rates = host_to_device()
         print("host->device GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
-    if not {"--gemm", "--h2d"} & set(argv):
+    if not {"--gemm", "--h2d", "--attention"} & set(argv):
         print(__doc__)
     return 0
 

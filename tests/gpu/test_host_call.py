@@ -139,3 +139,36 @@ def test_a_replay_runs_the_bound_form_of_fn_on_the_staging_buffers():
         cache.run("step", lambda: memory.host_call((x,), (out,), fn, bind=bind))
         np.testing.assert_array_equal(memory.to_host(out), 2 * (np.arange(32, dtype=np.float32) + step))
     assert ran == ["fn", "bind", "bound", "bound", "bound"]
+
+
+@real_gpu
+def test_a_replay_whose_host_call_fails_raises_and_the_next_replay_is_whole():
+    """Three hand-offs per step; the second one's fn raises in one replay. The error reaches the
+    caller with nothing of the step left queued, and the next replay runs every hand-off on its
+    own step's inputs again."""
+    x = memory.upload(np.arange(32, dtype=np.float32))
+    outs = [memory.zeros(32) for _ in range(3)]
+    fail = []
+
+    def fn(k):
+        def run(x_host, out_host):
+            if k == 1 and fail:
+                raise ValueError("host call failed")
+            out_host[:] = x_host + k
+        return run
+
+    def step():
+        memory.host_call((x,), (outs[0],), fn(0))
+        memory.host_call((outs[0],), (outs[1],), fn(1))
+        memory.host_call((outs[1],), (outs[2],), fn(2))
+    cache = graphs.StepGraphs()
+    for _ in range(2):                     # eager, captured + replayed
+        cache.run("step", step)
+    fail.append(True)
+    with pytest.raises(ValueError, match="host call failed"):
+        cache.run("step", step)
+    fail.clear()
+    x.copy_to_device(np.full(32, 5, np.float32))
+    cache.run("step", step)
+    np.testing.assert_array_equal(memory.to_host(outs[2]), np.full(32, 8, np.float32))
+    assert cache.captures == 1 and cache.replays == 2          # the failed replay is not counted

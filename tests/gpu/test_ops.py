@@ -183,6 +183,25 @@ def test_attention_rows_are_bit_identical_to_one_row_calls():
     assert bits_equal(together[2:], alone)
 
 
+def test_attention_over_many_parts_matches_cpu_and_batches_of_rows_keep_the_bits(monkeypatch):
+    """Rows far enough in that their positions split into parts longer than the shortest one,
+    merged in order; and a call cut into batches of rows (as calls of more than ROWS_PER_CALL
+    rows are) gives the bits of one launch."""
+    import gpu.attention
+    n, n_before = 3, gpu.attention.PARTS * gpu.attention.PART_MIN + 5      # parts longer than PART_MIN
+    q, qg, k, v, cache = attention_inputs(n, n_ctx=n_before + n, seed=13)
+    k_cache, v_cache = cache[0].copy(), cache[1].copy()
+    pos = np.arange(n_before, n_before + n, dtype=np.int64)
+    cpu.ops.kv_append(k, v, k_cache, v_cache, pos)
+    want = np.empty((n, q.shape[1] * q.shape[2]), np.float32)
+    cpu.ops.gated_attention(q, qg, k_cache, v_cache, pos, want)
+    whole, _, _ = gpu_attention(q, qg, k, v, cache, n_before)
+    np.testing.assert_allclose(whole, want, **TOL)
+    monkeypatch.setattr(gpu.attention, "ROWS_PER_CALL", 2)
+    batched, _, _ = gpu_attention(q, qg, k, v, cache, n_before)
+    assert bits_equal(whole, batched)
+
+
 # --- gated delta net ------------------------------------------------------------------------------
 
 def gdn_inputs(n, Hk=2, Hv=4, d=12, K=4, seed=12):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the GPU does, kernel by kernel, during replayed decode steps (CUPTI trace via torch).
 
-    python3 tools/device/step_trace.py MODEL.gguf [--vram 12GiB] [--steps 4] [--k 1]
+    python3 tools/device/step_trace.py MODEL.gguf [--vram 12GiB] [--steps 4] [--k 1] [--context 4]
 
 Runs k-token steps as the engine runs them (CUDA graphs replayed, CPU hand-offs between the
 segments) under torch.profiler, whose CUPTI tracer records every kernel and copy of the process,
@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--k", type=int, default=1, help="tokens per step (a verify step with logits of all rows when > 1)")
     p.add_argument("--no-expert-cache", action="store_true")
     p.add_argument("--pcie-share", type=float, default=None, help="default: the engine's")
+    p.add_argument("--context", type=int, default=4, help="prompt tokens before the traced steps")
     args = p.parse_args(argv)
 
     import torch
@@ -80,8 +81,8 @@ def main(argv: list[str]) -> int:
                         pcie_share=share)
     model.warmup()
     fw = model.forward
-    state = fw.new_state(args.steps * args.k + 64)
-    fw.forward(state, np.arange(1, 5, dtype=np.int32) % model.config.n_vocab, logits="last")
+    state = fw.new_state(args.context + args.steps * args.k + 64)
+    fw.forward(state, np.arange(1, args.context + 1, dtype=np.int32) % model.config.n_vocab, logits="last")
     toks = np.full(args.k, 5, np.int32)
     logits = "last" if args.k == 1 else "all"
     for _ in range(3):                                   # eager, captured, replayed
