@@ -3,6 +3,8 @@ the device): the same result and expert choice as the CPU op, in exactly ONE hos
 nothing that would stop a CUDA-graph capture, and every row with the bits of a one-row call.
 
 Shapes are tiny (D 32, 4 experts) because the CUDA simulator runs a device matvec in ~1 s."""
+import mmap
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -32,6 +34,16 @@ class RecordingStats(MoEStats):
         self.chosen.append(np.array(experts))
 
 
+def page_backed(a: np.ndarray) -> np.ndarray:
+    """a copied into pages of its own, as a tensor of the mapped GGUF file is: the PCIe share
+    page-locks an expert stack's pages read-only for the GPU (gpu/host_mapping.py), and a heap
+    array's pages would hold other arrays too (a later copy down into one of them fails)."""
+    pages = np.frombuffer(mmap.mmap(-1, -(-a.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE), np.uint8)
+    out = pages[:a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def hybrid_moe(router_on_device=True, seed=40):
     """Q8_0 routed experts in host memory (the fused CPU kernel runs them); F32 router, shared
     expert and shared gate, uploaded unless told otherwise."""
@@ -42,7 +54,7 @@ def hybrid_moe(router_on_device=True, seed=40):
         return Matrix(name, F32.id, cuda.to_device(data) if device else data, rows, cols)
 
     def experts(name, rows, cols):
-        data = random_rows("Q8_0", E * rows, cols, rng).reshape(E, rows, -1)
+        data = page_backed(random_rows("Q8_0", E * rows, cols, rng).reshape(E, rows, -1))
         return Experts(name, type_id("Q8_0"), data, rows, cols)
 
     shared = DenseFFN(matrix("sg", F, D, 0.3), matrix("su", F, D, 0.3), matrix("sd", D, F, 0.3))
