@@ -157,14 +157,20 @@ def gpu_attention(q, qg, k, v, cache, n_before):
     return out.copy_to_host(), k_cache.copy_to_host(), v_cache.copy_to_host()
 
 
+def cpu_attention(q, qg, k, v, cache, n_before):
+    """The CPU ops' append and attention: (out, k_cache, v_cache)."""
+    k_cache, v_cache = cache[0].copy(), cache[1].copy()
+    pos = np.arange(n_before, n_before + q.shape[0], dtype=np.int64)
+    cpu.ops.kv_append(k, v, k_cache, v_cache, pos)
+    out = np.empty((q.shape[0], q.shape[1] * q.shape[2]), np.float32)
+    cpu.ops.gated_attention(q, qg, k_cache, v_cache, pos, out)
+    return out, k_cache, v_cache
+
+
 def test_kv_append_and_gated_attention_match_cpu():
     n, n_before = 3, 5
     q, qg, k, v, cache = attention_inputs(n)
-    k_cache, v_cache = cache[0].copy(), cache[1].copy()
-    pos = np.arange(n_before, n_before + n, dtype=np.int64)
-    cpu.ops.kv_append(k, v, k_cache, v_cache, pos)
-    want = np.empty((n, q.shape[1] * q.shape[2]), np.float32)
-    cpu.ops.gated_attention(q, qg, k_cache, v_cache, pos, want)
+    want, k_cache, v_cache = cpu_attention(q, qg, k, v, cache, n_before)
     got, got_k, got_v = gpu_attention(q, qg, k, v, cache, n_before)
     np.testing.assert_array_equal(got_k, k_cache)
     np.testing.assert_array_equal(got_v, v_cache)
@@ -190,11 +196,7 @@ def test_attention_over_many_parts_matches_cpu_and_batches_of_rows_keep_the_bits
     import gpu.attention
     n, n_before = 3, gpu.attention.PARTS * gpu.attention.PART_MIN + 5      # parts longer than PART_MIN
     q, qg, k, v, cache = attention_inputs(n, n_ctx=n_before + n, seed=13)
-    k_cache, v_cache = cache[0].copy(), cache[1].copy()
-    pos = np.arange(n_before, n_before + n, dtype=np.int64)
-    cpu.ops.kv_append(k, v, k_cache, v_cache, pos)
-    want = np.empty((n, q.shape[1] * q.shape[2]), np.float32)
-    cpu.ops.gated_attention(q, qg, k_cache, v_cache, pos, want)
+    want, _, _ = cpu_attention(q, qg, k, v, cache, n_before)
     whole, _, _ = gpu_attention(q, qg, k, v, cache, n_before)
     np.testing.assert_allclose(whole, want, **TOL)
     monkeypatch.setattr(gpu.attention, "ROWS_PER_CALL", 2)
