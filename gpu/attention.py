@@ -7,7 +7,7 @@ Attention is split over the positions (as flash-decoding does), because a decode
 n_head query rows to spread: one block per (query row, head) read the cache at ~12 GB/s, 0.64 ms
 per layer at 2048 positions on an H100. Two launches:
 * `_attention_parts`: one block per (row, KV head, part); a warp per query head of the KV head's
-  group (they read the same K/V rows, so all but the first read hit L1). A part is a run of
+  group (they read the same K/V rows, which the cache then serves to the others). A part is a run of
   `part_size(n_kv)` positions (16 up to 1024 positions, then 1/64 of them); the warp keeps an
   online softmax over it (running max, sum and weighted value sum), four positions per step
   (their K and V rows loaded at once, one butterfly for their scores), lanes split d_h.
@@ -97,6 +97,10 @@ def _attention_parts(q, k_cache, v_cache, pos, row0, part_best, part_total, part
         acc[j] = float32(0.0)
     kk = cuda.local.array((POSITIONS, PER_LANE), float32)
     vv = cuda.local.array((POSITIONS, PER_LANE), float32)
+    for k in range(POSITIONS):          # (entries past d_h stay 0: they are never loaded)
+        for j in range(PER_LANE):
+            kk[k, j] = float32(0.0)
+            vv[k, j] = float32(0.0)
     best = NEG_INF                      # running max of the part's scores
     total = float32(0.0)                # running Σ exp(score − best)
     for p0 in range(lo, hi, POSITIONS):
