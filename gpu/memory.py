@@ -45,6 +45,11 @@ def synchronize() -> None:
     stream().synchronize()
 
 
+def _event():
+    """An event for ordering only (no timestamps: cheaper to record)."""
+    return cuda.event() if simulated() else cuda.event(timing=False)   # the simulator's takes no flag
+
+
 _marker = None
 
 
@@ -54,7 +59,7 @@ def mark():
     waits for it before the next host call records it again)."""
     global _marker
     if _marker is None:
-        _marker = cuda.event() if simulated() else cuda.event(timing=False)   # the simulator's takes no flag
+        _marker = _event()
     _marker.record(stream())
     return _marker
 
@@ -71,7 +76,7 @@ def beside(side_work, main_work=None) -> None:
     global _side, _fork, _join
     if _side is None:
         _side = cuda.stream()
-        _fork, _join = (cuda.event() if simulated() else cuda.event(timing=False) for _ in range(2))
+        _fork, _join = _event(), _event()
     _fork.record(stream())
     _fork.wait(_side)
     side_work(_side)

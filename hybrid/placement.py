@@ -14,7 +14,7 @@ The GPU fills up in this order (DESIGN.md §3–4):
    routed experts stay on the CPU: a token reads only top-k of them, which CPU RAM serves well.
    `expert_cache` spends what is left on caching the same number of experts in every MoE layer
    (the runtime picks the most used ones). Of the uncached experts a token picks, the GPU still
-   reads a share (`pcie_share`) from host memory over PCIe, in place and without VRAM.
+   fetches a share (`pcie_share`) from host memory over PCIe, into staging slots reserved first.
 Embeddings stay on the CPU: a token reads one row, so sending D floats up is free and the VRAM
 goes to whole matrices. When tied, token_embd *is* the lm_head and goes with it. Everything not
 on the GPU stays memory-mapped from the GGUF and is streamed by the CPU kernels. Without drafting
