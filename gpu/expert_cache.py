@@ -56,6 +56,7 @@ from .memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
+MAX_COUNTS = MAX_TOP_K + 1  # entries of a PCIe count table (a shared array's size must be a constant)
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 # blocks and threads per fetched pair: ~1 MB of loads in flight covers PCIe's latency (the
 # simulator runs each thread as a Python thread: a few do there)
@@ -216,14 +217,18 @@ def _pick_value(bits, e):
 
 
 @cuda.jit(cache=True)
-def _route(bits, slot_of, pcie_count, experts, weights, where):
+def _route(bits, slot_of, pcie_count, experts, weights, where, x, x_out, experts_out, weights_out):
     """bits: the router logits (n, E) as uint32. One warp per row picks the k best in k rounds:
     each lane takes the largest `_pick_value` of its own experts (e ≡ lane mod 32), a shuffle
     butterfly gives the warp's largest, and the lane that holds the winner zeroes it. Then the
     lanes weigh the picks and lane 0 sums them in rank order, and places each pair (the module
     docstring's rule). About k·E/32 compares per lane, no barrier per round: 5.7 µs a row on the
     H200 at E = 256 (k = 8), 8.8 at E = 512 (k = 10), where a block that ranked every expert
-    against all E others (E² compares) took 12 and 40."""
+    against all E others (E² compares) took 12 and 40. Every global load after the rounds is
+    made by the lanes at once (one rank each), so lane 0's serial placement reads shared memory
+    only: a load per rank in its loop cost a memory latency each.
+    Also copies the routing to experts_out / weights_out and the row x[i] to x_out[i] (when
+    x_out has rows): the host's copies, in mapped host memory, with no copy node after."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
     n_expert = bits.shape[1]
@@ -231,9 +236,16 @@ def _route(bits, slot_of, pcie_count, experts, weights, where):
     values = cuda.shared.array(MAX_EXPERTS, uint64)
     picked = cuda.shared.array(MAX_TOP_K, int64)
     picked_logit = cuda.shared.array(MAX_TOP_K, float64)
+    picked_slot = cuda.shared.array(MAX_TOP_K, int32)
+    counts = cuda.shared.array(MAX_COUNTS, int32)
     share = cuda.shared.array(MAX_TOP_K, float64)         # exp(l_rank − l_0)
     code = cuda.shared.array(MAX_TOP_K, int32)
     total = cuda.shared.array(1, float64)
+    for r in range(t, k + 1, 32):
+        counts[r] = pcie_count[r]
+    if i < x_out.shape[0]:
+        for c in range(t, x_out.shape[1], 32):
+            x_out[i, c] = x[i, c]
     for e in range(t, n_expert, 32):      # a lane only ever reads back its own experts
         values[e] = _pick_value(bits[i, e], e)
     for rank in range(k):
@@ -246,7 +258,10 @@ def _route(bits, slot_of, pcie_count, experts, weights, where):
             values[e] = uint64(0)
         if t == 0:
             picked[rank] = e
-            picked_logit[rank] = float64(bits_to_f32(bits[i, e]))
+    cuda.syncthreads()
+    for r in range(t, k, 32):
+        picked_logit[r] = float64(bits_to_f32(bits[i, picked[r]]))
+        picked_slot[r] = slot_of[picked[r]]
     cuda.syncthreads()
     # p_e / Σ_top-k p in float64, as cpu.moe.route: a softmax over the chosen logits
     for r in range(t, k, 32):
@@ -257,12 +272,12 @@ def _route(bits, slot_of, pcie_count, experts, weights, where):
         uncached = 0
         for r in range(k):
             total[0] += share[r]
-            if slot_of[picked[r]] < 0:
+            if picked_slot[r] < 0:
                 uncached += 1
-        over_pcie = pcie_count[uncached]            # the last ones of the uncached ranks
-        stage = i * pcie_count[k]                   # this row's first staging slot
+        over_pcie = counts[uncached]                # the last ones of the uncached ranks
+        stage = i * counts[k]                       # this row's first staging slot
         for r in range(k - 1, -1, -1):
-            slot = slot_of[picked[r]]
+            slot = picked_slot[r]
             if slot >= 0:
                 code[r] = slot
             elif over_pcie > 0:
@@ -273,9 +288,13 @@ def _route(bits, slot_of, pcie_count, experts, weights, where):
                 code[r] = ON_CPU
     cuda.syncthreads()
     for r in range(t, k, 32):
-        experts[i, r] = picked[r] if code[r] == ON_CPU else -1 - picked[r]
-        weights[i, r] = share[r] / total[0]
+        e = picked[r] if code[r] == ON_CPU else -1 - picked[r]
+        w = share[r] / total[0]
+        experts[i, r] = e
+        weights[i, r] = w
         where[i, r] = code[r]
+        experts_out[i, r] = e
+        weights_out[i, r] = w
 
 
 def routes_on_device(n_expert: int, k: int) -> bool:
@@ -283,11 +302,13 @@ def routes_on_device(n_expert: int, k: int) -> bool:
     return k <= min(n_expert, MAX_TOP_K) and n_expert <= MAX_EXPERTS
 
 
-def route(logits, experts, weights, where=None, tables=None) -> None:
+def route(logits, experts, weights, where=None, tables=None, to_host=None) -> None:
     """experts (n, k) int64 and weights (n, k) float32 of router logits (n, E), on the device,
     and where (n, k) int32 each pair runs, by `tables` = (slot_of, pcie_count)
     (`ExpertCache.tables`; None: the CPU runs every pair). Pairs the GPU runs come out of
-    experts as ~e: the host's copy of the routing."""
+    experts as ~e: the host's copy of the routing. to_host = (x, x_host, experts_host,
+    weights_host): device views of mapped host buffers that also get the rows x and the routing
+    (a hand-off's inputs, written where the host reads them)."""
     n, k = experts.shape
     if not routes_on_device(logits.shape[1], k):
         raise ValueError(f"top-{k} of {logits.shape[1]} experts; the routing kernel takes top-{MAX_TOP_K} "
@@ -295,8 +316,11 @@ def route(logits, experts, weights, where=None, tables=None) -> None:
     slot_of, pcie_count = tables or no_gpu_tables(logits.shape[1], k)
     if where is None:
         where = memory.scratch("expert_cache.where", (n, k), np.int32)
+    if to_host is None:
+        no_rows = memory.scratch("expert_cache.no_rows", (0, 0))
+        to_host = (no_rows, no_rows, experts, weights)      # the routing written twice in place
     if n:
-        _route[n, 32, stream()](logits.view(np.uint32), slot_of, pcie_count, experts, weights, where)
+        _route[n, 32, stream()](logits.view(np.uint32), slot_of, pcie_count, experts, weights, where, *to_host)
 
 
 # --- 2. the GPU's pairs ------------------------------------------------------------------------------
@@ -390,14 +414,14 @@ def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
 # --- 3. the sum ------------------------------------------------------------------------------------
 
 @cuda.jit(cache=True)
-def _finish(out, y, where, weights, shared, gate_logit, with_shared):
+def _finish(out, host_part, y, where, weights, shared, gate_logit, with_shared):
     t = cuda.grid(1)
     D = out.shape[1]
     k = where.shape[1]
     if t < out.shape[0] * D:
         i = t // D
         c = t - i * D
-        acc = out[i, c]
+        acc = host_part[i, c]
         for rank in range(k):
             if where[i, rank] != ON_CPU:
                 acc += weights[i, rank] * y[i * k + rank, c]
@@ -406,10 +430,12 @@ def _finish(out, y, where, weights, shared, gate_logit, with_shared):
         out[i, c] = acc
 
 
-def finish(out, y, where, weights, shared=None, gate_logit=None) -> None:
-    """out (n, D) += Σ over the GPU's ranks, in rank order, of weights · y; then
-    + σ(gate_logit) · shared when given."""
+def finish(out, host_part, y, where, weights, shared=None, gate_logit=None) -> None:
+    """out (n, D) = host_part + Σ over the GPU's ranks, in rank order, of weights · y; then
+    + σ(gate_logit) · shared when given. host_part may be a view of mapped host memory (the
+    host's sum, read over PCIe where it lies); y is not read where no pair ran on the GPU."""
     with_shared = shared is not None
     if not with_shared:
         shared = gate_logit = out      # not read
-    _finish[-(-out.size // THREADS), THREADS, stream()](out, y, where, weights, shared, gate_logit, with_shared)
+    _finish[-(-out.size // THREADS), THREADS, stream()](out, host_part, y, where, weights, shared, gate_logit,
+                                                        with_shared)

@@ -149,6 +149,8 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     expert and the GPU's experts run on the device meanwhile (they only need x and the routing)
     and are added once the host's sum is back."""
     n, D = x.shape
+    if n == 0:
+        return
     shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
     device_shared = ffn.shared is not None and all(
         memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate))
@@ -156,40 +158,45 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
         shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)   # its host part: a hand-off of its own first
     shared_meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
 
-    cache = None
     if not memory.is_device(ffn.router.data) or not expert_cache.routes_on_device(ffn.router.rows, ffn.n_used):
         # the router left in host memory (an -ot rule), or more experts than the device routing
         # takes (`routes_on_device`): the router's product joins the hand-off and all experts run there
         memory.host_call((x,), (out,),
                          lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
                          shared_meanwhile)
-    else:
-        logits = memory.scratch("moe_logits", (n, ffn.router.rows))
-        matvec(ffn.router.wtype, ffn.router.data, x, logits)
-        experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
-        weights = memory.scratch("moe_weights", (n, ffn.n_used))
-        where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
-        cache = ffn.cache if ffn.cache is not None and ffn.cache.runs(n) else None
-        expert_cache.route(logits, experts, weights, where, None if cache is None else cache.tables(n))
-        y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else None
+        if ffn.shared is not None:
+            _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+        return
 
-        def meanwhile():
-            if cache is not None:
-                expert_cache.run(cache, x, where, experts, y, shared_meanwhile)
-            else:
-                shared_meanwhile()
+    logits = memory.scratch("moe_logits", (n, ffn.router.rows))
+    matvec(ffn.router.wtype, ffn.router.data, x, logits)
+    experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
+    weights = memory.scratch("moe_weights", (n, ffn.n_used))
+    where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
+    # the hand-off's inputs and output in mapped host memory: the routing kernel writes x and
+    # the routing where the host reads them, and `finish` reads the host's sum where it lies
+    to_host = (memory.mapped("moe_x", (n, D)), memory.mapped("moe_experts", (n, ffn.n_used), np.int64),
+               memory.mapped("moe_weights", (n, ffn.n_used)))
+    host_sum = memory.mapped("moe_out", (n, D))
+    cache = ffn.cache if ffn.cache is not None and ffn.cache.runs(n) else None
+    expert_cache.route(logits, experts, weights, where, None if cache is None else cache.tables(n),
+                       (x, *(m.device for m in to_host)))
+    y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else out   # (out: not read)
 
-        # runs at a graph's replay too (bound once to the staging buffers): it may only use its
-        # arguments, ffn's host weights and stats
-        memory.host_call((x, experts, weights), (out,),     # host: x, experts (the GPU's pairs as ~e), weights, out
-                         lambda *host: run_routed(ffn, *host, stats),
-                         meanwhile if device_shared or cache is not None else None,
-                         bind=lambda *host: bind_routed(ffn, *host, stats))
-    on_device = (shared, gate_logit) if ffn.shared is not None else ()
-    if cache is not None:
-        expert_cache.finish(out, y, where, weights, *on_device)
-    elif on_device:
-        _add_gated[_blocks(n * D), THREADS, stream()](out, *on_device)
+    def meanwhile():
+        if cache is not None:
+            expert_cache.run(cache, x, where, experts, y, shared_meanwhile)
+        else:
+            shared_meanwhile()
+
+    # runs at a graph's replay too (bound once to the mapped buffers): it may only use its
+    # arguments, ffn's host weights and stats
+    memory.host_call(to_host, (host_sum,),     # host: x, experts (the GPU's pairs as ~e), weights, its sum
+                     lambda *host: run_routed(ffn, *host, stats),
+                     meanwhile if device_shared or cache is not None else None,
+                     bind=lambda *host: bind_routed(ffn, *host, stats))
+    expert_cache.finish(out, host_sum.device, y, where, weights,
+                        *((shared, gate_logit) if ffn.shared is not None else ()))
 
 
 def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:

@@ -134,10 +134,10 @@ class _Recorder:
 
     def host_call(self, inputs, outputs, fn, meanwhile=None, bind=None) -> None:
         stream = memory.stream()
-        host_in = [self._pinned("in", i, a) for i, a in enumerate(inputs)]
-        host_out = [self._pinned("out", i, a) for i, a in enumerate(outputs)]
+        host_in = memory.staging_for("in", inputs, self._pinned)
+        host_out = memory.staging_for("out", outputs, self._pinned)
         call = bind(*host_in, *host_out) if bind is not None else lambda: fn(*host_in, *host_out)
-        for dev, host in zip(inputs, host_in):
+        for dev, host in memory.copied_pairs(inputs, host_in):
             dev.copy_to_host(host, stream=stream)
         self.step.segments.append(Segment(self.end(), None, call))
         if meanwhile is not None:       # (added to the segment once captured: abort frees the rest)
@@ -145,15 +145,15 @@ class _Recorder:
             meanwhile()
             self.step.segments[-1] = self.step.segments[-1]._replace(meanwhile=self.end())
         self.begin()
-        for dev, host in zip(outputs, host_out):
+        for dev, host in memory.copied_pairs(outputs, host_out):
             dev.copy_to_device(host, stream=stream)
 
     @staticmethod
-    def _pinned(kind: str, i: int, a) -> np.ndarray:
+    def _pinned(key, shape, dtype) -> np.ndarray:
         """Staging for a captured copy. Host calls run one after another, so all steps share it;
         keyed by exact shape, so it is never regrown (a graph keeps its address)."""
-        shape, dtype = tuple(a.shape), np.dtype(a.dtype)
-        return memory.host_buffer(("graph", kind, i, shape, dtype.str), shape, dtype)
+        shape, dtype = tuple(shape), np.dtype(dtype)
+        return memory.host_buffer(("graph", *key, shape, dtype.str), shape, dtype)
 
 
 _recorder: _Recorder | None = None

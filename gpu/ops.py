@@ -153,11 +153,11 @@ def ptx_targets():
         ("moe weighted_sum", ffn._weighted_sum, (m3, m2, m2)),
         ("moe add_gated", ffn._add_gated, (m2, m2, m2)),
         ("expert cache route", ec._route, (a(types.uint32, 2), a(types.int32, 1), a(types.int32, 1), a(i64, 2), m2,
-                                           a(types.int32, 2))),
+                                           a(types.int32, 2), m2, m2, a(i64, 2), m2)),
         ("expert cache silu_times", ec._silu_times_gpu, (m2, m2, a(types.int32, 2))),
         ("expert cache fetch", ec._fetch, (a(types.int32, 2), a(i64, 2), *(a(types.uint32, 2),) * 3, i64, i64, i64,
                                            *(a(types.uint32, 2),) * 3)),
-        ("expert cache finish", ec._finish, (m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean)),
+        ("expert cache finish", ec._finish, (m2, m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean)),
         ("fill_zero", memory._fill_zero_kernel, (m1,)),
         ("copy_2d", memory._copy_2d_kernel, (a(f32, 2, "A"), a(f32, 2, "A"))),
     ]

@@ -14,6 +14,7 @@ import cpu.moe
 import cpu.moe_kernel
 import cpu.ops
 import gpu.expert_cache as ec
+from gpu import memory
 import gpu.matvec_q8 as mq
 import gpu.ffn
 import gpu.ops
@@ -47,6 +48,24 @@ def test_device_routing_at_the_model_sizes_and_the_limits(n_expert, k):
     ec.route(cuda.to_device(logits), experts, weights)
     assert np.array_equal(experts.copy_to_host(), want_experts)
     np.testing.assert_allclose(weights.copy_to_host(), want_weights, rtol=1e-6)
+
+
+def test_device_routing_writes_the_rows_and_the_routing_to_mapped_host_memory():
+    """route(..., to_host=): the host's copies (mapped buffers: no copy node) equal the device's."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((3, 40)).astype(np.float32)
+    x = rng.standard_normal((3, 24)).astype(np.float32)
+    experts, weights = memory.scratch("t.e", (3, 5), np.int64), memory.scratch("t.w", (3, 5))
+    host = (memory.mapped("t.x", (3, 24)), memory.mapped("t.e", (3, 5), np.int64), memory.mapped("t.w", (3, 5)))
+    for m in host:
+        m.host[...] = -1
+    ec.route(cuda.to_device(logits), experts, weights, to_host=(cuda.to_device(x), *(m.device for m in host)))
+    memory.synchronize()
+    want_experts, want_weights = cpu.moe.route(logits, 5)
+    np.testing.assert_array_equal(host[0].host, x)
+    np.testing.assert_array_equal(host[1].host, want_experts)
+    np.testing.assert_array_equal(host[1].host, experts.copy_to_host())
+    np.testing.assert_array_equal(host[2].host, weights.copy_to_host())
 
 
 def test_device_routing_of_a_nan_row_still_picks_distinct_experts():

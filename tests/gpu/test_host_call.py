@@ -172,3 +172,37 @@ def test_a_replay_whose_host_call_fails_raises_and_the_next_replay_is_whole():
     cache.run("step", step)
     np.testing.assert_array_equal(memory.to_host(outs[2]), np.full(32, 8, np.float32))
     assert cache.captures == 1 and cache.replays == 2          # the failed replay is not counted
+
+
+def _mapped_step(x, src, dst, total, seen):
+    """One hand-off through mapped buffers: a kernel writes x + 1 into src's device side; fn reads
+    src's host side and writes its triple into dst's host side; a kernel reads dst's device side
+    into total. No copy moves either."""
+    def fn(src_host, dst_host):
+        seen.append(src_host.copy())
+        dst_host[:] = 3 * src_host
+    _launch(_add_one, x, src.device)
+    memory.host_call((src,), (dst,), fn)
+    memory.fill_zero(total)
+    _launch(_add, total, dst.device)
+
+
+@pytest.mark.parametrize("replayed", [False, pytest.param(True, marks=real_gpu)])
+def test_mapped_inputs_and_outputs_go_without_copies(replayed, monkeypatch):
+    copies = []
+    real_copy_raw = memory.copy_raw
+    monkeypatch.setattr(memory, "copy_raw", lambda *a, **k: copies.append(a) or real_copy_raw(*a, **k))
+    x = memory.upload(np.arange(32, dtype=np.float32))
+    src, dst = memory.mapped("test.src", (32,)), memory.mapped("test.dst", (32,))
+    total, seen = memory.zeros(32), []
+    cache = graphs.StepGraphs(enabled=replayed)
+    for step in range(3):                  # eager, then (replayed) captured + replayed, replayed
+        copies.clear()
+        memory.copy(x, np.arange(32, dtype=np.float32) + step)
+        copies.clear()
+        cache.run("step", lambda: _mapped_step(x, src, dst, total, seen))
+        want = np.arange(32, dtype=np.float32) + step + 1
+        np.testing.assert_array_equal(seen[-1], want)
+        np.testing.assert_array_equal(memory.to_host(total), 3 * want)
+        assert len(copies) == 1            # only to_host's: the hand-off itself copied nothing
+    assert cache.replays == (2 if replayed else 0)

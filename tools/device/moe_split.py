@@ -6,11 +6,11 @@
 
 On the GPU machine (hybrid placement: routed experts in host memory, one hand-off per MoE layer
 per step) it prints, per hand-off of a plain decode step: the time the host waited for the GPU
-(the layer's kernels and the hand-off copies, up to the sync), the routing, the MoE counters,
-the fused expert kernel split into its steps, Python, and the graph launches; then the device
-time of the hand-off's copies, measured apart. With --draft D it then splits a drafting step
-(MTP draft, verify, accept, rollback) the same way and says whether any step was captured anew
-or ran eagerly while measured (issue 7: a draft step cost ~15 ms more than its verify step).
+(the layer's kernels up to the routing, which writes the hand-off's inputs to mapped host
+memory), the routing, the MoE counters, the fused expert kernel split into its steps, Python,
+and the graph launches. With --draft D it then splits a drafting step (MTP draft, verify,
+accept, rollback) the same way and says whether any step was captured anew or ran eagerly
+while measured (issue 7: a draft step cost ~15 ms more than its verify step).
 
 How: every piece is wrapped by a timer that records its exclusive time (its own time minus
 that of the wrapped pieces it called), keyed by the phase it ran in (decode, draft, verify…).
@@ -222,7 +222,7 @@ def drafting_steps(model, prof: Profile, steps: int, depth: int):
     return n_steps, stats, loop, (after[0] - before[0], after[1] - before[1], after[2])
 
 
-# --- apart: kernel steps, parallel regions, copies ----------------------------------------------------
+# --- apart: kernel steps, parallel regions ----------------------------------------------------
 
 def kernel_stages(samples: list, reps: int = 5) -> tuple[list[float], float] | None:
     """Mean µs of each of the expert kernel's steps over the sampled calls, and of the whole call."""
@@ -268,34 +268,6 @@ def region_cost(reps: int = 2000) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def copy_cost(shapes, reps: int = 50) -> dict[str, float]:
-    """Device µs of the hand-off's copies (device ↔ pinned host) by CUDA events, outside graphs."""
-    from numba import cuda
-
-    import gpu.memory as memory
-    from gpu.device import simulated
-    if simulated():                     # the simulator's events time nothing
-        return {}
-    stream = memory.stream()
-    out = {}
-    for name, shape, down in shapes:
-        dev = cuda.device_array(shape, np.float32)
-        host = cuda.pinned_array(shape, np.float32)
-        times = []
-        for _ in range(reps):
-            start, end = cuda.event(timing=True), cuda.event(timing=True)
-            start.record(stream)
-            if down:
-                dev.copy_to_host(host, stream=stream)
-            else:
-                dev.copy_to_device(host, stream=stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cuda.event_elapsed_time(start, end) * 1e3)
-        out[name] = statistics.median(times)
-    return out
-
-
 # --- report --------------------------------------------------------------------------------------
 
 HAND_OFF_PARTS = ("GPU wait", "routing", "MoE counters", "expert kernel", "hand-off python", "router (cpu)",
@@ -313,7 +285,7 @@ def print_phase(prof: Profile, phase: str, per: int, unit: str = "ms") -> None:
               f"{1e6 * t / max(calls, 1):8.1f} µs/call")
 
 
-def print_hand_offs(prof: Profile, phase: str, hand_offs: int, stages, regions, copies) -> None:
+def print_hand_offs(prof: Profile, phase: str, hand_offs: int, stages, regions) -> None:
     if not hand_offs:
         print("  no MoE hand-offs ran (no MoE layer with host experts?)")
         return
@@ -331,9 +303,6 @@ def print_hand_offs(prof: Profile, phase: str, hand_offs: int, stages, regions, 
         print(f"        (in the run: {kernel:.1f} µs; the call's Python (layout, workspace, dispatch) is part "
               f"of the first step; an empty Numba call costs {regions[0]:.1f} µs, an empty parallel region "
               f"{regions[1]:.1f} µs: A and B share one region)")
-    if copies:
-        print("      copies, device time apart (in 'GPU wait' during the run): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in copies.items()))
 
 
 def main(argv: list[str]) -> int:
@@ -371,12 +340,6 @@ def main(argv: list[str]) -> int:
     hand_offs = prof.calls[("decode", "hand-off python")]
     regions = region_cost()
     stages = kernel_stages(samples)
-    copies = None
-    if gpu:
-        D, E = c.n_embd, c.n_expert
-        k = c.n_expert_used
-        copies = copy_cost([("D2H x", (1, D), True), ("D2H experts", (1, 2 * k), True), ("D2H weights", (1, k), True),
-                            ("H2D out", (1, D), False)])
     print(f"\nplain decode: {1e3 * step:.2f} ms per step, {hand_offs / args.steps:.0f} hand-offs per step")
     slots = model.plan.expert_cache
     if gpu:
@@ -386,7 +349,7 @@ def main(argv: list[str]) -> int:
         print(f"  GPU experts: {cached}, PCIe share {args.pcie_share}; the GPU ran {share:.1%} of the selected "
               f"(row, expert) pairs")
     print_phase(prof, "decode", args.steps)
-    print_hand_offs(prof, "decode", hand_offs, stages, regions, copies)
+    print_hand_offs(prof, "decode", hand_offs, stages, regions)
 
     if args.draft > 0 and model.has_mtp:
         n_steps, stats, loop, graph_counts = drafting_steps(model, prof, args.steps, args.draft)

@@ -9,8 +9,9 @@ Numba's included, with device timestamps. Prints per step:
 * the kernels by name: launches per step, mean and total device µs;
 * each segment between two hand-offs: its span on the device (first activity to the hand-off's
   last copy), the kernels' busy time in it, and so the idle gaps between nodes;
-* the time from a hand-off's last copy down to the next segment's first activity (the CPU FFN,
-  the host's wake-up and the next graph launch).
+* the time from a hand-off's inputs (its last copy down, or a MoE layer's routing kernel, which
+  writes them to mapped host memory) to the next segment's first activity (the CPU FFN, the
+  host's wake-up and the next graph launch), and when the GPU's own work of the hand-off ended.
 Kernel and copy durations are the device's own; the gaps between them are not: the tracer
 slows every launch down, so spans and gaps come out larger than in an untraced step (on the H200
 a 35B-A3B segment spans ~125 µs traced against ~75 µs of host wait untraced).
@@ -113,31 +114,35 @@ def main(argv: list[str]) -> int:
         print(f"  {cat[:10]:10s} {name[:44]:44s} {len(ds) / steps:8.1f} {statistics.mean(ds):8.2f} "
               f"{sum(ds) / steps:8.1f}")
 
-    # segments: a host→device copy (the previous hand-off's result) starts one; its critical part
-    # runs to its last copy down (the next hand-off's inputs), the rest is the `meanwhile` work
+    # segments: a host→device copy (a dense hand-off's result) or a MoE layer's `_finish` (which
+    # reads the host's sum in place) starts one; its critical part runs to the hand-off's inputs:
+    # its last copy down, or the MoE routing kernel (which writes them to mapped host memory);
+    # the rest of the segment is the `meanwhile` work, beside the CPU call
     segs, cur = [], []
     for a in acts:
-        if a[2] == "gpu_memcpy" and "HtoD" in a[3] and cur:
+        if _starts_segment(a) and cur:
             segs.append(cur)
             cur = []
         cur.append(a)
     segs.append(cur)
-    spans, kernel_busy, host_gaps, counts = [], [], [], []
+    spans, kernel_busy, host_gaps, meanwhile, counts = [], [], [], [], []
     for i, seg in enumerate(segs):
-        downs = [j for j, a in enumerate(seg) if a[2] == "gpu_memcpy" and "DtoH" in a[3]]
-        critical = seg[:downs[-1] + 1] if downs else seg
+        ends = [j for j, a in enumerate(seg) if _ends_critical(a)]
+        critical = seg[:ends[-1] + 1] if ends else seg
         spans.append(critical[-1][1] - critical[0][0])
         kernel_busy.append(_union(critical))
         counts.append(len(critical))
         if i + 1 < len(segs):
             host_gaps.append(segs[i + 1][0][0] - critical[-1][1])
+            meanwhile.append(max(a[1] for a in seg) - critical[-1][1])
     med = statistics.median
-    print(f"  {len(segs) / steps:.0f} segments per step; critical part (to the last copy down), median: "
+    print(f"  {len(segs) / steps:.0f} segments per step; critical part (to the hand-off's inputs), median: "
           f"{med(counts):.0f} activities, span {med(spans):.1f} µs, busy {med(kernel_busy):.1f} µs, "
           f"idle gaps {med(spans) - med(kernel_busy):.1f} µs")
     if host_gaps:
-        print(f"  hand-off (last copy down → next copy up): median {med(host_gaps):.1f} µs, "
-              f"total {sum(host_gaps) / steps:.0f} µs per step")
+        print(f"  hand-off (inputs ready → next segment's first activity): median {med(host_gaps):.1f} µs, "
+              f"total {sum(host_gaps) / steps:.0f} µs per step; the GPU's meanwhile work ends "
+              f"{med(meanwhile):.1f} µs after the inputs (median)")
     # one segment of each shape (GDN layers, attention layers, the step's ends), activity by activity
     shown = set()
     for seg in segs[len(segs) - len(segs) // steps:]:          # the last step's
@@ -150,6 +155,16 @@ def main(argv: list[str]) -> int:
         for t0, t1, cat, name in seg:
             print(f"    {t0 - base:8.1f} {t1 - t0:7.2f}  {name[:64]}")
     return 0
+
+
+def _starts_segment(activity) -> bool:
+    _, _, cat, name = activity
+    return (cat == "gpu_memcpy" and "HtoD" in name) or name.endswith("_finish")
+
+
+def _ends_critical(activity) -> bool:
+    _, _, cat, name = activity
+    return (cat == "gpu_memcpy" and "DtoH" in name) or name.endswith("_route")
 
 
 def _union(seg) -> float:
