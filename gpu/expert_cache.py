@@ -57,6 +57,7 @@ from .memory import THREADS, stream
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
 MAX_COUNTS = MAX_TOP_K + 1  # entries of a PCIe count table (a shared array's size must be a constant)
+X_COPY = 128               # entries of a routed row that one block of `_route` copies to the host
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 # blocks and threads per fetched pair: ~1 MB of loads in flight covers PCIe's latency (the
 # simulator runs each thread as a Python thread: a few do there)
@@ -228,9 +229,16 @@ def _route(bits, slot_of, pcie_count, experts, weights, where, x, x_out, experts
     made by the lanes at once (one rank each), so lane 0's serial placement reads shared memory
     only: a load per rank in its loop cost a memory latency each.
     Also copies the routing to experts_out / weights_out and the row x[i] to x_out[i] (when
-    x_out has rows): the host's copies, in mapped host memory, with no copy node after."""
+    x_out has rows): the host's copies, in mapped host memory, with no copy node after. The row
+    goes in blocks of its own (grid y ≥ 1, `X_COPY` entries each): one warp writing a 2048-wide
+    row over PCIe took 10 µs more than the routing itself."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
+    if cuda.blockIdx.y > 0:
+        if i < x_out.shape[0]:
+            for c in range((cuda.blockIdx.y - 1) * X_COPY + t, min(cuda.blockIdx.y * X_COPY, x_out.shape[1]), 32):
+                x_out[i, c] = x[i, c]
+        return
     n_expert = bits.shape[1]
     k = experts.shape[1]
     values = cuda.shared.array(MAX_EXPERTS, uint64)
@@ -243,9 +251,6 @@ def _route(bits, slot_of, pcie_count, experts, weights, where, x, x_out, experts
     total = cuda.shared.array(1, float64)
     for r in range(t, k + 1, 32):
         counts[r] = pcie_count[r]
-    if i < x_out.shape[0]:
-        for c in range(t, x_out.shape[1], 32):
-            x_out[i, c] = x[i, c]
     for e in range(t, n_expert, 32):      # a lane only ever reads back its own experts
         values[e] = _pick_value(bits[i, e], e)
     for rank in range(k):
@@ -320,7 +325,9 @@ def route(logits, experts, weights, where=None, tables=None, to_host=None) -> No
         no_rows = memory.scratch("expert_cache.no_rows", (0, 0))
         to_host = (no_rows, no_rows, experts, weights)      # the routing written twice in place
     if n:
-        _route[n, 32, stream()](logits.view(np.uint32), slot_of, pcie_count, experts, weights, where, *to_host)
+        copy_blocks = -(-to_host[1].shape[1] // X_COPY)
+        _route[(n, 1 + copy_blocks), 32, stream()](logits.view(np.uint32), slot_of, pcie_count, experts, weights, where,
+                                                   *to_host)
 
 
 # --- 2. the GPU's pairs ------------------------------------------------------------------------------

@@ -54,9 +54,9 @@ def test_device_routing_writes_the_rows_and_the_routing_to_mapped_host_memory():
     """route(..., to_host=): the host's copies (mapped buffers: no copy node) equal the device's."""
     rng = np.random.default_rng(5)
     logits = rng.standard_normal((3, 40)).astype(np.float32)
-    x = rng.standard_normal((3, 24)).astype(np.float32)
+    x = rng.standard_normal((3, 2 * ec.X_COPY + 44)).astype(np.float32)      # three copy blocks, one partial
     experts, weights = memory.scratch("t.e", (3, 5), np.int64), memory.scratch("t.w", (3, 5))
-    host = (memory.mapped("t.x", (3, 24)), memory.mapped("t.e", (3, 5), np.int64), memory.mapped("t.w", (3, 5)))
+    host = (memory.mapped("t.x", x.shape), memory.mapped("t.e", (3, 5), np.int64), memory.mapped("t.w", (3, 5)))
     for m in host:
         m.host[...] = -1
     ec.route(cuda.to_device(logits), experts, weights, to_host=(cuda.to_device(x), *(m.device for m in host)))

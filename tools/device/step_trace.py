@@ -157,14 +157,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _is_kernel(name: str, function: str) -> bool:
+    """Whether a kernel's name (`module.function`, or demangled `gpu::module::function[abi:…]…`)
+    is this function's."""
+    return re.search(rf"(^|[.:]){function}($|\[|\()", name) is not None
+
+
 def _starts_segment(activity) -> bool:
     _, _, cat, name = activity
-    return (cat == "gpu_memcpy" and "HtoD" in name) or name.endswith("_finish")
+    return (cat == "gpu_memcpy" and "HtoD" in name) or _is_kernel(name, "_finish")
 
 
 def _ends_critical(activity) -> bool:
     _, _, cat, name = activity
-    return (cat == "gpu_memcpy" and "DtoH" in name) or name.endswith("_route")
+    return (cat == "gpu_memcpy" and "DtoH" in name) or _is_kernel(name, "_route")
 
 
 def _union(seg) -> float:
