@@ -15,15 +15,17 @@ Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
      cpu.moe.route), and where each (row, rank) pair runs (`where`, n × k codes): from its cache
      slot s (code s ≥ 0); over PCIe, for the last `pcie_count[u]` of the row's u uncached ranks
      (code −2 − s: staging slot s, the j-th such pair of row i in slot i·c + j, c = the most
-     any row takes); else on the CPU (−1). The experts copied down for the host mark every pair
-     the GPU runs as ~e (cpu.moe_kernel skips those). The rule reads nothing but the row's own
+     any row takes); else on the CPU (−1). The host's copy of the experts (written with x into
+     mapped host memory: the hand-off has no copy node) marks every pair the GPU runs as ~e
+     (cpu.moe_kernel skips those). The rule reads nothing but the row's own
      routing, so a row's split is the same in a one-row step and in a k-row verify;
   2. while the host runs its pairs (`cpu.moe.run_routed`), the device runs the GPU's (`run`):
-     `fetch` copies the PCIe pairs' three matrices from the mapped host memory into staging
-     slots in one launch, on a side stream beside the shared expert (the copy waits on PCIe,
-     not on the SMs); then gate and up products of each pair's row, SiLU(g)·u, the down product
-     (one launch per matrix kind for all the pairs, from cache or staging slots,
-     `gpu.matvec_q8.experts_matvec`; a CPU pair returns at once). Fetching first and computing
+     `fetch` copies the PCIe pairs' gate and up matrices, then their down matrices, from the
+     mapped host memory into staging slots, on a side stream (the copy waits on PCIe, not on
+     the SMs): the shared expert runs beside the first part, the gate and up products of each
+     pair's row and SiLU(g)·u beside the second, then the down product (one launch per matrix
+     kind for all the pairs, from cache or staging slots, `gpu.matvec_q8.experts_matvec`; a CPU
+     pair returns at once). Fetching first and computing
      from VRAM beat computing straight from host memory: three dependent launches each waited
      out PCIe's latency on ~0.6 MB (35B-A3B shape, H100 box: a 0.5 share made steps slower);
   3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
@@ -59,9 +61,11 @@ MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE:
 MAX_COUNTS = MAX_TOP_K + 1  # entries of a PCIe count table (a shared array's size must be a constant)
 X_COPY = 128               # entries of a routed row that one block of `_route` copies to the host
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
-# blocks and threads per fetched pair: ~1 MB of loads in flight covers PCIe's latency (the
-# simulator runs each thread as a Python thread: a few do there)
-FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (128, 256)
+# blocks and threads per fetched matrix: 256 KB of loads in flight covers PCIe's latency (~90 KB
+# at ~45 GB/s and ~2 µs); more only clogs the memory system for the kernels beside it (the shared
+# expert's matvecs ran 5× slower next to 1 MB per pair). The simulator runs each thread as a
+# Python thread: a few do there.
+FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (32, 256)
 ON_CPU = -1                # a `where` code: the CPU runs the pair
 
 
@@ -365,57 +369,82 @@ def _copy_matrix(src, matrix, dst, t, stride):
 
 
 @cuda.jit(cache=True)
-def _fetch(where, experts, g_src, u_src, d_src, g_step, u_step, d_step, g_dst, u_dst, d_dst):
-    """Pair a (grid y) fetched over PCIe (code −2 − s): its expert's three matrices from the
-    mapped host stacks (matrices, words) into staging slot s of the (slots, words) stacks."""
-    a = cuda.blockIdx.y
+def _fetch(where, experts, a_src, a_step, a_dst, b_src, b_step, b_dst):
+    """Pair p (grid y) fetched over PCIe (code −2 − s): its expert's matrix of kind a (grid z 0)
+    or b (grid z 1) from the mapped host stack (matrices, words) into staging slot s of the
+    (slots, words) stack."""
+    p = cuda.blockIdx.y
     k = where.shape[1]
-    i = a // k
-    code = where[i, a - i * k]
+    i = p // k
+    code = where[i, p - i * k]
     if code > -2:
         return
     slot = -2 - code
-    e = -1 - experts[i, a - i * k]
+    e = -1 - experts[i, p - i * k]
     t = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     stride = cuda.gridDim.x * cuda.blockDim.x
-    _copy_matrix(g_src, e * g_step, g_dst[slot], t, stride)
-    _copy_matrix(u_src, e * u_step, u_dst[slot], t, stride)
-    _copy_matrix(d_src, e * d_step, d_dst[slot], t, stride)
+    if cuda.blockIdx.z == 0:
+        _copy_matrix(a_src, e * a_step, a_dst[slot], t, stride)
+    else:
+        _copy_matrix(b_src, e * b_step, b_dst[slot], t, stride)
 
 
-def fetch(cache: ExpertCache, where, experts, staged, stream) -> None:
-    """Copy the pairs `where` sends over PCIe into their staging slots (`staged`: `staging()`)."""
+def fetch(cache: ExpertCache, where, experts, staged, stream, kinds=(0, 1, 2)) -> None:
+    """Copy these matrix kinds (0 gate, 1 up, 2 down) of the pairs `where` sends over PCIe into
+    their staging slots (`staged`: `staging()`): one launch per two kinds."""
     n, k = where.shape
-    dst = [stage.reshape(stage.shape[0], stage.shape[1] * stage.shape[2]).view(np.uint32) for stage in staged]
-    _fetch[(FETCH_BLOCKS, n * k), FETCH_THREADS, stream](where, experts, *cache.mapped, *cache.steps, *dst)
+    for first in range(0, len(kinds), 2):
+        part = kinds[first:first + 2]
+        args = []
+        for kind in (part[0], part[-1]):          # (a, b): the same kind twice is read once
+            stage = staged[kind]
+            dst = stage.reshape(stage.shape[0], stage.shape[1] * stage.shape[2]).view(np.uint32)
+            args += [cache.mapped[kind], cache.steps[kind], dst]
+        _fetch[(FETCH_BLOCKS, n * k, len(part)), FETCH_THREADS, stream](where, experts, *args)
 
 
 def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
     """y[i·k + rank] = the output of row i's rank-th expert, for the pairs `where` gives the GPU
     (other rows of y are left as they were); meanwhile() queues other device work (the shared
-    expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device."""
+    expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device.
+
+    The fetch goes in two parts on the side stream, gate and up matrices then down: the gate
+    and up products (and SiLU, and h's quantisation) run beside the down matrices' fetch, so
+    only the down product waits for the whole fetch."""
     n, k = where.shape
     staged = cache.staging() if cache.fetches(n) else None
-    if staged is not None:
-        memory.beside(lambda side: fetch(cache, where, experts, staged, side), meanwhile)
-    elif meanwhile is not None:
-        meanwhile()
     gate_t, up_t, down_t = cache.wtypes
     s = stream()
     h_shape = (n * k, cache.stacks[0].shape[1])
     g, u = memory.scratch("expert_cache.g", h_shape), memory.scratch("expert_cache.u", h_shape)
+    quantized = []
 
     def sources(kind):
         cached = cache.stacks[kind]
         return (cached, cached) if staged is None else ((cached if cache.n_slots else staged[kind]), staged[kind])
-    xq = quantize(x, s, UNITS[gate_t].x_layout)
-    experts_matvec(gate_t, *sources(0), where, xq, g, False, s)
-    if UNITS[up_t].x_layout != UNITS[gate_t].x_layout:
-        xq = quantize(x, s, UNITS[up_t].x_layout)
-    experts_matvec(up_t, *sources(1), where, xq, u, False, s)
-    _silu_times_gpu[-(-g.size // THREADS), THREADS, s](g, u, where)
-    hq = quantize(g, s, UNITS[down_t].x_layout)
-    experts_matvec(down_t, *sources(2), where, hq, y, True, s)
+
+    def before_gate_up():
+        if meanwhile is not None:
+            meanwhile()
+        quantized.append(quantize(x, s, UNITS[gate_t].x_layout))
+
+    def gate_up():
+        experts_matvec(gate_t, *sources(0), where, quantized[0], g, False, s)
+        xq = quantized[0]
+        if UNITS[up_t].x_layout != UNITS[gate_t].x_layout:
+            xq = quantize(x, s, UNITS[up_t].x_layout)
+        experts_matvec(up_t, *sources(1), where, xq, u, False, s)
+        _silu_times_gpu[-(-g.size // THREADS), THREADS, s](g, u, where)
+        quantized.append(quantize(g, s, UNITS[down_t].x_layout))
+
+    if staged is None:
+        before_gate_up()
+        gate_up()
+    else:
+        memory.beside((lambda side: fetch(cache, where, experts, staged, side, (0, 1)),
+                       lambda side: fetch(cache, where, experts, staged, side, (2,))),
+                      (before_gate_up, gate_up))
+    experts_matvec(down_t, *sources(2), where, quantized[1], y, True, s)
 
 
 # --- 3. the sum ------------------------------------------------------------------------------------

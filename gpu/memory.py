@@ -69,25 +69,30 @@ def mark():
 
 
 _side = None
-_fork = _join = None
+_events: list = []        # _events[0]: the fork; _events[j + 1]: the end of side part j
 
 
-def beside(side_work, main_work=None) -> None:
-    """side_work(stream) queues work on a second stream, after everything queued so far, and
-    main_work() (if given) queues work on the main stream meanwhile, so the GPU may run both at
-    once; work queued on the main stream afterwards waits for both. Inside a CUDA-graph capture
-    this records a fork and a join of the graph."""
-    global _side, _fork, _join
+def beside(side_parts, main_parts) -> None:
+    """Work on a second stream beside the main one, in matched parts: side part j (a function
+    of the side stream) queues there, after everything queued so far and after side part j − 1;
+    main part j (no argument; None for nothing) queues on the main stream, after main part j − 1,
+    and the main stream then waits for side part j. So main part j + 1 runs only once side part
+    j has run, and work queued on the main stream afterwards waits for all of both. The GPU may
+    run each side part beside the main part of the same j. Inside a CUDA-graph capture this
+    records a fork, a dependency per part and a join of the graph."""
+    global _side
     if _side is None:
         _side = cuda.stream()
-        _fork, _join = _event(), _event()
-    _fork.record(stream())
-    _fork.wait(_side)
-    side_work(_side)
-    if main_work is not None:
-        main_work()
-    _join.record(_side)
-    _join.wait(stream())
+    while len(_events) < len(side_parts) + 1:
+        _events.append(_event())
+    _events[0].record(stream())
+    _events[0].wait(_side)
+    for j, (side_part, main_part) in enumerate(zip(side_parts, main_parts, strict=True)):
+        side_part(_side)
+        _events[j + 1].record(_side)
+        if main_part is not None:
+            main_part()
+        _events[j + 1].wait(stream())
 
 
 def wait_for(event) -> None:

@@ -159,8 +159,12 @@ def test_fetch_copies_each_pcie_pair_into_its_staging_slot():
     staged = cache.staging()
     for stage in staged:
         stage.copy_to_device(np.full(stage.shape, 7, np.uint8))
-    ec.fetch(cache, cuda.to_device(where), cuda.to_device(np.where(where == ec.ON_CPU, experts, ~experts)),
-             staged, gpu.memory.stream())
+    host_experts = cuda.to_device(np.where(where == ec.ON_CPU, experts, ~experts))
+    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.memory.stream(), kinds=(2,))
+    got = [stage.copy_to_host() for stage in staged]
+    assert (got[0] == 7).all() and (got[1] == 7).all()                # down only: as the second part of `run`
+    assert np.array_equal(got[2][1], moe.down.data[3])
+    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.memory.stream())
     got = [stage.copy_to_host() for stage in staged]
     for (i, r), slot in {(0, 0): 1, (1, 0): 2, (1, 1): 3}.items():
         for kind, m in enumerate((moe.gate, moe.up, moe.down)):
