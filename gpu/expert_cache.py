@@ -62,9 +62,9 @@ MAX_COUNTS = MAX_TOP_K + 1  # entries of a PCIe count table (a shared array's si
 X_COPY = 128               # entries of a routed row that one block of `_route` copies to the host
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
 # blocks and threads per fetched matrix: 256 KB of loads in flight covers PCIe's latency (~90 KB
-# at ~45 GB/s and ~2 µs); more only clogs the memory system for the kernels beside it (the shared
-# expert's matvecs ran 5× slower next to 1 MB per pair). The simulator runs each thread as a
-# Python thread: a few do there.
+# at ~45 GB/s and ~2 µs); 128 blocks (1 MB) timed the same on the 35B-A3B shape (H100 box, one
+# call: 7.89 vs 7.76 ms per token), so the fetch holds fewer of the SMs the kernels beside it use.
+# The simulator runs each thread as a Python thread: a few do there.
 FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (32, 256)
 ON_CPU = -1                # a `where` code: the CPU runs the pair
 
