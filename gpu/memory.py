@@ -16,7 +16,8 @@
 Everything of gpu/ runs in order on ONE stream (`stream()`): kernels and copies are queued
 there, and the host waits for it (`synchronize`) only where it reads device data. The one
 exception, `beside`, forks work onto a second stream and joins it back (a MoE layer's fetch of
-experts over PCIe, which waits on the bus, beside its shared expert, which uses the SMs). One
+experts over PCIe, which waits on the bus, beside its shared expert and expert products, which
+use the SMs). One
 explicit stream, not the legacy default one, because CUDA can capture a stream's work into a
 graph (gpu/graphs.py) and cannot capture the legacy default stream.
 """
