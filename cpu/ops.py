@@ -15,7 +15,7 @@ from cpu.attention import gated_attention, kv_append
 from cpu.ffn import swiglu as _swiglu
 from cpu.gdn import conv1d_silu, gated_delta_rule, l2_norm_heads
 from cpu.matvec import matvec as _matvec
-from cpu.moe import moe_ffn as _moe_ffn
+from cpu.moe import moe_ffn
 from cpu.norm import gated_rms_norm, head_rms_norm, rms_norm
 from cpu.quants import dequantize_rows
 from cpu.rope import rope_inv_freq, rope_neox
@@ -59,16 +59,6 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, w: np.ndarray, eps: float, out: n
     GPU can do both in one pass over x (here it is just the two, bit for bit)."""
     add_inplace(x, y)
     rms_norm(x, w, eps, out)
-
-
-def moe_ffn(ffn, x: np.ndarray, out: np.ndarray, stats=None, then=None) -> np.ndarray:
-    """out = the MoE FFN of rows x (cpu/moe.py: returns the selected experts); then = (residual,
-    w, eps, normed): also add_rms_norm(residual, out, w, eps, normed), which the GPU folds into
-    the FFN's last launch."""
-    experts = _moe_ffn(ffn, x, out, stats)
-    if then is not None:
-        add_rms_norm(then[0], out, *then[1:])
-    return experts
 
 
 __all__ = [

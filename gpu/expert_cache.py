@@ -55,7 +55,6 @@ from .host_mapping import DeviceViews
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream
-from .norm import norm_row, row_threads
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)
@@ -450,55 +449,29 @@ def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
 
 # --- 3. the sum ------------------------------------------------------------------------------------
 
-@cuda.jit(device=True, inline=True)
-def _moe_sum(host_part, y, where, weights, shared, gate_logit, with_shared, i, c):
-    """Entry (i, c) of the layer's FFN output: the host's sum + the GPU's ranks in rank order
-    (+ the gated shared expert)."""
-    k = where.shape[1]
-    acc = host_part[i, c]
-    for rank in range(k):
-        if where[i, rank] != ON_CPU:
-            acc += weights[i, rank] * y[i * k + rank, c]
-    if with_shared:
-        acc += float32(1.0) / (float32(1.0) + math.exp(-gate_logit[i, 0])) * shared[i, c]
-    return acc
-
-
 @cuda.jit(cache=True)
 def _finish(out, host_part, y, where, weights, shared, gate_logit, with_shared):
     t = cuda.grid(1)
     D = out.shape[1]
+    k = where.shape[1]
     if t < out.shape[0] * D:
         i = t // D
-        out[i, t - i * D] = _moe_sum(host_part, y, where, weights, shared, gate_logit, with_shared, i, t - i * D)
+        c = t - i * D
+        acc = host_part[i, c]
+        for rank in range(k):
+            if where[i, rank] != ON_CPU:
+                acc += weights[i, rank] * y[i * k + rank, c]
+        if with_shared:
+            acc += float32(1.0) / (float32(1.0) + math.exp(-gate_logit[i, 0])) * shared[i, c]
+        out[i, c] = acc
 
 
-@cuda.jit(cache=True)
-def _finish_add_rms_norm(out, host_part, y, where, weights, shared, gate_logit, with_shared, x, w, eps, normed):
-    """`_finish` and then norm.add_rms_norm(x, out, w, eps, normed), one block per row: each
-    thread writes the entries of out that `norm_row` then reads back in the same thread, so
-    the bits are those of the two kernels."""
-    i = cuda.blockIdx.x
-    for c in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        out[i, c] = _moe_sum(host_part, y, where, weights, shared, gate_logit, with_shared, i, c)
-    norm_row(x, out, True, w, eps, normed, i)
-
-
-def finish(out, host_part, y, where, weights, shared=None, gate_logit=None, then=None) -> None:
+def finish(out, host_part, y, where, weights, shared=None, gate_logit=None) -> None:
     """out (n, D) = host_part + Σ over the GPU's ranks, in rank order, of weights · y; then
     + σ(gate_logit) · shared when given. host_part may be a view of mapped host memory (the
-    host's sum, read over PCIe where it lies); y is not read where no pair ran on the GPU.
-    then = (x, w, eps, normed): also the residual add and the next norm (`norm.add_rms_norm`)
-    in the same launch (one node less on a decode step's critical path)."""
+    host's sum, read over PCIe where it lies); y is not read where no pair ran on the GPU."""
     with_shared = shared is not None
     if not with_shared:
         shared = gate_logit = out      # not read
-    n, D = out.shape
-    if then is not None:
-        x, w, eps, normed = then
-        if n:
-            _finish_add_rms_norm[n, row_threads(D), stream()](out, host_part, y, where, weights, shared, gate_logit,
-                                                              with_shared, x, w, float(eps), normed)
-        return
     _finish[-(-out.size // THREADS), THREADS, stream()](out, host_part, y, where, weights, shared, gate_logit,
                                                         with_shared)

@@ -33,7 +33,6 @@ from cpu.moe import bind_routed, expert_groups, route, router_logits, routed_ffn
 from . import expert_cache, graphs, memory
 from .memory import THREADS, stream
 from .matvec import matvec as device_matvec
-from .norm import add_rms_norm
 
 
 def _blocks(size: int) -> int:
@@ -143,13 +142,12 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     add_shared_expert(ffn, x, out, matvec, swiglu)
 
 
-def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None, then=None) -> None:
+def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
     one hand-off for the routed experts the GPU leaves to the host (`ffn.cache`: the experts
     cached in VRAM, and a share of the others fetched over PCIe; gpu/expert_cache.py); the shared
     expert and the GPU's experts run on the device meanwhile (they only need x and the routing)
-    and are added once the host's sum is back. then = (residual, w, eps, normed): also
-    residual += out and normed = RMSNorm(residual; w), in the sum's launch where it can."""
+    and are added once the host's sum is back."""
     n, D = x.shape
     if n == 0:
         return
@@ -168,8 +166,6 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None, then=None) -> None:
                          shared_meanwhile)
         if ffn.shared is not None:
             _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
-        if then is not None:
-            add_rms_norm(then[0], out, *then[1:])
         return
 
     logits = memory.scratch("moe_logits", (n, ffn.router.rows))
@@ -200,7 +196,7 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None, then=None) -> None:
                      meanwhile if device_shared or cache is not None else None,
                      bind=lambda *host: bind_routed(ffn, *host, stats))
     expert_cache.finish(out, host_sum.device, y, where, weights,
-                        *((shared, gate_logit) if ffn.shared is not None else (None, None)), then=then)
+                        *((shared, gate_logit) if ffn.shared is not None else ()))
 
 
 def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:

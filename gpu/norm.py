@@ -27,7 +27,7 @@ def warp_blocks(items: int) -> int:
 
 
 # A model-width row (D = 2048..5120) gets a block of warps, about one warp per 128 entries, and
-# each thread holds its entries in registers (`norm_row`). In a decode step the row's loads
+# each thread holds its entries in registers (`_norm_row`). In a decode step the row's loads
 # miss the L2 (the layer's weights streamed through it), so what counts is how many loads each
 # thread waits out in turn. On the H200, in a graph after an 84 MB matvec: 8 warps looping over
 # the row 7.9 µs at D = 2048 and 18.1 at 5120; a warp per 128 entries, looping, 6.0 and 10.4;
@@ -65,11 +65,8 @@ def row_scale(ss, D, eps, tid):
 ROW_VALUES = 8
 
 
-# A Numba device function even under the simulator (not `device_function`, plain Python there):
-# the simulator swaps in its `cuda` module only where a kernel or device function is defined, and
-# kernels of other modules call this one (gpu/expert_cache.py).
-@cuda.jit(device=True, inline=True)
-def norm_row(x, y, add, w, eps, out, t):
+@device_function
+def _norm_row(x, y, add, w, eps, out, t):
     """out[t] = rms_norm(x[t] (+ y[t], stored back into x[t] when `add`); w)."""
     D = x.shape[1]
     tid = cuda.threadIdx.x
@@ -108,7 +105,7 @@ def norm_row(x, y, add, w, eps, out, t):
 
 @cuda.jit(cache=True)
 def _rms_norm(x, w, eps, out):
-    norm_row(x, x, False, w, eps, out, cuda.blockIdx.x)
+    _norm_row(x, x, False, w, eps, out, cuda.blockIdx.x)
 
 
 def rms_norm(x, w, eps, out):
@@ -120,7 +117,7 @@ def rms_norm(x, w, eps, out):
 
 @cuda.jit(cache=True)
 def _add_rms_norm(x, y, w, eps, out):
-    norm_row(x, y, True, w, eps, out, cuda.blockIdx.x)
+    _norm_row(x, y, True, w, eps, out, cuda.blockIdx.x)
 
 
 def add_rms_norm(x, y, w, eps, out):

@@ -60,11 +60,9 @@ def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out) -> None:
         ffn.swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out, matvec=matvec)
 
 
-def moe_ffn(moe, x, out, stats=None, then=None) -> None:
+def moe_ffn(moe, x, out, stats=None) -> None:
     """The MoE FFN of device rows x into out; the chosen experts go to stats.count (a
-    hybrid.forward.MoEStats) when given; then = (residual, w, eps, normed): also
-    add_rms_norm(residual, out, w, eps, normed) (in the hybrid FFN's last launch). By where its
-    weights are:
+    hybrid.forward.MoEStats) when given. By where its weights are:
     * all in host memory: wholly on the host, one hand-off;
     * routed experts in host memory, router and shared expert on the device (the planner's
       placement): one hand-off for routing and every routed expert, the rest on the device
@@ -74,12 +72,9 @@ def moe_ffn(moe, x, out, stats=None, then=None) -> None:
     if not any(is_device(m.data) for m in _matrices(moe)):
         host_call((x,), (out,), lambda x_host, out_host: host_ops.moe_ffn(moe, x_host, out_host, stats))
     elif not any(is_device(m.data) for m in (moe.gate, moe.up, moe.down)):
-        ffn.hybrid_moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats, then=then)
-        return
+        ffn.hybrid_moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
     else:
         ffn.moe_ffn(moe, x, out, matvec=matvec, swiglu=swiglu, stats=stats)
-    if then is not None:
-        add_rms_norm(then[0], out, *then[1:])
 
 
 def _matrices(moe):
@@ -162,8 +157,6 @@ def ptx_targets():
         ("expert cache silu_times", ec._silu_times_gpu, (m2, m2, a(types.int32, 2))),
         ("expert cache fetch", ec._fetch, (a(types.int32, 2), a(i64, 2), *(a(types.uint32, 2), i64, a(types.uint32, 2)) * 2)),
         ("expert cache finish", ec._finish, (m2, m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean)),
-        ("expert cache finish + add_rms_norm", ec._finish_add_rms_norm,
-         (m2, m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean, m2, m1, f64, m2)),
         ("fill_zero", memory._fill_zero_kernel, (m1,)),
         ("copy_2d", memory._copy_2d_kernel, (a(f32, 2, "A"), a(f32, 2, "A"))),
     ]

@@ -125,9 +125,12 @@ class Forward:
                 self._gdn(layer, state, s, snapshot)
             else:
                 self._attention(layer, state.kv[layer.index], s)
+            self._residual_ffn(layer, s)
             # the FFN's residual add fused with the next norm: the next layer's, or output_norm
-            last = i + 1 == len(w.layers)
-            self._residual_ffn(layer, s, (w.output_norm, hidden) if last else (w.layers[i + 1].attn_norm, s.a))
+            if i + 1 < len(w.layers):
+                ops.add_rms_norm(s.x, s.m, w.layers[i + 1].attn_norm, c.rms_eps, s.a)
+            else:
+                ops.add_rms_norm(s.x, s.m, w.output_norm, c.rms_eps, hidden)
         if out is not None:
             lm_head(w, hidden[hidden.shape[0] - out.shape[0]:], out, ops)
         if head is not None and top:
@@ -161,11 +164,11 @@ class Forward:
         b.copy(x, s.x)
 
     # --- the two mixers and the FFN -----------------------------------------------------------
-    def _residual_ffn(self, layer, s: "_Scratch", then=None) -> None:
-        """x += mixer output; m = FFN(RMSNorm(x; post_attention_norm)). With then = (w, out)
-        also x += m and out = RMSNorm(x; w) (the next norm); else the caller adds m to x."""
+    def _residual_ffn(self, layer, s: "_Scratch") -> None:
+        """x += mixer output; m = FFN(RMSNorm(x; post_attention_norm)). The caller adds m to x
+        (fused with whatever norm comes next)."""
         self.ops.add_rms_norm(s.x, s.m, layer.post_norm, self.config.rms_eps, s.a)
-        self._ffn(layer.ffn, s, then)
+        self._ffn(layer.ffn, s)
 
     def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config
@@ -203,16 +206,12 @@ class Forward:
         ops.gated_rms_norm(s.o, s.z, layer.ssm_norm, c.rms_eps, s.y)
         ops.matvec(layer.out.wtype, layer.out.data, s.y, s.m)
 
-    def _ffn(self, ffn, s: "_Scratch", then=None) -> None:
-        """m = FFN(a), where the FFN's weights live; then = (w, out): also x += m and out =
-        RMSNorm(x; w) — inside the MoE op, which on the GPU folds it into its last launch. A
-        backend whose FFN stayed in host memory either streams its weights to the device for a
-        call of many rows (a prompt chunk: one transfer beats n rows of CPU work) or sends the
-        rows down, runs the CPU op set on them, and sends the result back up."""
-        b, eps = self.backend, self.config.rms_eps
-        if not b.ffn_on_host(ffn) and isinstance(ffn, MoEFFN) and then is not None:
-            self.ops.moe_ffn(ffn, s.a, s.m, self.last_moe_stats, (s.x, then[0], eps, then[1]))
-            return
+    def _ffn(self, ffn, s: "_Scratch") -> None:
+        """m = FFN(a), where the FFN's weights live. A backend whose FFN stayed in host memory
+        either streams its weights to the device for a call of many rows (a prompt chunk: one
+        transfer beats n rows of CPU work) or sends the rows down, runs the CPU op set on them,
+        and sends the result back up."""
+        b = self.backend
         if not b.ffn_on_host(ffn):
             self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
         elif b.streams_ffn(ffn, s.a.shape[0]):
@@ -220,8 +219,6 @@ class Forward:
         else:
             host_ops, h_shape = b.host_ops, s.h.shape
             b.host_call((s.a,), (s.m,), lambda a, m: self._run_ffn(host_ops, ffn, a, b.host_scratch(h_shape), m))
-        if then is not None:
-            self.ops.add_rms_norm(s.x, s.m, then[0], eps, then[1])
 
     def _run_ffn(self, ops, ffn, a, h, m) -> None:
         if isinstance(ffn, DenseFFN):

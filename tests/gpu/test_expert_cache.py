@@ -17,7 +17,6 @@ import gpu.expert_cache as ec
 from gpu import memory
 import gpu.matvec_q8 as mq
 import gpu.ffn
-import gpu.norm
 import gpu.ops
 from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
 from tests.cpu.quant_data import random_rows, type_id
@@ -67,24 +66,6 @@ def test_device_routing_writes_the_rows_and_the_routing_to_mapped_host_memory():
     np.testing.assert_array_equal(host[1].host, want_experts)
     np.testing.assert_array_equal(host[1].host, experts.copy_to_host())
     np.testing.assert_array_equal(host[2].host, weights.copy_to_host())
-
-
-@pytest.mark.parametrize("with_shared", [True, False])
-def test_finish_with_the_next_norm_has_the_bits_of_finish_then_add_rms_norm(with_shared):
-    rng = np.random.default_rng(11)
-    n, k, D = 3, 4, 300
-    where = cuda.to_device(np.array([[0, ec.ON_CPU, -2, 5], [ec.ON_CPU] * 4, [1, 2, ec.ON_CPU, -3]], np.int32))
-    arrays = [rng.standard_normal(shape).astype(np.float32)
-              for shape in ((n, D), (n * k, D), (n, k), (n, D), (n, 1), (n, D), (D,))]
-    host_part, y, weights, shared, gate_logit, x, w = (cuda.to_device(a) for a in arrays)
-    parts = (shared, gate_logit) if with_shared else (None, None)
-    want_out, want_normed, want_x = memory.zeros((n, D)), memory.zeros((n, D)), cuda.to_device(arrays[5])
-    ec.finish(want_out, host_part, y, where, weights, *parts)
-    gpu.norm.add_rms_norm(want_x, want_out, w, 1e-6, want_normed)
-    out, normed = memory.zeros((n, D)), memory.zeros((n, D))
-    ec.finish(out, host_part, y, where, weights, *parts, then=(x, w, 1e-6, normed))
-    for got, want in ((out, want_out), (normed, want_normed), (x, want_x)):
-        assert np.array_equal(got.copy_to_host().view(np.uint32), want.copy_to_host().view(np.uint32))
 
 
 def test_device_routing_of_a_nan_row_still_picks_distinct_experts():
