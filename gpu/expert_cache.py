@@ -17,17 +17,17 @@ Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
      (code −2 − s: staging slot s, the j-th such pair of row i in slot i·c + j, c = the most
      any row takes); else on the CPU (−1). The host's copy of the experts (written with x into
      mapped host memory: the hand-off has no copy node) marks every pair the GPU runs as ~e
-     (cpu.moe_kernel skips those). The rule reads nothing but the row's own
-     routing, so a row's split is the same in a one-row step and in a k-row verify;
+     (cpu.moe_kernel skips those). The rule reads nothing but the row's own routing, so a
+     row's split is the same in a one-row step and in a k-row verify;
   2. while the host runs its pairs (`cpu.moe.run_routed`), the device runs the GPU's (`run`):
      `fetch` copies the PCIe pairs' gate and up matrices, then their down matrices, from the
      mapped host memory into staging slots, on a side stream (the copy waits on PCIe, not on
      the SMs): the shared expert runs beside the first part, the gate and up products of each
      pair's row and SiLU(g)·u beside the second, then the down product (one launch per matrix
      kind for all the pairs, from cache or staging slots, `gpu.matvec_q8.experts_matvec`; a CPU
-     pair returns at once). Fetching first and computing
-     from VRAM beat computing straight from host memory: three dependent launches each waited
-     out PCIe's latency on ~0.6 MB (35B-A3B shape, H100 box: a 0.5 share made steps slower);
+     pair returns at once). Fetching first and computing from VRAM beat computing straight
+     from host memory: three dependent launches each waited out PCIe's latency on ~0.6 MB
+     (35B-A3B shape, H100 box: a 0.5 share made steps slower);
   3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
      (+ the gated shared expert).
 Every row's arithmetic is the same whatever the number of rows (up to `PCIE_MAX_ROWS` rows for

@@ -197,7 +197,6 @@ def test_mapped_inputs_and_outputs_go_without_copies(replayed, monkeypatch):
     total, seen = memory.zeros(32), []
     cache = graphs.StepGraphs(enabled=replayed)
     for step in range(3):                  # eager, then (replayed) captured + replayed, replayed
-        copies.clear()
         memory.copy(x, np.arange(32, dtype=np.float32) + step)
         copies.clear()
         cache.run("step", lambda: _mapped_step(x, src, dst, total, seen))
