@@ -17,9 +17,8 @@ Everything of gpu/ runs in order on ONE stream (`stream()`): kernels and copies 
 there, and the host waits for it (`synchronize`) only where it reads device data. The one
 exception, `beside`, forks work onto a second stream and joins it back (a MoE layer's fetch of
 experts over PCIe, which waits on the bus, beside its shared expert and expert products, which
-use the SMs). One
-explicit stream, not the legacy default one, because CUDA can capture a stream's work into a
-graph (gpu/graphs.py) and cannot capture the legacy default stream.
+use the SMs). One explicit stream, not the legacy default one, because CUDA can capture a
+stream's work into a graph (gpu/graphs.py) and cannot capture the legacy default stream.
 """
 from __future__ import annotations
 

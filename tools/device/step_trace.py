@@ -8,7 +8,8 @@ segments) under torch.profiler, whose CUPTI tracer records every kernel and copy
 Numba's included, with device timestamps. Prints per step:
 * the kernels by name: launches per step, mean and total device µs;
 * each segment between two hand-offs: its span on the device (first activity to the hand-off's
-  last copy), the kernels' busy time in it, and so the idle gaps between nodes;
+  inputs: its last copy down, or a MoE layer's routing kernel), the kernels' busy time in it,
+  and so the idle gaps between nodes;
 * the time from a hand-off's inputs (its last copy down, or a MoE layer's routing kernel, which
   writes them to mapped host memory) to the next segment's first activity (the CPU FFN, the
   host's wake-up and the next graph launch), and when the GPU's own work of the hand-off ended.
