@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from .expf import expf
+from .norm import gated_rms_norm
 
 # Reassociation vectorises the d_k dot products; every token runs the same code, so an
 # n-token call stays bit-identical to n one-token calls.
@@ -168,6 +169,21 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
     beta, decay = _gates(b, alpha, ssm_a, dt_bias)
     step = _delta_rule_4_rows if ssm.shape[1] % 4 == 0 else _delta_rule_rows
     step(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm)
+
+
+def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, u, o, y):
+    """A GDN layer's mixer between its input projections and its output projection: the
+    causal conv + SiLU of mix (n, C) into u, the L2 norm of u's q and k heads, the gated delta
+    rule into o (n, H_v·d_v), then y = gated_rms_norm(o, z). weights = (conv_w, ssm_a, dt_bias,
+    ssm_norm), state = (conv, ssm), rings = (ring_conv, ring_ssm); u and o are scratch. One op
+    so that the GPU can run it in fewer launches (`gpu.gdn.gdn_mixer`)."""
+    conv_w, ssm_a, dt_bias, norm_w = weights
+    conv, ssm = state
+    ring_conv, ring_ssm = rings
+    conv1d_silu(mix, conv_w, conv, u, ring_conv)
+    l2_norm_heads(u, 2 * n_k_heads, ssm.shape[2], eps)
+    gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, o, ring_ssm)
+    gated_rms_norm(o, z, norm_w, eps, y)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)

@@ -6,19 +6,25 @@ first; rings (R, …) with R = 0 for no snapshots), so states move between the t
 Per-slot bit identity: every token is one step of the same per-channel / per-row code,
 whatever n is, so an n-token call leaves exactly the states and outputs of n one-token calls.
 (The per-head L2 norm between the two is `gpu.norm.l2_norm_heads`.)
+
+The forward calls them through `gdn_mixer`, which fuses them with their neighbours for a decode
+or verify step: the conv, the L2 norm and the gates in one launch; the delta rule and the
+output norm in another (the last warp of a head to finish a token norms it). Same bits as the
+separate ops.
 """
 from __future__ import annotations
 
 import math
 
-from numba import cuda, float32, float64
+from numba import cuda, float32, float64, int64, uint64
 
 from hybrid.errors import HybridError
 
 from .device import simulated
-from .intrinsics import warp_reduce
+from .intrinsics import load_f32_l2, warp_max_u64, warp_reduce
 from . import memory
 from .memory import THREADS, stream
+from .norm import l2_norm_heads
 
 MAX_CONV_KERNEL = 8            # the window lives in registers (every released model has K = 4)
 WARPS = 1 if simulated() else 4
@@ -103,8 +109,7 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
     mix (n, C) pre-conv inputs; w (K, C) taps oldest→current; conv (K−1, C) state, updated in
     place; out (n, C). ring_conv (R, K−1, C): if R > 0, slot t receives the window after token t.
     Either way every output is the same sum in the same order, so the bits do not depend on n."""
-    if w.shape[0] > MAX_CONV_KERNEL:
-        raise HybridError(f"GPU conv1d supports kernels ≤ {MAX_CONV_KERNEL}; this model has {w.shape[0]}")
+    _check_conv(w)
     n, C = mix.shape
     if n < CONV_PARALLEL_TOKENS:
         _conv1d_silu[-(-C // THREADS), THREADS, stream()](mix, w, conv, out, ring_conv)
@@ -113,23 +118,126 @@ def conv1d_silu(mix, w, conv, out, ring_conv):
     _conv_state_advance[-(-C // THREADS), THREADS, stream()](mix, conv)
 
 
+@cuda.jit(device=True, inline=True)
+def _gate_values(b, alpha, ssm_a, dt_bias, t, j):
+    """(β, decay) of token t, v-head j: β = σ(b) and decay = exp(ssm_a · softplus(α + dt_bias)),
+    in float64 as on the CPU."""
+    beta = float32(1.0 / (1.0 + math.exp(-float64(b[t, j]))))
+    a = float64(alpha[t, j]) + dt_bias[j]
+    softplus = a if a > 20.0 else math.log1p(math.exp(a))
+    return beta, float32(math.exp(float64(ssm_a[j]) * softplus))
+
+
 @cuda.jit(cache=True)
 def _gdn_gates(b, alpha, ssm_a, dt_bias, beta, decay):
-    """Per (token, v-head): β = σ(b) and decay = exp(ssm_a · softplus(α + dt_bias)), in
-    float64 as on the CPU. Computed once here instead of by each of a head's warps per token."""
+    """Per (token, v-head): the gates, computed once here instead of by each of a head's warps
+    per token."""
     k = cuda.grid(1)
     n, n_v = b.shape
     if k < n * n_v:
         t = k // n_v
         j = k - t * n_v
-        beta[t, j] = float32(1.0 / (1.0 + math.exp(-float64(b[t, j]))))
-        a = float64(alpha[t, j]) + dt_bias[j]
-        softplus = a if a > 20.0 else math.log1p(math.exp(a))
-        decay[t, j] = float32(math.exp(float64(ssm_a[j]) * softplus))
+        beta[t, j], decay[t, j] = _gate_values(b, alpha, ssm_a, dt_bias, t, j)
 
 
 @cuda.jit(cache=True)
-def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm):
+def _conv_norm_gates(mix, w, conv, out, ring_conv, n_norm, d, eps, b, alpha, ssm_a, dt_bias, beta, decay):
+    """conv1d_silu, l2_norm_heads of the first n_norm heads and the gates in one launch, for
+    calls of a few tokens. A warp per d-wide channel segment, lane l taking its channels l,
+    l + 32, ...: it sums their squares in that order and then by the butterfly, as
+    `l2_norm_heads` does, so the bits are those of the three kernels. Past the segments' warps,
+    a thread per (token, v-head) gate."""
+    n, C = mix.shape
+    K = w.shape[0]
+    keep = K - 1
+    segments = -(-C // d)
+    g = cuda.grid(1)
+    warp = g >> 5
+    if warp >= segments:
+        k = g - 32 * segments
+        n_v = b.shape[1]
+        if k < n * n_v:
+            t = k // n_v
+            j = k - t * n_v
+            beta[t, j], decay[t, j] = _gate_values(b, alpha, ssm_a, dt_bias, t, j)
+        return
+    lane = g & 31
+    norm = warp < n_norm                          # the same for the whole warp
+    snap = ring_conv.shape[0] > 0
+    window = cuda.local.array((PER_LANE, MAX_CONV_KERNEL), float32)   # oldest input first
+    vals = cuda.local.array(PER_LANE, float32)
+    red = cuda.local.array((1, 1), float32)
+    for e in range(PER_LANE):
+        ch = min(warp * d + min(lane + 32 * e, d - 1), C - 1)        # dead lanes read a live channel
+        for r in range(keep):
+            window[e, r] = conv[r, ch]
+    for t in range(n):
+        ss = float32(0.0)
+        for e in range(PER_LANE):
+            i = lane + 32 * e
+            live = i < d and warp * d + i < C
+            ch = min(warp * d + min(i, d - 1), C - 1)
+            window[e, keep] = mix[t, ch]
+            o = float32(0.0)
+            for j in range(K):
+                o += w[j, ch] * window[e, j]
+            o = o / (float32(1.0) + math.exp(-o))
+            vals[e] = o
+            if live:
+                ss += o * o
+            for r in range(keep):
+                window[e, r] = window[e, r + 1]
+            if snap and live:
+                for r in range(keep):
+                    ring_conv[t, r, ch] = window[e, r]
+        inv = float32(1.0)
+        if norm:
+            red[0, 0] = ss
+            warp_reduce(red)
+            inv = float32(1.0 / max(math.sqrt(red[0, 0]), eps))
+        for e in range(PER_LANE):
+            i = lane + 32 * e
+            if i < d and warp * d + i < C:
+                out[t, warp * d + i] = vals[e] * inv if norm else vals[e]
+    for e in range(PER_LANE):
+        i = lane + 32 * e
+        if i < d and warp * d + i < C:
+            for r in range(keep):
+                conv[r, warp * d + i] = window[e, r]
+
+
+@cuda.jit(device=True, inline=True)
+def _last_norms(out, z, norm_w, eps, y, arrivals, t, j, warp_rows, lane):
+    """After a warp wrote its rows of o (out) for token t, head j: the head's last warp to get
+    here writes y[t] of the head, gated_rms_norm's bits (its lanes' sums in the same order, the
+    same butterfly and expressions), and resets the head's counter for the next call. The
+    other warps' rows are fenced before they count and are read from L2."""
+    cuda.threadfence()
+    arrived = int64(0)
+    if lane == 0:
+        arrived = int64(cuda.atomic.add(arrivals, (t, j), 1)) + 1
+    if int64(warp_max_u64(uint64(arrived))) != warp_rows:
+        return
+    d = norm_w.shape[0]
+    base = j * d
+    red = cuda.local.array((1, 1), float32)
+    ss = float32(0.0)
+    for i in range(lane, d, 32):
+        v = load_f32_l2(out, t, base + i)
+        ss += v * v
+    red[0, 0] = ss
+    warp_reduce(red)
+    scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
+    for i in range(lane, d, 32):
+        zi = z[t, base + i]
+        silu = zi / (float32(1.0) + math.exp(-zi))
+        y[t, base + i] = load_f32_l2(out, t, base + i) * scale * norm_w[i] * silu
+    if lane == 0:
+        arrivals[t, j] = 0
+
+
+@cuda.jit(cache=True)
+def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, z, norm_w, eps, y, arrivals):
     n = u.shape[0]
     n_v, d_v, d_k = ssm.shape
     lane = cuda.threadIdx.x & 31
@@ -146,6 +254,7 @@ def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm):
     v0 = 2 * n_k_heads * d_k + j * d_v
     scale = float32(1.0 / math.sqrt(d_k))
     snap = ring_ssm.shape[0] > 0
+    fused = y.shape[0] > 0                        # the output norm too (gdn_mixer)
 
     s = cuda.local.array((ROWS, PER_LANE), float32)   # S_j[:, c0 + r], lane l holding keys l, l+32, …
     kk = cuda.local.array(PER_LANE, float32)      # this token's k̂ and q̂, the lane's keys
@@ -213,6 +322,8 @@ def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm):
                         i = lane + 32 * e
                         if i < d_k:
                             ring_ssm[t, j, c, i] = s[r, e]
+        if fused and live_warp:
+            _last_norms(out, z, norm_w, eps, y, arrivals, t, j, warp_rows, lane)
     for r in range(ROWS):
         c = c0 + r
         if live_warp and c < d_v:
@@ -229,15 +340,62 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
 
     Arguments as `cpu.gdn.gated_delta_rule`. One warp per ROWS value rows c of head j: the rows
     stay in registers across all n tokens and are written back (and into ring slot t) as it goes."""
-    n_v, d_v, d_k = ssm.shape
-    if d_k > MAX_STATE:
-        raise HybridError(f"GPU delta rule supports state size ≤ {MAX_STATE}; this model has {d_k}")
+    _check_state(ssm)
     n = u.shape[0]
     if n == 0:
         return
-    beta = memory.scratch("gdn_beta", (n, n_v))
-    decay = memory.scratch("gdn_decay", (n, n_v))
-    _gdn_gates[-(-(n * n_v) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+    beta, decay = _gates_scratch(n, ssm.shape[0])
+    _gdn_gates[-(-(n * ssm.shape[0]) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+    empty = memory.scratch("gdn_no_norm", (0, 0))
+    _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm,
+                (empty, ssm_a, 0.0, empty, memory.counters("gdn_no_norm", (0, 0))))
+
+
+def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, u, o, y):
+    """A GDN layer's mixer between its input and output projections, as `cpu.gdn.gdn_mixer`:
+    conv1d_silu, l2_norm_heads of q and k, gated_delta_rule and gated_rms_norm, with their
+    bits, in two launches for a call of a few tokens (four at least otherwise). On the H100
+    they were five launches of 2-4 µs each, ~19 µs per layer of a decode step."""
+    conv_w, ssm_a, dt_bias, norm_w = weights
+    conv, ssm = state
+    ring_conv, ring_ssm = rings
+    _check_state(ssm)
+    _check_conv(conv_w)
+    n, C = mix.shape
+    if n == 0:
+        return
+    n_v, _, d_k = ssm.shape
+    beta, decay = _gates_scratch(n, n_v)
+    if n < CONV_PARALLEL_TOKENS:
+        threads = 32 * -(-C // d_k) + n * n_v
+        _conv_norm_gates[-(-threads // THREADS), THREADS, stream()](
+            mix, conv_w, conv, u, ring_conv, int(2 * n_k_heads), int(d_k), float(eps), b, alpha, ssm_a, dt_bias,
+            beta, decay)
+    else:
+        conv1d_silu(mix, conv_w, conv, u, ring_conv)
+        l2_norm_heads(u, 2 * n_k_heads, d_k, eps)
+        _gdn_gates[-(-(n * n_v) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+    _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, o, ring_ssm,
+                (z, norm_w, float(eps), y, memory.counters("gdn_arrivals", (n, n_v))))
+
+
+def _check_state(ssm):
+    if ssm.shape[2] > MAX_STATE:
+        raise HybridError(f"GPU delta rule supports state size ≤ {MAX_STATE}; this model has {ssm.shape[2]}")
+
+
+def _check_conv(w):
+    if w.shape[0] > MAX_CONV_KERNEL:
+        raise HybridError(f"GPU conv1d supports kernels ≤ {MAX_CONV_KERNEL}; this model has {w.shape[0]}")
+
+
+def _gates_scratch(n, n_v):
+    return memory.scratch("gdn_beta", (n, n_v)), memory.scratch("gdn_decay", (n, n_v))
+
+
+def _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, norm):
+    """Launch the delta rule; norm = (z, norm_w, eps, y, arrivals), y of no rows for none."""
+    n_v, d_v, _ = ssm.shape
     blocks = -(-(n_v * -(-d_v // ROWS)) // WARPS)
     _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), beta, decay,
-                                                    ssm, out, ring_ssm)
+                                                    ssm, out, ring_ssm, *norm)

@@ -276,6 +276,26 @@ if not simulated():
 
         return sig, codegen
 
+    @intrinsic
+    def _ld_cg_f32(typingctx, array, row, col):
+        """ld.global.cg.f32 of array[row, col] (float32 2-D): cached in L2 only."""
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 2):
+            return None
+        sig = types.float32(array, row, col)
+
+        def codegen(context, builder, sig, args):
+            ptr = _element_pointer(context, builder, sig, args)
+            asm = ir.InlineAsm(ir.FunctionType(ir.FloatType(), [ptr.type]), "ld.global.cg.f32 $0, [$1];", "=f,l")
+            return builder.call(asm, [ptr])
+
+        return sig, codegen
+
+    @cuda.jit(device=True, inline=True)
+    def load_f32_l2(array, row, col):
+        """array[row, col] read from L2, past the SM's own L1 (which is not kept coherent): for
+        values other blocks of the running kernel wrote (and fenced) after it started."""
+        return _ld_cg_f32(array, row, col)
+
     @cuda.jit(device=True, inline=True)
     def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """(d0, d1, d2, d3) = this lane's part of D = A·B + C for a 16×16 fp16 A (registers
@@ -338,6 +358,9 @@ else:
     def load_row_u32x4(array, col):
         assert col % 4 == 0, "vector load must be 16-byte aligned"
         return array[col], array[col + 1], array[col + 2], array[col + 3]
+
+    def load_f32_l2(array, row, col):
+        return array[row, col]
 
     def bits_to_f32(bits):
         return np.array([bits], dtype=np.uint32).view(np.float32)[0]

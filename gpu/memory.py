@@ -200,6 +200,19 @@ def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
     return buf
 
 
+_counters: dict[tuple, object] = {}
+
+
+def counters(key: str, shape: tuple[int, ...]):
+    """Device int32 counters for `key` and this shape, zeroed when first made: a kernel that
+    counts arrivals in them leaves them at zero again (so a replayed graph finds them so)."""
+    k = (key, tuple(shape))
+    buf = _counters.get(k)
+    if buf is None:
+        buf = _counters[k] = zeros(shape, np.int32)
+    return buf
+
+
 class _Pinned:
     """A growable pinned host buffer; `view(shape, dtype)` is a C-contiguous view of its start."""
 

@@ -19,7 +19,7 @@ from cpu.quants import dequantize_rows as host_dequantize_rows
 from . import embed, ffn, memory
 from .argmax import argmax_rows
 from .attention import gated_attention, kv_append
-from .gdn import conv1d_silu, gated_delta_rule
+from .gdn import conv1d_silu, gated_delta_rule, gdn_mixer
 from .matvec import matvec as device_matvec
 from .matvec import matvecs as device_matvecs
 from .memory import THREADS, host_call, is_device, stream
@@ -111,7 +111,7 @@ def add_inplace(x, y) -> None:
 
 __all__ = [
     "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
-    "gated_rms_norm", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
+    "gated_rms_norm", "gdn_mixer", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]
 
@@ -130,7 +130,8 @@ def ptx_targets():
 
     m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
     kernels = [
-        ("argmax_rows", argmax._argmax_rows, (m2, m2)),
+        ("argmax parts", argmax._argmax_parts, (m2, i64, m3)),
+        ("argmax merge", argmax._argmax_merge, (m3, i64, m2)),
         ("top_logits", top._top_logits, (a(types.uint32, 2), a(types.uint32, 2))),
         ("rms_norm", norm._rms_norm, (m2, m1, f64, m2)),
         ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
@@ -145,7 +146,9 @@ def ptx_targets():
         ("conv1d_silu tokens", gdn._conv1d_silu_tokens, (m2, m2, m2, m2, m3)),
         ("conv state advance", gdn._conv_state_advance, (m2, m2)),
         ("gdn_gates", gdn._gdn_gates, (m2, m2, m1, m1, m2, m2)),
-        ("gated_delta_rule", gdn._gated_delta_rule, (m2, i64, types.boolean, m2, m2, m3, m2, m4)),
+        ("gdn conv_norm_gates", gdn._conv_norm_gates, (m2, m2, m2, m2, m3, i64, i64, f64, m2, m2, m1, m1, m2, m2)),
+        ("gated_delta_rule", gdn._gated_delta_rule, (m2, i64, types.boolean, m2, m2, m3, m2, m4,
+                                                     m2, m1, f64, m2, a(types.int32, 2))),
         ("add_inplace", _add_inplace, (m2, m2)),
         ("silu_times", ffn._silu_times, (m2, m2)),
         ("moe gather_rows", ffn._gather_rows, (m2, a(i64, 1), i64, m2)),

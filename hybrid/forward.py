@@ -199,11 +199,9 @@ class Forward:
         i = layer.index
         ring_conv = state.ring_conv[i] if snapshot else state.no_ring_conv
         ring_ssm = state.ring_ssm[i] if snapshot else state.no_ring_ssm
-        ops.conv1d_silu(s.mix, layer.conv_w, state.conv[i], s.u, ring_conv)
-        ops.l2_norm_heads(s.u, 2 * c.ssm_n_k_heads, c.ssm_d_state, c.rms_eps)   # q then k heads
-        ops.gated_delta_rule(s.u, c.ssm_n_k_heads, self.grouped_heads, s.b, s.alpha, layer.ssm_a,
-                             layer.dt_bias, state.ssm[i], s.o, ring_ssm)
-        ops.gated_rms_norm(s.o, s.z, layer.ssm_norm, c.rms_eps, s.y)
+        ops.gdn_mixer(s.mix, s.z, s.b, s.alpha, (layer.conv_w, layer.ssm_a, layer.dt_bias, layer.ssm_norm),
+                      (state.conv[i], state.ssm[i]), (ring_conv, ring_ssm), c.ssm_n_k_heads, self.grouped_heads,
+                      c.rms_eps, s.u, s.o, s.y)
         ops.matvec(layer.out.wtype, layer.out.data, s.y, s.m)
 
     def _ffn(self, ffn, s: "_Scratch") -> None:

@@ -274,6 +274,67 @@ def test_gdn_tokens_together_equal_one_at_a_time_bit_for_bit(n):
     assert bits_equal(conv_all.copy_to_host(), conv_one.copy_to_host())
 
 
+def mixer_inputs(n, grouped, ring, seed):
+    g = gdn_inputs(n, seed=seed)
+    Hv, d, _ = g["ssm"].shape
+    C = g["mix"].shape[1]
+    r = rng(seed + 100)
+    g.update(z=f32(r.standard_normal((n, Hv * d))), norm_w=f32(1 + 0.1 * r.standard_normal(d)), grouped=grouped,
+             ring_conv=np.zeros((n if ring else 0, 3, C), np.float32),
+             ring_ssm=np.zeros((n if ring else 0, Hv, d, d), np.float32))
+    return g
+
+
+def run_mixer(ops, g, rows, state, to=lambda a: a, back=lambda a: a, separate=False):
+    """(y, o, ring_conv, ring_ssm) of ops.gdn_mixer on the given token rows, state = (conv, ssm)
+    in place; separate=True runs its four ops one by one instead."""
+    Hv, d, _ = g["ssm"].shape
+    m, C = len(rows), g["mix"].shape[1]
+    u, o, y = (to(np.zeros(shape, np.float32)) for shape in ((m, C), (m, Hv * d), (m, Hv * d)))
+    rings = tuple(to(g[k].copy()) for k in ("ring_conv", "ring_ssm"))
+    mix, z, b, alpha = (to(g[k][rows]) for k in ("mix", "z", "b", "alpha"))
+    weights = tuple(to(g[k]) for k in ("conv_w", "ssm_a", "dt_bias", "norm_w"))
+    if separate:
+        ops.conv1d_silu(mix, weights[0], state[0], u, rings[0])
+        ops.l2_norm_heads(u, 2 * g["Hk"], d, EPS)
+        ops.gated_delta_rule(u, g["Hk"], g["grouped"], b, alpha, weights[1], weights[2], state[1], o, rings[1])
+        ops.gated_rms_norm(o, z, weights[3], EPS, y)
+    else:
+        ops.gdn_mixer(mix, z, b, alpha, weights, state, rings, g["Hk"], g["grouped"], EPS, u, o, y)
+    return tuple(back(a) for a in (y, o, *rings))
+
+
+@pytest.mark.parametrize("n, grouped, ring", [(3, False, True), (3, True, False), (10, True, True)])
+def test_gdn_mixer_has_the_bits_of_its_four_ops_and_matches_cpu(n, grouped, ring):
+    """3 tokens: the fused launches (conv + norm + gates, delta rule + output norm); 10: the
+    parallel conv, then the fused delta rule."""
+    g = mixer_inputs(n, grouped, ring, seed=30)
+    rows = list(range(n))
+    state_cpu = (g["conv"].copy(), g["ssm"].copy())
+    want = run_mixer(cpu.ops, g, rows, state_cpu)
+    host = lambda a: a.copy_to_host()                       # noqa: E731
+    state_fused, state_ops = (dev(g["conv"]), dev(g["ssm"])), (dev(g["conv"]), dev(g["ssm"]))
+    fused = run_mixer(gpu.ops, g, rows, state_fused, dev, host)
+    separate = run_mixer(gpu.ops, g, rows, state_ops, dev, host, separate=True)
+    for a, b in zip((*fused, *state_fused), (*separate, *state_ops)):
+        assert bits_equal(a if isinstance(a, np.ndarray) else host(a), b if isinstance(b, np.ndarray) else host(b))
+    for a, b in zip(fused, want):
+        np.testing.assert_allclose(a, b, **TOL)
+    np.testing.assert_allclose(state_fused[1].copy_to_host(), state_cpu[1], **TOL)
+
+
+def test_gdn_mixer_tokens_together_equal_one_at_a_time_bit_for_bit():
+    """Also: each call leaves the output norm's arrival counters at zero for the next."""
+    n = 4
+    g = mixer_inputs(n, False, False, seed=31)
+    host = lambda a: a.copy_to_host()                       # noqa: E731
+    state_all, state_one = (dev(g["conv"]), dev(g["ssm"])), (dev(g["conv"]), dev(g["ssm"]))
+    together = run_mixer(gpu.ops, g, list(range(n)), state_all, dev, host)[0]
+    one_by_one = np.concatenate([run_mixer(gpu.ops, g, [t], state_one, dev, host)[0] for t in range(n)])
+    assert bits_equal(together, one_by_one)
+    assert all(bits_equal(a.copy_to_host(), b.copy_to_host()) for a, b in zip(state_all, state_one))
+
+
 # --- residual, embeddings, FFN ----------------------------------------------------------------------
 
 def test_add_inplace():
@@ -421,6 +482,29 @@ def test_argmax_rows_matches_cpu_on_ties_nan_and_masked_rows():
     assert got[1, PICK_ID] == 40
     np.testing.assert_allclose(got[finite, PICK_P], want[finite, PICK_P], rtol=1e-5)
     np.testing.assert_array_equal(got[:, PICK_MAX], want[:, PICK_MAX])    # NaN and -inf included
+
+
+@pytest.mark.parametrize("V", [3000, 9000])
+def test_argmax_rows_merges_parts_in_id_order(V):
+    """Rows wider than one block's pass are cut into parts (and, past MAX_PARTS of them, parts
+    of several passes): ties across parts keep the lowest id, probabilities sum every part."""
+    from cpu.argmax import PICK_COLUMNS, PICK_ID, PICK_MAX, PICK_P
+    from gpu.argmax import PASS, part_span
+    assert -(-V // part_span(V)) > 1
+    x = f32(rng(43).standard_normal((3, V)) * 3)
+    x[0, [V - 1, PASS + 5, 2 * PASS + 1]] = 40.0             # a tie in three parts
+    x[1, :] = -np.inf
+    x[1, V - 2] = 1.5                                          # the only value, in the last part
+    x[2, 0] = 30.0                                             # the first entry of the first part
+    want = np.empty((3, PICK_COLUMNS), np.float32)
+    cpu.ops.argmax_rows(x, want)
+    out = dev(np.zeros((3, PICK_COLUMNS), np.float32))
+    gpu.ops.argmax_rows(dev(x), out)
+    got = out.copy_to_host()
+    np.testing.assert_array_equal(got[:, PICK_ID], want[:, PICK_ID])
+    assert got[0, PICK_ID] == PASS + 5
+    np.testing.assert_allclose(got[:, PICK_P], want[:, PICK_P], rtol=1e-5)
+    np.testing.assert_array_equal(got[:, PICK_MAX], want[:, PICK_MAX])
 
 
 # --- the best logits of a row (sampling) ----------------------------------------------------------
