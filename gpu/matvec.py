@@ -337,9 +337,20 @@ def matvecs(products, x_dev, stream=None) -> None:
             by_layout.setdefault(matvec_q8.UNITS[wtype].x_layout, []).append((wtype, w_dev, out_dev))
         else:
             matvec(wtype, w_dev, x_dev, out_dev, launch_stream)
-    # one layout at a time: its quantised x lives in scratch the next quantise overwrites
+    # one layout at a time: its quantised x lives in scratch the next quantise overwrites; the
+    # matrices of one type then go GROUP to a launch (a GDN layer's z, β, α: 2-4 µs launches)
     for layout, group in by_layout.items():
         quantized = matvec_q8.quantize(x_dev, launch_stream, layout)
+        by_type: dict[int, list] = {}
         for wtype, w_dev, out_dev in group:
             unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
-            matvec_q8.matvec(wtype, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, quantized=quantized)
+            by_type.setdefault(wtype, []).append((w_dev, out_dev))
+        for wtype, pairs in by_type.items():
+            for i in range(0, len(pairs), matvec_q8.GROUP):
+                part = pairs[i:i + matvec_q8.GROUP]
+                if len(part) == 1:
+                    (w_dev, out_dev), = part
+                    matvec_q8.matvec(wtype, w_dev, x_dev, out_dev, w_dev.shape[0], cols, n, launch_stream,
+                                     quantized=quantized)
+                else:
+                    matvec_q8.matvec_group(wtype, part, x_dev, cols, n, launch_stream, quantized)

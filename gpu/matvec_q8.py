@@ -221,6 +221,27 @@ def _kernel_template(TYPE_ID, SHAPE, STAMP):
     return matvec_q8_kernel
 
 
+GROUP = 3          # matrices one grouped launch takes (a GDN layer's z, β and α projections)
+
+
+def _group_template(TYPE_ID, SHAPE, STAMP):
+    def matvec_q8_group_kernel(w0, w80, out0, rows0, blocks0, w1, w81, out1, rows1, blocks1,
+                               w2, w82, out2, rows2, blocks2, xq, xm, n_blocks):
+        """Up to GROUP matrices of one type and width on the same x in one launch: the first
+        blocks0 blocks run matrix 0, the next blocks1 matrix 1, the rest matrix 2 (each block
+        the work it has in a launch of its own, so the same bits)."""
+        if TYPE_ID < 0 or SHAPE < 0 or STAMP < 0:  # never true (see matvec_q8_kernel)
+            return
+        b = cuda.blockIdx.x
+        if b < blocks0:
+            matvec_rows(w0, w80, xq, xm, out0, rows0, n_blocks, b)
+        elif b < blocks0 + blocks1:
+            matvec_rows(w1, w81, xq, xm, out1, rows1, n_blocks, b - blocks0)
+        else:
+            matvec_rows(w2, w82, xq, xm, out2, rows2, n_blocks, b - blocks0 - blocks1)
+    return matvec_q8_group_kernel
+
+
 def _experts_template(TYPE_ID, SHAPE, STAMP):
     def matvec_q8_experts_kernel(ws, ws8, hs, hs8, where, x_per_pair, xq, xm, out, rows, n_blocks):
         """Pair a = i·k + rank (grid y) of a MoE layer's routing, run where `where` (n, k) says
@@ -287,7 +308,7 @@ def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int =
     key = n_slots * 1_000_000 + rows_per_warp * 10_000 + lanes * 100 + u
     kernel_fn = _specialise(template, dict(TYPE_ID=unit.type.id, SHAPE=key, STAMP=SOURCE_STAMP),
                             dict(matvec_rows=rows_fn))
-    kind = "experts_" if template is _experts_template else ""
+    kind = {_experts_template: "experts_", _group_template: "group_"}.get(template, "")
     kernel_fn.__name__ = kernel_fn.__qualname__ = \
         f"matvec_q8_{kind}{unit.type.name}_n{n_slots}_r{rows_per_warp}_l{lanes}"
     return kernel_fn
@@ -297,6 +318,11 @@ def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int =
 def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes))
+
+
+@functools.cache
+def group_kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int):
+    return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes, _group_template))
 
 
 @functools.cache
@@ -315,6 +341,13 @@ def kernel_argtypes(unit: Dp4aUnit) -> tuple:
     from numba import types
     return (_matrix(unit.word), _matrix(np.uint8), _matrix(np.uint32), _matrix(np.uint32),
             _matrix(np.float32), types.int64, types.int64)
+
+
+def group_argtypes(unit: Dp4aUnit) -> tuple:
+    """Numba argument types of a group kernel: (w, w8, out, rows, blocks) × GROUP, xq, xm, n_blocks."""
+    from numba import types
+    one = (_matrix(unit.word), _matrix(np.uint8), _matrix(np.float32), types.int64, types.int64)
+    return (*one * GROUP, _matrix(np.uint32), _matrix(np.uint32), types.int64)
 
 
 def experts_argtypes(unit: Dp4aUnit) -> tuple:
@@ -347,6 +380,8 @@ def ptx_targets(every_shape: bool = False):
                        _build_kernel(unit, n, r, lanes), kernel_argtypes(unit))
         yield (f"matvec {unit.type.name} dp4a cached experts", _build_kernel(unit, 1, 2, 32, _experts_template),
                experts_argtypes(unit))
+        yield (f"matvec {unit.type.name} dp4a group", _build_kernel(unit, 1, 1, 32, _group_template),
+               group_argtypes(unit))
 
 
 @functools.cache
@@ -391,6 +426,29 @@ def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, st
         blocks = -(-rows // (WARPS * (32 // lanes) * r))
         kernel(type_id, k, r, lanes)[blocks, BLOCK_THREADS, stream](
             w, w_dev, xq[s0:s0 + k], xm[s0:s0 + k], ok, rows, n_blocks)
+
+
+def matvec_group(type_id: int, products, x_dev, cols: int, n: int, stream, quantized) -> None:
+    """`matvec` of x_dev by 2..GROUP matrices of one type and width, products = ((w_dev,
+    out_dev), ...), one launch per MAX_SLOTS slots instead of one per matrix, each row with the
+    bits of its own matvec (rows per warp never changes them). `quantized`: as in `matvec`."""
+    unit = UNITS[type_id]
+    xq, xm = quantized
+    n_blocks = cols // unit.type.block_elems
+    lanes = lanes_per_row(unit, cols)
+    total_rows = sum(w.shape[0] for w, _ in products)
+    padded = list(products) + [products[-1]] * (GROUP - len(products))     # never reached: 0 blocks
+    for s0 in range(0, n, MAX_SLOTS):
+        k = min(MAX_SLOTS, n - s0)
+        r = default_rows_per_warp(k, total_rows, lanes)
+        args, grid = [], 0
+        for i, (w_dev, out_dev) in enumerate(padded):
+            rows = w_dev.shape[0]
+            blocks = -(-rows // (WARPS * (32 // lanes) * r)) if i < len(products) else 0
+            args += [w_dev.view(unit.word), w_dev, out_dev if k == n else out_dev[s0:s0 + k], rows, blocks]
+            grid += blocks
+        group_kernel(type_id, k, r, lanes)[grid, BLOCK_THREADS, stream](*args, xq[s0:s0 + k], xm[s0:s0 + k],
+                                                                       n_blocks)
 
 
 def experts_matvec(type_id: int, cached, staged, where, quantized, out_dev, x_per_pair: bool, stream) -> None:

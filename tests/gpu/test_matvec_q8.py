@@ -248,18 +248,20 @@ def test_misaligned_weight_rows():
         check_against_oracles(t, w_bytes[1:], x, run(t, w_dev, x, ROWS))
 
 
-def test_matrices_of_one_input_share_its_quantisation_and_keep_their_bits():
+@pytest.mark.parametrize("n", [2, 9])
+def test_matrices_of_one_input_share_its_quantisation_and_keep_their_bits(n):
     """gpu.matvec.matvecs (a GDN layer's projections of one x): every output has the bits of
     its own matvec call, across x layouts (Q4_K, Q6_K, Q8_0 each lay x out differently, F32 takes
-    the float kernel) and with two matrices of one layout between the others."""
+    the float kernel), with matrices of one type grouped into launches (four Q4_K: a group of
+    three, then one alone) between the others, and past one launch's slots."""
     from gpu.matvec import matvec, matvecs
     rng = np.random.default_rng(12)
     cols = 1280
-    names = ["Q4_K", "Q6_K", "Q8_0", "Q4_K", "F32"]
-    mats = [(gt.by_name(n), cuda.to_device(random_weights(gt.by_name(n), ROWS + i, cols, rng)))
+    names = ["Q4_K", "Q6_K", "Q8_0", "Q4_K", "F32", "Q4_K", "Q4_K"]
+    mats = [(gt.by_name(n), cuda.to_device(random_weights(gt.by_name(n), ROWS + 3 * i, cols, rng)))
             for i, n in enumerate(names)]
-    x = cuda.to_device(rng.standard_normal((2, cols)).astype(np.float32))
-    outs = [cuda.to_device(np.full((2, ROWS + i), np.nan, np.float32)) for i in range(len(mats))]
+    x = cuda.to_device(rng.standard_normal((n, cols)).astype(np.float32))
+    outs = [cuda.to_device(np.full((n, ROWS + 3 * i), np.nan, np.float32)) for i in range(len(mats))]
     matvecs([(t.id, w, out) for (t, w), out in zip(mats, outs)], x)
     for (t, w), out in zip(mats, outs):
         alone = cuda.to_device(np.full(out.shape, np.nan, np.float32))
