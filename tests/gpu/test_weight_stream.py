@@ -115,14 +115,20 @@ def host_trunk_ops():
         host_op = getattr(cpu.ops, name)
 
         def op(*args):
-            host, seen = [], {}
-            for a in args:
-                if memory.is_device(a):
-                    a = seen.setdefault(id(a), a.copy_to_host())
-                host.append(a)
-            result = host_op(*host)
-            for dev, h in zip(args, host):
-                if memory.is_device(dev) and dev.size:
+            seen, pairs = {}, []           # (device array, its host copy), each once
+
+            def down(a):
+                if isinstance(a, tuple):   # gdn_mixer's (weights, state, rings)
+                    return tuple(down(e) for e in a)
+                if not memory.is_device(a):
+                    return a
+                if id(a) not in seen:
+                    seen[id(a)] = a.copy_to_host()
+                    pairs.append((a, seen[id(a)]))
+                return seen[id(a)]
+            result = host_op(*(down(a) for a in args))
+            for dev, h in pairs:
+                if dev.size:
                     dev.copy_to_device(h)
             return result
         return op
