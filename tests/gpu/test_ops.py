@@ -484,12 +484,14 @@ def test_argmax_rows_matches_cpu_on_ties_nan_and_masked_rows():
     np.testing.assert_array_equal(got[:, PICK_MAX], want[:, PICK_MAX])    # NaN and -inf included
 
 
-@pytest.mark.parametrize("V", [3000, 9000])
-def test_argmax_rows_merges_parts_in_id_order(V):
-    """Rows wider than one block's pass are cut into parts (and, past MAX_PARTS of them, parts
-    of several passes): ties across parts keep the lowest id, probabilities sum every part."""
+@pytest.mark.parametrize("passes", [2.9, 1.1])
+def test_argmax_rows_merges_parts_in_id_order(passes):
+    """Rows wider than one block's pass are cut into parts (2.9 passes: three parts; 1.1 times
+    the most parts: parts of two passes): ties across parts keep the lowest id, probabilities
+    sum every part."""
     from cpu.argmax import PICK_COLUMNS, PICK_ID, PICK_MAX, PICK_P
-    from gpu.argmax import PASS, part_span
+    from gpu.argmax import MAX_PARTS, PASS, part_span
+    V = int(passes * PASS) if passes > 2 else int(passes * MAX_PARTS * PASS)
     assert -(-V // part_span(V)) > 1
     x = f32(rng(43).standard_normal((3, V)) * 3)
     x[0, [V - 1, PASS + 5, 2 * PASS + 1]] = 40.0             # a tie in three parts
