@@ -228,8 +228,6 @@ def ptx_targets(every_shape: bool = False):
             yield (f"matvec {unit.type.name} n={n} rows_per_warp={r}",
                    _build_kernel(unit, n, r), kernel_argtypes(unit))
     yield from matvec_q8.ptx_targets(every_shape)
-    from . import matvec_f32
-    yield from matvec_f32.ptx_targets()
 
 
 @functools.cache
@@ -309,11 +307,6 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
         from . import matvec_q8
         matvec_q8.matvec(unit.type.id, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, rows_per_warp, lanes)
         return
-    if unit.type.id == gt.F32.id and rows_per_warp is None:
-        from . import matvec_f32
-        if matvec_f32.takes(w_dev, cols):
-            matvec_f32.matvec(w_dev, x_dev, out_dev, launch_stream)
-            return
     w = w_dev.view(unit.word)
     for s0 in range(0, n, MAX_SLOTS):
         k = min(MAX_SLOTS, n - s0)
