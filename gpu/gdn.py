@@ -143,95 +143,93 @@ def _gdn_gates(b, alpha, ssm_a, dt_bias, beta, decay):
 @cuda.jit(cache=True)
 def _conv_norm_gates(mix, w, conv, out, ring_conv, n_norm, d, eps, b, alpha, ssm_a, dt_bias, beta, decay):
     """conv1d_silu, l2_norm_heads of the first n_norm heads and the gates in one launch, for
-    calls of a few tokens. A warp per d-wide channel segment, lane l taking its channels l,
-    l + 32, ...: it sums their squares in that order and then by the butterfly, as
-    `l2_norm_heads` does, so the bits are those of the three kernels. Past the segments' warps,
-    a thread per (token, v-head) gate."""
+    calls of a few tokens. A block per d-wide channel segment, a thread per channel (a token's
+    loads all in flight at once, as in `_conv1d_silu`); a normed segment's outputs meet in
+    shared memory, where every warp sums their squares in `l2_norm_heads`' order (lane l: l,
+    l + 32, ...; then the butterfly), so the bits are those of the three kernels. Past the
+    segments' blocks, a thread per (token, v-head) gate."""
     n, C = mix.shape
     K = w.shape[0]
     keep = K - 1
     segments = -(-C // d)
-    g = cuda.grid(1)
-    warp = g >> 5
-    if warp >= segments:
-        k = g - 32 * segments
+    seg, tid = cuda.blockIdx.x, cuda.threadIdx.x
+    if seg >= segments:
+        k = (seg - segments) * cuda.blockDim.x + tid
         n_v = b.shape[1]
         if k < n * n_v:
             t = k // n_v
             j = k - t * n_v
             beta[t, j], decay[t, j] = _gate_values(b, alpha, ssm_a, dt_bias, t, j)
         return
-    lane = g & 31
-    norm = warp < n_norm                          # the same for the whole warp
+    ch = seg * d + tid
+    live = tid < d and ch < C
+    c = min(ch, C - 1)                            # dead threads read a live channel
+    norm = seg < n_norm                           # the same for the whole block
     snap = ring_conv.shape[0] > 0
-    window = cuda.local.array((PER_LANE, MAX_CONV_KERNEL), float32)   # oldest input first
-    vals = cuda.local.array(PER_LANE, float32)
+    window = cuda.local.array(MAX_CONV_KERNEL, float32)   # oldest input first, current last
+    outs = cuda.shared.array(MAX_STATE, float32)
     red = cuda.local.array((1, 1), float32)
-    for e in range(PER_LANE):
-        ch = min(warp * d + min(lane + 32 * e, d - 1), C - 1)        # dead lanes read a live channel
-        for r in range(keep):
-            window[e, r] = conv[r, ch]
+    for r in range(keep):
+        window[r] = conv[r, c]
     for t in range(n):
-        ss = float32(0.0)
-        for e in range(PER_LANE):
-            i = lane + 32 * e
-            live = i < d and warp * d + i < C
-            ch = min(warp * d + min(i, d - 1), C - 1)
-            window[e, keep] = mix[t, ch]
-            o = float32(0.0)
-            for j in range(K):
-                o += w[j, ch] * window[e, j]
-            o = o / (float32(1.0) + math.exp(-o))
-            vals[e] = o
-            if live:
-                ss += o * o
+        window[keep] = mix[t, c]
+        o = float32(0.0)
+        for j in range(K):
+            o += w[j, c] * window[j]
+        o = o / (float32(1.0) + math.exp(-o))
+        for r in range(keep):
+            window[r] = window[r + 1]
+        if snap and live:
             for r in range(keep):
-                window[e, r] = window[e, r + 1]
-            if snap and live:
-                for r in range(keep):
-                    ring_conv[t, r, ch] = window[e, r]
-        inv = float32(1.0)
+                ring_conv[t, r, ch] = window[r]
         if norm:
+            outs[tid] = o
+            cuda.syncthreads()
+            ss = float32(0.0)
+            for i in range(tid & 31, d, 32):
+                v = outs[i]
+                ss += v * v
             red[0, 0] = ss
             warp_reduce(red)
-            inv = float32(1.0 / max(math.sqrt(red[0, 0]), eps))
-        for e in range(PER_LANE):
-            i = lane + 32 * e
-            if i < d and warp * d + i < C:
-                out[t, warp * d + i] = vals[e] * inv if norm else vals[e]
-    for e in range(PER_LANE):
-        i = lane + 32 * e
-        if i < d and warp * d + i < C:
-            for r in range(keep):
-                conv[r, warp * d + i] = window[e, r]
+            o *= float32(1.0 / max(math.sqrt(red[0, 0]), eps))
+            cuda.syncthreads()                    # every warp has read before the next token writes
+        if live:
+            out[t, ch] = o
+    if live:
+        for r in range(keep):
+            conv[r, ch] = window[r]
 
 
 @cuda.jit(device=True, inline=True)
-def _last_norms(out, z, norm_w, eps, y, arrivals, t, j, warp_rows, lane):
+def _last_norms(out, norm_w, silu, eps, y, arrivals, t, j, warp_rows, lane):
     """After a warp wrote its rows of o (out) for token t, head j: the head's last warp to get
     here writes y[t] of the head, gated_rms_norm's bits (its lanes' sums in the same order, the
-    same butterfly and expressions), and resets the head's counter for the next call. The
-    other warps' rows are fenced before they count and are read from L2."""
+    same butterfly and expressions; norm_w and silu hold the lane's entries l, l + 32, ... of
+    the weight and of SiLU(z), loaded beforehand), and resets the head's counter for the next
+    call. The other warps' rows are fenced before they count and are read from L2."""
     cuda.threadfence()
     arrived = int64(0)
     if lane == 0:
         arrived = int64(cuda.atomic.add(arrivals, (t, j), 1)) + 1
     if int64(warp_max_u64(uint64(arrived))) != warp_rows:
         return
-    d = norm_w.shape[0]
+    d = y.shape[1] // arrivals.shape[1]
     base = j * d
+    o = cuda.local.array(PER_LANE, float32)
     red = cuda.local.array((1, 1), float32)
     ss = float32(0.0)
-    for i in range(lane, d, 32):
-        v = load_f32_l2(out, t, base + i)
-        ss += v * v
+    for e in range(PER_LANE):
+        i = lane + 32 * e
+        if i < d:
+            o[e] = load_f32_l2(out, t, base + i)
+            ss += o[e] * o[e]
     red[0, 0] = ss
     warp_reduce(red)
     scale = float32(1.0 / math.sqrt(red[0, 0] / d + eps))
-    for i in range(lane, d, 32):
-        zi = z[t, base + i]
-        silu = zi / (float32(1.0) + math.exp(-zi))
-        y[t, base + i] = load_f32_l2(out, t, base + i) * scale * norm_w[i] * silu
+    for e in range(PER_LANE):
+        i = lane + 32 * e
+        if i < d:
+            y[t, base + i] = o[e] * scale * norm_w[e] * silu[e]
     if lane == 0:
         arrivals[t, j] = 0
 
@@ -277,7 +275,16 @@ def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, z,
         v_next[r] = u[0, v0 + min(c0 + r, d_v - 1)]
     beta_next = beta[0, j]
     decay_next = decay[0, j]
+    norm_wl = cuda.local.array(PER_LANE, float32)  # the output norm's weight and SiLU(z) at
+    silu = cuda.local.array(PER_LANE, float32)     # the lane's entries of the head (fused only)
+    if fused:
+        for e in range(PER_LANE):
+            norm_wl[e] = norm_w[min(lane + 32 * e, d_v - 1)]
     for t in range(n):
+        if fused:                                 # loaded now, used after this token's scan
+            for e in range(PER_LANE):
+                zi = z[t, j * d_v + min(lane + 32 * e, d_v - 1)]
+                silu[e] = zi / (float32(1.0) + math.exp(-zi))
         for e in range(PER_LANE):
             live = lane + 32 * e < d_k
             kk[e] = k_next[e] if live else float32(0.0)
@@ -323,7 +330,7 @@ def _gated_delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, z,
                         if i < d_k:
                             ring_ssm[t, j, c, i] = s[r, e]
         if fused and live_warp:
-            _last_norms(out, z, norm_w, eps, y, arrivals, t, j, warp_rows, lane)
+            _last_norms(out, norm_wl, silu, eps, y, arrivals, t, j, warp_rows, lane)
     for r in range(ROWS):
         c = c0 + r
         if live_warp and c < d_v:
@@ -367,8 +374,9 @@ def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, 
     n_v, _, d_k = ssm.shape
     beta, decay = _gates_scratch(n, n_v)
     if n < CONV_PARALLEL_TOKENS:
-        threads = 32 * -(-C // d_k) + n * n_v
-        _conv_norm_gates[-(-threads // THREADS), THREADS, stream()](
+        block = 32 * -(-d_k // 32)
+        blocks = -(-C // d_k) + -(-(n * n_v) // block)
+        _conv_norm_gates[blocks, block, stream()](
             mix, conv_w, conv, u, ring_conv, int(2 * n_k_heads), int(d_k), float(eps), b, alpha, ssm_a, dt_bias,
             beta, decay)
     else:
