@@ -33,6 +33,20 @@ PER_LANE = MAX_STATE // 32
 ROWS = 4                       # value rows per warp: one butterfly reduces all of them, k̂ is read once
 
 
+@cuda.jit(device=True, inline=True)
+def _conv_step(w, window, x, ch, K):
+    """SiLU of channel ch's conv over its window (oldest input first) with x as the current
+    input, the taps summed in order; the window then moves on by one."""
+    keep = K - 1
+    window[keep] = x
+    o = float32(0.0)
+    for j in range(K):
+        o += w[j, ch] * window[j]
+    for r in range(keep):
+        window[r] = window[r + 1]
+    return o / (float32(1.0) + math.exp(-o))
+
+
 @cuda.jit(cache=True)
 def _conv1d_silu(mix, w, conv, out, ring_conv):
     n, C = mix.shape
@@ -46,13 +60,7 @@ def _conv1d_silu(mix, w, conv, out, ring_conv):
     for r in range(keep):
         window[r] = conv[r, ch]
     for t in range(n):
-        window[keep] = mix[t, ch]
-        o = float32(0.0)
-        for j in range(K):
-            o += w[j, ch] * window[j]
-        out[t, ch] = o / (float32(1.0) + math.exp(-o))
-        for r in range(keep):
-            window[r] = window[r + 1]
+        out[t, ch] = _conv_step(w, window, mix[t, ch], ch, K)
         if snap:
             for r in range(keep):
                 ring_conv[t, r, ch] = window[r]
@@ -172,13 +180,7 @@ def _conv_norm_gates(mix, w, conv, out, ring_conv, n_norm, d, eps, b, alpha, ssm
     for r in range(keep):
         window[r] = conv[r, c]
     for t in range(n):
-        window[keep] = mix[t, c]
-        o = float32(0.0)
-        for j in range(K):
-            o += w[j, c] * window[j]
-        o = o / (float32(1.0) + math.exp(-o))
-        for r in range(keep):
-            window[r] = window[r + 1]
+        o = _conv_step(w, window, mix[t, c], c, K)
         if snap and live:
             for r in range(keep):
                 ring_conv[t, r, ch] = window[r]
