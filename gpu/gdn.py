@@ -353,8 +353,7 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
     n = u.shape[0]
     if n == 0:
         return
-    beta, decay = _gates_scratch(n, ssm.shape[0])
-    _gdn_gates[-(-(n * ssm.shape[0]) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+    beta, decay = _gates(b, alpha, ssm_a, dt_bias)
     empty = memory.scratch("gdn_no_norm", (0, 0))
     _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm,
                 (empty, ssm_a, 0.0, empty, memory.counters("gdn_no_norm", (0, 0))))
@@ -374,8 +373,8 @@ def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, 
     if n == 0:
         return
     n_v, _, d_k = ssm.shape
-    beta, decay = _gates_scratch(n, n_v)
     if n < CONV_PARALLEL_TOKENS:
+        beta, decay = _gates_scratch(n, n_v)
         block = 32 * -(-d_k // 32)
         blocks = -(-C // d_k) + -(-(n * n_v) // block)
         _conv_norm_gates[blocks, block, stream()](
@@ -384,7 +383,7 @@ def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, 
     else:
         conv1d_silu(mix, conv_w, conv, u, ring_conv)
         l2_norm_heads(u, 2 * n_k_heads, d_k, eps)
-        _gdn_gates[-(-(n * n_v) // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+        beta, decay = _gates(b, alpha, ssm_a, dt_bias)
     _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, o, ring_ssm,
                 (z, norm_w, float(eps), y, memory.counters("gdn_arrivals", (n, n_v))))
 
@@ -401,6 +400,13 @@ def _check_conv(w):
 
 def _gates_scratch(n, n_v):
     return memory.scratch("gdn_beta", (n, n_v)), memory.scratch("gdn_decay", (n, n_v))
+
+
+def _gates(b, alpha, ssm_a, dt_bias):
+    """(β, decay) of b, alpha (n, H_v) in scratch, by their own launch."""
+    beta, decay = _gates_scratch(*b.shape)
+    _gdn_gates[-(-b.size // THREADS), THREADS, stream()](b, alpha, ssm_a, dt_bias, beta, decay)
+    return beta, decay
 
 
 def _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, norm):

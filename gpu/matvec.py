@@ -334,9 +334,10 @@ def matvecs(products, x_dev, stream=None) -> None:
     # matrices of one type then go GROUP to a launch (a GDN layer's z, β, α: 2-4 µs launches)
     for layout, group in by_layout.items():
         quantized = matvec_q8.quantize(x_dev, launch_stream, layout)
+        n, cols = x_dev.shape
         by_type: dict[int, list] = {}
         for wtype, w_dev, out_dev in group:
-            unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
+            _check(wtype, w_dev, x_dev, out_dev)
             by_type.setdefault(wtype, []).append((w_dev, out_dev))
         for wtype, pairs in by_type.items():
             for i in range(0, len(pairs), matvec_q8.GROUP):
