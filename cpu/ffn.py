@@ -27,17 +27,17 @@ def _silu_times(g, u):
 def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_workers, pf):
     rows, n_slots = w_gate.shape[0], xq.shape[0]
     per_tile = -(-rows // n_tiles)
-    wtypes, weights = (wtype_gate, wtype_up), (w_gate, w_up)
     claimed = np.zeros(1, np.int64)               # tiles handed out (`cpu.matvec.n_tiles_for`)
     for _ in prange(n_workers):
-        gu = np.empty((2, n_slots), np.float32)   # gate and up of one row, all slots
+        gate = np.empty(n_slots, np.float32)      # one row's products, all slots
+        up = np.empty(n_slots, np.float32)
         t = fetch_add(claimed, 0, 1)
         while t < n_tiles:
             for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
-                for k in range(2):   # a loop, not two calls: one copy of the (large) row-dot code
-                    row_dot_quant(wtypes[k], weights[k], r, xq, dx, bs, gu[k], pf)
+                row_dot_quant(wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
+                row_dot_quant(wtype_up, w_up, r, xq, dx, bs, up, pf)
                 for n in range(n_slots):
-                    h[n, r] = _silu_times(gu[0, n], gu[1, n])
+                    h[n, r] = _silu_times(gate[n], up[n])
             t = fetch_add(claimed, 0, 1)
 
 

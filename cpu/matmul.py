@@ -7,7 +7,7 @@ reduced on their own. Here the work goes by tiles: TILE_ROWS weight rows × a sl
 super-blocks, K-quant rows decoded once into `cpu.simd` records (unsigned codes, per-chunk scale
 vectors, aux weights, d/dmin), then every group of 8 slots runs against the tile, block-outer, so
 the group's activation block sits in L1 while it meets every row; the dot is loads, `vpmaddubsw`,
-`vpmaddwd` and adds, with the 8 slots' sums reduced together (`cpu.simd.tile_dot_k`). Q8_0/Q4_0
+`vpmaddwd` and adds, each slot's sums gathered in 8 float lanes (`cpu.simd.tile_dot_k`). Q8_0/Q4_0
 rows need no decoding: the same tiling runs `cpu.matvec`'s own span kernels, 8 slots a call.
 
 Where the time goes (2-core Zen 3): 2 multiplies (`vpmaddubsw` + `vpmaddwd`) per 32 weights per
@@ -15,8 +15,9 @@ slot is the floor of this arithmetic without VNNI, and Zen 3 issues them on 2 pi
 loop runs at ~85 % of that bound (~230 GFLOP/s on 2 cores); the rest is the per-block reduction
 and float combine that bit identity requires.
 
-Bit identity: each output is the same integer sums, combined by the same float operations in the
-same order (block after block, from 0.0), as `cpu.matvec`'s N-input kernels, so slot n of a
+Bit identity: each output is the same integer lanes, combined by the same float operations in the
+same order (block after block into 8 lanes from 0.0, then one fixed tree over the lanes), as
+`cpu.matvec`'s N-input row dot, so slot n of a
 many-row call has exactly the bits of a one-slot `matvec` call on x[n] (tested). Chunked prefill
 therefore stays equal to token-by-token prefill, and speculative verify (few slots, cpu.matvec)
 is untouched.
@@ -118,8 +119,7 @@ def quantize_slots(x: np.ndarray):
     groups of SLOT_GROUP slots (n rounded up; padding slots are zeros):
       xq (n_pad, cols↑256) int8 — group g is rows 8g..8g+7;
       dx (groups, blocks, 8) f32 — the scale of block b of slot 8g+j at [g, b, j];
-      bs_t (groups, blocks·8, 8) int32 — the activation sums per 16 as dword pairs, pair k of
-      block b of slot 8g+j at [g, 8b + k, j] (see `cpu.simd.tile_dot_k`)."""
+      bs (n_pad, cols↑256 / 16) int16 — the activation sums per 16."""
     n, cols = x.shape
     n_blocks = -(-cols // ACT_BLOCK)
     n_pad = -(-n // SLOT_GROUP) * SLOT_GROUP
@@ -130,9 +130,7 @@ def quantize_slots(x: np.ndarray):
     quantize = _quantize_padded if x.size >= _PARALLEL_QUANTIZE_MIN else _quantize_padded_serial
     quantize(x, x.view(np.uint32), xq, dx, bs)
     dx_g = np.ascontiguousarray(dx.reshape(n_blocks, n_groups, SLOT_GROUP).transpose(1, 0, 2))
-    pairs = bs.view(np.int32).reshape(n_groups, SLOT_GROUP, n_blocks * 8)
-    bs_t = np.ascontiguousarray(pairs.transpose(0, 2, 1))
-    return xq, dx_g, bs_t
+    return xq, dx_g, bs
 
 
 # ---- K-quants: decoded tiles -------------------------------------------------------------------
@@ -154,24 +152,24 @@ def _decode_rows(wtype, w, r0, r1, b0, b1, tile):
 
 
 @njit(inline="always")
-def _tile_times_group(wtype, tile, n_rows, b0, b1, xq, dx, bs_t, acc):
-    """acc[i, j] += Σ over super-blocks b0..b1−1 of row i of the decoded tile · slot j of the
-    group (xq: its 8 rows; dx, bs_t: its slices). Block-outer: the group's activation block stays
+def _tile_times_group(wtype, tile, n_rows, b0, b1, xq, dx, bs, acc):
+    """acc[i, j] (8 lanes) += Σ over super-blocks b0..b1−1 of row i of the decoded tile · slot j of the
+    group (xq: its 8 rows; dx, bs: its slices). Block-outer: the group's activation block stays
     in L1 while it meets every row; per (row, slot) the super-blocks add in order."""
     for b in range(b0, b1):
         for i in range(n_rows):
             rec = (i * (b1 - b0) + b - b0) * TILE_RECORD
             if wtype == _Q6_K:
-                tile_dot_k(tile, rec, xq, b, bs_t, dx, acc, i, False)
+                tile_dot_k(tile, rec, xq, b, bs, dx, acc, i, False)
             else:
-                tile_dot_k(tile, rec, xq, b, bs_t, dx, acc, i, True)
+                tile_dot_k(tile, rec, xq, b, bs, dx, acc, i, True)
 
 
 # ---- Q8_0 / Q4_0: their rows are already int8-ready, read in place -----------------------------
 
 @njit(inline="always")
 def _rows_times_group(wtype, w, r0, n_rows, k0, k1, xq, dx, acc):
-    """acc[i, j] += row r0+i of a Q8_0/Q4_0 matrix · slot j of the group over activation blocks
+    """acc[i, 0, j] += row r0+i of a Q8_0/Q4_0 matrix · slot j of the group over activation blocks
     k0..k1−1: `cpu.matvec`'s spans (8 blocks under one activation scale, then a block-by-block
     tail) with all 8 slots per call, activation block outer."""
     bb = 34 if wtype == _Q8_0 else 18
@@ -182,15 +180,15 @@ def _rows_times_group(wtype, w, r0, n_rows, k0, k1, xq, dx, acc):
             off = (r0 + i) * w.shape[1] + first * bb
             if first + 8 <= n_blk:
                 if wtype == _Q8_0:
-                    dot_q8_0(w, off, xq, dx, k, 0, acc[i], 0, 0, 8, 8)
+                    dot_q8_0(w, off, xq, dx, k, 0, acc[i, 0], 0, 0, 8, 8)
                 else:
-                    dot_q4_0(w, off, xq, dx, k, 0, acc[i], 0, 0, 8, 8)
+                    dot_q4_0(w, off, xq, dx, k, 0, acc[i, 0], 0, 0, 8, 8)
             else:
                 for t in range(n_blk - first):
                     if wtype == _Q8_0:
-                        dot_q8_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i], 0, 0, 8, 1)
+                        dot_q8_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i, 0], 0, 0, 8, 1)
                     else:
-                        dot_q4_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i], 0, 0, 8, 1)
+                        dot_q4_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i, 0], 0, 0, 8, 1)
 
 
 # ---- kernels: prange over (row tile, slot part) tasks, column slabs inside ---------------------
@@ -215,7 +213,18 @@ def _task_span(task, n_parts, rows, n_groups):
 
 
 @njit(inline="always")
-def _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs_t, g0, g1, acc):
+def _slot_total(wtype, acc, i, j):
+    """Row i · slot j from a group's accumulators: K-quants keep 8 float lanes per (row, slot),
+    summed here in `cpu.simd._Vec.sums`' tree (what the N-input row dot does after its last
+    block); Q8_0/Q4_0 keep one float per slot, in lanes row 0."""
+    if _is_k(wtype):
+        a = acc[i, j]
+        return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    return acc[i, 0, j]
+
+
+@njit(inline="always")
+def _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs, g0, g1, acc):
     """acc[g − g0] += rows r0..r1−1 · slot group g over the column slab b0..b1−1, every group;
     K-quant rows are decoded into `tile` once for all the groups."""
     if _is_k(wtype):
@@ -223,31 +232,31 @@ def _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs_t, g0, g1, acc
     for g in range(g0, g1):
         xg = xq[g * 8:(g + 1) * 8]
         if _is_k(wtype):
-            _tile_times_group(wtype, tile, r1 - r0, b0, b1, xg, dx[g], bs_t[g], acc[g - g0])
+            _tile_times_group(wtype, tile, r1 - r0, b0, b1, xg, dx[g], bs[g * 8:(g + 1) * 8], acc[g - g0])
         else:
             _rows_times_group(wtype, w, r0, r1 - r0, b0, b1, xg, dx[g], acc[g - g0])
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _matmul(wtype, w, xq, dx, bs_t, out, n_parts):
+def _matmul(wtype, w, xq, dx, bs, out, n_parts):
     rows, n_slots = w.shape[0], out.shape[0]
     n_groups, n_blocks = dx.shape[0], dx.shape[1]
     n_tiles = -(-rows // TILE_ROWS)
     for task in prange(n_tiles * n_parts):
         r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
         tile = np.empty(_tile_bytes(wtype), np.uint8)
-        acc = np.zeros((max(0, g1 - g0), TILE_ROWS, 8), np.float32)
+        acc = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
         for b0 in range(0, n_blocks, SLAB_BLOCKS):
             b1 = min(n_blocks, b0 + SLAB_BLOCKS)
-            _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs_t, g0, g1, acc)
+            _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs, g0, g1, acc)
         for g in range(g0, g1):
             for j in range(min(8, n_slots - g * 8)):
                 for i in range(r1 - r0):
-                    out[g * 8 + j, r0 + i] = acc[g - g0, i, j]
+                    out[g * 8 + j, r0 + i] = _slot_total(wtype, acc[g - g0], i, j)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs_t, h, n_parts):
+def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_parts):
     """h[n, r] = SiLU(gate) · up: a tile of gate rows and the same up rows, slab by slab."""
     rows, n_slots = w_gate.shape[0], h.shape[0]
     n_groups, n_blocks = dx.shape[0], dx.shape[1]
@@ -256,16 +265,17 @@ def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs_t, h, n_parts):
         r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
         tile_gate = np.empty(_tile_bytes(wtype_gate), np.uint8)
         tile_up = np.empty(_tile_bytes(wtype_up), np.uint8)
-        gate = np.zeros((max(0, g1 - g0), TILE_ROWS, 8), np.float32)
+        gate = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
         up = np.zeros_like(gate)
         for b0 in range(0, n_blocks, SLAB_BLOCKS):
             b1 = min(n_blocks, b0 + SLAB_BLOCKS)
-            _slab_times_groups(wtype_gate, w_gate, tile_gate, r0, r1, b0, b1, xq, dx, bs_t, g0, g1, gate)
-            _slab_times_groups(wtype_up, w_up, tile_up, r0, r1, b0, b1, xq, dx, bs_t, g0, g1, up)
+            _slab_times_groups(wtype_gate, w_gate, tile_gate, r0, r1, b0, b1, xq, dx, bs, g0, g1, gate)
+            _slab_times_groups(wtype_up, w_up, tile_up, r0, r1, b0, b1, xq, dx, bs, g0, g1, up)
         for g in range(g0, g1):
             for j in range(min(8, n_slots - g * 8)):
                 for i in range(r1 - r0):
-                    h[g * 8 + j, r0 + i] = _silu_times(gate[g - g0, i, j], up[g - g0, i, j])
+                    h[g * 8 + j, r0 + i] = _silu_times(_slot_total(wtype_gate, gate[g - g0], i, j),
+                                                               _slot_total(wtype_up, up[g - g0], i, j))
 
 
 # ---- entry points ------------------------------------------------------------------------------
@@ -298,8 +308,8 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     _check_covered(wtype)
     if w.shape[0] == 0:
         return
-    xq, dx, bs_t = quantize_slots(x)
-    _matmul(wtype, frozen(w), xq, dx, bs_t, out, _slot_parts(w.shape[0], x.shape[0]))
+    xq, dx, bs = quantize_slots(x)
+    _matmul(wtype, frozen(w), xq, dx, bs, out, _slot_parts(w.shape[0], x.shape[0]))
 
 
 def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
@@ -310,6 +320,6 @@ def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.n
     _check_covered(wtype_gate, wtype_up)
     if w_gate.shape[0] == 0:
         return
-    xq, dx, bs_t = quantize_slots(x)
-    _swiglu(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs_t, h_out,
+    xq, dx, bs = quantize_slots(x)
+    _swiglu(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
             _slot_parts(w_gate.shape[0], x.shape[0]))

@@ -17,15 +17,16 @@ code path for every slot (bit identity again holds).
 """
 from __future__ import annotations
 
-
 import numba
 import numpy as np
 from numba import njit, prange
+from numba.core.extending import intrinsic
 
 from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
 from .atomics import fetch_add
-from .simd import dot_q4_0, dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, f16_at, f16_bits_to_f32, f32_from_bits
+from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_at, f16_bits_to_f32,
+                   f32_from_bits, row_dot_intrinsic)
 
 ACT_BLOCK = 256   # activation elements per int8 scale (a K-quant super-block)
 ACT_SUM = 16      # activation elements per stored integer sum (the Q6_K scale granule)
@@ -103,74 +104,14 @@ def quantize_activations(x: np.ndarray):
     return xq, dx, bs
 
 
-# ---- one weight row against all slots (shared by matvec and the fused FFN) --------------------
+# ---- one weight row against all slots (shared by matvec, the fused FFN and the MoE kernel) ---
 
-@njit(inline="always")
-def _small_blocks(is_q8, w, off, xq, dx, k, e0, acc, n, pf, G, NB):
-    if is_q8:
-        dot_q8_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
-    else:
-        dot_q4_0(w, off, xq, dx, k, e0, acc, n, pf, G, NB)
-
-
-@njit(inline="always")
-def _row_small_blocks(is_q8, w, row_off, xq, dx, acc, n, pf, G):
-    """The Q8_0/Q4_0 case of `_row_group`: the 8 blocks under one activation scale are summed
-    together, a shorter tail block by block. is_q8 is a constant at each call site."""
-    block_bytes = 34 if is_q8 else 18
-    n_blk = w.shape[1] // block_bytes
-    for k in range(dx.shape[0]):
-        first = k * 8
-        off = row_off + first * block_bytes
-        if first + 8 <= n_blk:
-            _small_blocks(is_q8, w, off, xq, dx, k, 0, acc, n, pf, G, 8)
-        else:
-            for i in range(n_blk - first):
-                _small_blocks(is_q8, w, off + i * block_bytes, xq, dx, k, 32 * i, acc, n, pf, G, 1)
-
-
-@njit(inline="always")
-def _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, G):
-    """acc[n .. n+G) += one weight row (at byte row_off) · x, block by block: one tight loop per
-    (type, G) (the K-quant intrinsics emit theirs, see `cpu.simd._k_quant_intrinsic`). Inlined:
-    a called function compiles faster but its call costs ~60 ns per row, 3x the time of a
-    512-wide expert row."""
-    if wtype == _Q4_K:
-        dot_q4_k(w, row_off, xq, dx, bs, acc, n, pf, G)
-    elif wtype == _Q5_K:
-        dot_q5_k(w, row_off, xq, dx, bs, acc, n, pf, G)
-    elif wtype == _Q6_K:
-        dot_q6_k(w, row_off, xq, dx, bs, acc, n, pf, G)
-    elif wtype == _Q8_0:
-        _row_small_blocks(True, w, row_off, xq, dx, acc, n, pf, G)
-    else:
-        _row_small_blocks(False, w, row_off, xq, dx, acc, n, pf, G)
-
-
-@njit(inline="always")
-def row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf):
-    """acc[n] = Σ_c W[r, c] · x[n, c] for every slot n (acc is overwritten), quantised types;
-    weights `pf` bytes ahead are prefetched.
-
-    Slots go in groups of 4, then one group of the 1-3 left: a group shares one decode of the
-    weights (4 is what the registers hold; a k=3 verify step decodes once, not as 2 + 1). Past
-    4 slots the row is read once per group (again from L1: a row is a few KB). Grouping cannot
-    change any slot's bits: integer sums, per-lane combine, each slot adds the blocks in order."""
-    n_slots = acc.shape[0]
-    for n in range(n_slots):
-        acc[n] = 0.0
-    row_off = r * w.shape[1]
-    n = 0
-    while n + 4 <= n_slots:
-        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 4)
-        n += 4
-    rest = n_slots - n
-    if rest == 3:
-        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 3)
-    elif rest == 2:
-        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 2)
-    elif rest == 1:
-        _row_group(wtype, w, row_off, xq, dx, bs, acc, n, pf, 1)
+# row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf): acc[n] = Σ_c W[r, c] · x[n, c] for every slot
+# n (acc overwritten), quantised types; weights `pf` bytes ahead are prefetched. Slots go in
+# groups of 4, then one group of the 1-3 left: a group shares one decode of the weights (a k=3
+# verify step decodes once, not as 2 + 1); past 4 slots the row is read again from L1.
+row_dot_quant = intrinsic(row_dot_intrinsic({_Q4_K: Q4_K_BLOCKS, _Q5_K: Q5_K_BLOCKS, _Q6_K: Q6_K_BLOCKS,
+                                             _Q8_0: Q8_0_BLOCKS, _Q4_0: Q4_0_BLOCKS}))
 
 
 # ---- kernels ---------------------------------------------------------------------------------

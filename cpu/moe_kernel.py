@@ -243,7 +243,6 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
     x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
     xs, hs = x_cols // ACT_SUM, h_cols // ACT_SUM
-    gate_up = (w_gate, w_up)
 
     # carve the workspace (`_layout`): shared arrays first, then the per-thread banks
     _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks, n_workers)
@@ -336,11 +335,12 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                         banked = g
                     hg = _block(h, s0, m, n_ff)
                     e = group_expert[g]
+                    g_out, u_out = gu[0], gu[1]
                     for r in range(r0, r1):
-                        for kind in range(2):   # a loop, not two calls: one inlined copy of the row-dot code
-                            row_dot_quant(wtypes[kind], gate_up[kind], expert_rows[kind, e] + r, qg, d, bg, gu[kind], pf)
+                        row_dot_quant(wtypes[0], w_gate, expert_rows[0, e] + r, qg, d, bg, g_out, pf)
+                        row_dot_quant(wtypes[1], w_up, expert_rows[1, e] + r, qg, d, bg, u_out, pf)
                         for j in range(m):
-                            hg[j, r] = _silu_times(gu[0, j], gu[1, j])
+                            hg[j, r] = _silu_times(g_out[j], u_out[j])
                     # the thread that completes an activation block of h turns it into int8
                     for blk in range(r0 // ACT_BLOCK, (r1 - 1) // ACT_BLOCK + 1):
                         lo, hi = blk * ACT_BLOCK, min(n_ff, (blk + 1) * ACT_BLOCK)

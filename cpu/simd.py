@@ -22,6 +22,8 @@ Block layouts: ../shared/docs/MODEL_FORMAT.md §6.
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import llvmlite.binding as llvm
 from llvmlite import ir
 from numba import types
@@ -31,6 +33,7 @@ from numba.core.extending import intrinsic
 _I1, _I8, _I16, _I32, _I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _F32 = ir.FloatType()
 _U8X32 = ir.VectorType(_I8, 32)
+_U8X64 = ir.VectorType(_I8, 64)
 _I16X16 = ir.VectorType(_I16, 16)
 _I32X8 = ir.VectorType(_I32, 8)
 _F32X8 = ir.VectorType(_F32, 8)
@@ -88,6 +91,8 @@ class _Vec:
         self.b = builder
         self.avx2 = _target_has_avx2()
         self.vnni = self.avx2 and _target_has_vnni()
+        # 512-bit weight units (Q4_K): two sub-blocks per multiply, nibbles split in one op
+        self.zmm = self.vnni and {"avx512bw", "avx512vl", "gfni"} <= _target_features()
 
     # ---- memory --------------------------------------------------------------------------------
     def byte_ptr(self, context, aryty, ary, elem_off):
@@ -137,18 +142,34 @@ class _Vec:
         return self.b.add(even, odd)
 
     def maddubs(self, u, s):
-        """u8 × i8 → i16, adjacent pairs summed (callers keep every pair sum below 2**15)."""
+        """u8 × i8 → i16, adjacent pairs summed (callers keep every pair sum below 2**15);
+        32 or 64 bytes (64: AVX-512BW targets only, see `zmm`)."""
+        n = u.type.count
+        if n == 64:
+            return self._x86("llvm.x86.avx512.pmaddubs.w.512", ir.VectorType(_I16, 32), [u, s])
         if self.avx2:
             return self._x86("llvm.x86.avx2.pmadd.ub.sw", _I16X16, [u, s])
-        wide = ir.VectorType(_I16, 32)
-        return self._pair_sum(self.b.mul(self.b.zext(u, wide), self.b.sext(s, wide)), 16)
+        wide = ir.VectorType(_I16, n)
+        return self._pair_sum(self.b.mul(self.b.zext(u, wide), self.b.sext(s, wide)), n // 2)
 
     def madd(self, a, c):
-        """i16 × i16 → i32, adjacent pairs summed."""
+        """i16 × i16 → i32, adjacent pairs summed; 16 or 32 lanes in."""
+        n = a.type.count
+        if n == 32:
+            return self._x86("llvm.x86.avx512.pmaddw.d.512", ir.VectorType(_I32, 16), [a, c])
         if self.avx2:
             return self._x86("llvm.x86.avx2.pmadd.wd", _I32X8, [a, c])
-        wide = ir.VectorType(_I32, 16)
-        return self._pair_sum(self.b.mul(self.b.sext(a, wide), self.b.sext(c, wide)), 8)
+        wide = ir.VectorType(_I32, n)
+        return self._pair_sum(self.b.mul(self.b.sext(a, wide), self.b.sext(c, wide)), n // 2)
+
+    def nibbles64(self, q):
+        """32 bytes → 64 unsigned nibbles: the low nibbles in lanes 0..31, the high in 32..63
+        (one `vgf2p8affineqb` on the bytes loaded twice: a bit matrix per half)."""
+        both = self.b.shuffle_vector(q, q, ir.Constant(ir.VectorType(_I32, 64), list(range(32)) * 2))
+        low, high = 0x0102040800000000, 0x1020408000000000   # output bit i = input bit i / i + 4
+        matrix = ir.Constant(ir.VectorType(_I64, 8), [low] * 4 + [high] * 4)
+        return self._x86("llvm.x86.vgf2p8affineqb.512", _U8X64,
+                         [both, self.b.bitcast(matrix, _U8X64), ir.Constant(_I8, 0)])
 
     def madd_sum(self, pairs):
         """Σ madd(a, c) over the (a, c) pairs of i16 vectors, as 8 i32 lanes. With VNNI each
@@ -163,7 +184,8 @@ class _Vec:
         # the assembler only picks when told ("vpdpwssd" alone assembles as EVEX: SIGILL there)
         evex = "avx512vl" in _target_features()
         reg = "v" if evex else "x"
-        dpwssd = ir.InlineAsm(ir.FunctionType(_I32X8, [_I16X16, _I16X16, _I32X8]),
+        ty_in, ty_out = pairs[0][0].type, ir.VectorType(_I32, pairs[0][0].type.count // 2)
+        dpwssd = ir.InlineAsm(ir.FunctionType(ty_out, [ty_in, ty_in, ty_out]),
                               ("" if evex else "{vex} ") + "vpdpwssd $2, $1, $0", f"={reg},{reg},{reg},0")
         # two interleaved chains: one chain of 8 dependent vpdpwssd (5 cycles each) left the
         # Xeon waiting on latency; the best of 1, 2 and 4 chains in llvm-mca for Sapphire Rapids
@@ -249,6 +271,32 @@ class _Vec:
             size //= 2
         return vec
 
+    def combine(self, acc, scales, dx, main, aux, offset_scale):
+        """acc + one super-block's part, lane by lane (acc 8 float lanes, main/aux 8 i32 lanes):
+        with mins (offset_scale None: Q4_K, Q5_K) acc + (d·dx)·main − (dmin·dx)·aux, else acc +
+        (d·dx)·(main − offset_scale·aux); d, dmin in lanes 0, 1 of `scales`, dx a float. Exact
+        integers in, fixed float operations out: every path that sums a row this way (the N-input
+        row dot, the decoded tiles) gets the same bits."""
+        b = self.b
+        d_dx = self.splat(b.fmul(b.extract_element(scales, _I32(0)), dx))
+        if offset_scale is not None:
+            total = b.sub(main, b.mul(aux, self.splat_const(_I32X8, offset_scale)))
+            return self.fma(d_dx, b.sitofp(total, _F32X8), acc)
+        dmin_dx = self.splat(b.fneg(b.fmul(b.extract_element(scales, _I32(1)), dx)))
+        return self.fma(dmin_dx, b.sitofp(aux, _F32X8), self.fma(d_dx, b.sitofp(main, _F32X8), acc))
+
+    def splat(self, scalar, count: int = 8):
+        vec = self.b.insert_element(ir.Constant(ir.VectorType(scalar.type, count), None), scalar, _I32(0))
+        return self.lane_splat(vec, 0)
+
+    def fma(self, a, c, acc):
+        """a·c + acc, rounded once (`vfmadd` where the target has FMA, else a libm-free
+        multiply and add: the bits then differ between such machines, not between paths)."""
+        if "fma" in _target_features():
+            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_F32X8, [_F32X8] * 3), "llvm.fma.v8f32")
+            return self.b.call(fn, [a, c, acc])
+        return self.b.fadd(self.b.fmul(a, c), acc)
+
     def lanes(self, vec, idx):
         return self.b.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, len(idx)), list(idx)))
 
@@ -300,21 +348,33 @@ def f16_bits_to_f32(typingctx, bits):
 
 def _k4_scales(v: _Vec, blk, at: int):
     """The 8 six-bit scales and 8 mins of Q4_K/Q5_K (12 bytes at blk+at) as one 16 x i16 vector:
-    lanes 0..7 scales, 8..15 mins. Whole-word form of `get_scale_min_k4` (masks keep bytes apart)."""
+    lanes 0..7 scales, 8..15 mins (`get_scale_min_k4`). In vector registers: the bytes are
+    placed by two shuffles, then masked and shifted; word shifts are safe where the mask keeps
+    only bits that came from the byte itself."""
     b = v.b
-    s0, s1, s2 = (v.load(blk, at + 4 * i, _I32) for i in range(3))
+    x16 = ir.VectorType(_I8, 16)
+    s = b.shuffle_vector(v.load(blk, at, ir.VectorType(_I8, 12)), ir.Constant(ir.VectorType(_I8, 12), None),
+                         ir.Constant(ir.VectorType(_I32, 16), list(range(12)) + [12] * 4))   # 12 bytes, then zeros
+    zero = 12
 
-    def mask(x, m):
-        return b.and_(x, _I32(m))
+    def place(idx):
+        return b.shuffle_vector(s, s, ir.Constant(ir.VectorType(_I32, 16), idx))
 
-    sc_lo = mask(s0, 0x3F3F3F3F)
-    sc_hi = b.or_(mask(s2, 0x0F0F0F0F), b.shl(mask(b.lshr(s0, _I32(6)), 0x03030303), _I32(4)))
-    m_lo = mask(s1, 0x3F3F3F3F)
-    m_hi = b.or_(mask(b.lshr(s2, _I32(4)), 0x0F0F0F0F), b.shl(mask(b.lshr(s1, _I32(6)), 0x03030303), _I32(4)))
-    words = ir.Constant(ir.VectorType(_I32, 4), None)
-    for i, w in enumerate((sc_lo, sc_hi, m_lo, m_hi)):
-        words = b.insert_element(words, w, _I32(i))
-    return b.zext(b.bitcast(words, ir.VectorType(_I8, 16)), _I16X16)
+    def const(values):
+        return ir.Constant(x16, values)
+
+    def shr_words(vec, n):   # (byte >> n) wherever the mask then drops the neighbour's bits
+        w = ir.VectorType(_I16, 8)
+        return b.bitcast(b.lshr(b.bitcast(vec, w), ir.Constant(w, [n] * 8)), x16)
+
+    # low parts: scales 0..3 = s[0..3] & 63, scales 4..7 = s[8..11] & 15, mins 0..3 = s[4..7] & 63,
+    # mins 4..7 = s[8..11] >> 4; high parts of lanes 4..7 and 12..15: (s[j−4] >> 6) << 4, (s[j] >> 6) << 4
+    a = place([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11])
+    hi = place([zero] * 4 + [0, 1, 2, 3] + [zero] * 4 + [4, 5, 6, 7])
+    low = b.and_(a, const([63] * 4 + [15] * 4 + [63] * 4 + [0] * 4))
+    top = b.and_(shr_words(a, 4), const([0] * 12 + [15] * 4))
+    high = b.and_(shr_words(hi, 2), const([0x30] * 16))
+    return b.zext(b.or_(b.or_(low, top), high), _I16X16)
 
 
 def _k4_dot(v: _Vec, chunks, scm, x, bs):
@@ -347,68 +407,22 @@ def _slot_floats(context, builder, sig, args, i, offset, count: int):
                            ir.VectorType(_F32, count).as_pointer())
 
 
-def _k_quant_intrinsic(unpack, block_bytes: int, d_at: int, dmin_at, offset_scale=None):
-    """Intrinsic factory: one K-quant row (byte offset row_off, every super-block b of it in
-    order) against slots n0 .. n0+G−1. Per super-block, with mins (Q4_K, Q5_K):
-        acc[n] += (d·dx[b,n])·Σ sc·q·x − (dmin·dx[b,n])·Σ m·(x sums)
-    with an offset instead (Q6_K, q − 32): acc[n] += (d·dx[b,n])·(Σ sc·q·x − 32·Σ sc·(x sums)).
-    The sums are exact integers, reduced for all G slots together; the float combine runs on a
-    G-lane vector and is the same operations, in the same order, in every lane (dx is stored
-    block-major so the G scales are contiguous). The weights `pf` bytes ahead are prefetched.
-
-    The block loop is emitted here, one loop per (type, G) with nothing else in it: with the
-    loop in Numba around a per-block intrinsic (and the type and group dispatch inside it),
-    LLVM built a loop that took 1.4-1.8x the cycles per block; with one Numba loop per (type,
-    G) each kernel took twice as long to compile (Numba's inlining of the copies)."""
-
-    def typer(typingctx, w, row_off, xq, dx, bs, acc, n0, pf, G):
-        if not isinstance(G, types.IntegerLiteral):
-            return None
-
-        def codegen(context, builder, sig, args):
-            w_v, row_off_v, _, _, _, _, n0_v, pf_v, _ = args
-            g_count = G.literal_value
-            xty, xv, xs = _rows_of(context, builder, sig, args, 2)
-            bty, bv, bss = _rows_of(context, builder, sig, args, 4)
-            _, _, dxs = _rows_of(context, builder, sig, args, 3)
-            _, _, row_bytes = _rows_of(context, builder, sig, args, 0)
-            accp = _slot_floats(context, builder, sig, args, 5, n0_v, g_count)
-            vec = ir.VectorType(_F32, g_count)
-            with cgutils.for_range(builder, builder.udiv(row_bytes, _I64(block_bytes))) as loop:
-                b_v = loop.index
-                v = _Vec(builder)
-                blk = v.byte_ptr(context, sig.args[0], w_v, builder.add(row_off_v, builder.mul(b_v, _I64(block_bytes))))
-                v.prefetch_span(blk, pf_v, block_bytes)
-                weights = unpack(v, blk)
-                sums = []
-                for g in range(g_count):
-                    n = builder.add(n0_v, _I64(g))
-                    x = v.byte_ptr(context, xty, xv, builder.add(builder.mul(n, xs), builder.mul(b_v, _I64(256))))
-                    bsp = v.byte_ptr(context, bty, bv, builder.add(builder.mul(n, bss), builder.mul(b_v, _I64(16))))
-                    sums.extend(weights(x, bsp))
-                both = v.sums(sums, builder.add)                       # [main0, aux0, main1, aux1, …]
-                main = v.lanes(both, range(0, 2 * g_count, 2))
-                aux = v.lanes(both, range(1, 2 * g_count, 2))
-                scales = v.f16s(blk, [d_at] if dmin_at is None else [d_at, dmin_at])
-                dxv = builder.load(_slot_floats(context, builder, sig, args, 3, builder.add(builder.mul(b_v, dxs), n0_v), g_count), align=4)
-                d_dx = builder.fmul(v.lanes(scales, [0] * g_count), dxv)
-                if dmin_at is not None:
-                    dmin_dx = builder.fmul(v.lanes(scales, [1] * g_count), dxv)
-                    part = builder.fsub(builder.fmul(d_dx, builder.sitofp(main, vec)),
-                                        builder.fmul(dmin_dx, builder.sitofp(aux, vec)))
-                else:
-                    total = builder.sub(main, builder.mul(aux, ir.Constant(ir.VectorType(_I32, g_count), [offset_scale] * g_count)))
-                    part = builder.fmul(d_dx, builder.sitofp(total, vec))
-                builder.store(builder.fadd(builder.load(accp, align=4), part), accp, align=4)
-            return context.get_dummy_value()
-
-        return types.none(w, types.intp, xq, dx, bs, acc, types.intp, types.intp, G), codegen
-
-    return typer
-
-
 def _unpack_q4k(v: _Vec, blk):
     scm = _k4_scales(v, blk, 4)
+    if v.zmm:
+        b = v.b
+        units = []
+        for c in range(4):
+            nib = v.nibbles64(v.load(blk, 16 + 32 * c, _U8X32))          # sub-blocks 2c, 2c+1
+            sc = b.shuffle_vector(scm, scm, ir.Constant(ir.VectorType(_I32, 32), [2 * c] * 16 + [2 * c + 1] * 16))
+            units.append((nib, sc))
+        mins = v.pick16(scm, [8 + t // 2 for t in range(16)])
+
+        def dot(x, bs):
+            wide = v.madd_sum([(v.maddubs(nib, v.load(x, 64 * c, _U8X64)), sc) for c, (nib, sc) in enumerate(units)])
+            main = b.add(v.lanes(wide, range(8)), v.lanes(wide, range(8, 16)))
+            return main, v.madd(mins, v.load(bs, 0, _I16X16))
+        return dot
     chunks = []
     for c in range(4):
         q = v.load(blk, 16 + 32 * c, _U8X32)
@@ -451,51 +465,143 @@ def _unpack_q6k(v: _Vec, blk):
     return dot
 
 
-dot_q4_k = intrinsic(_k_quant_intrinsic(_unpack_q4k, 144, d_at=0, dmin_at=2))
-dot_q5_k = intrinsic(_k_quant_intrinsic(_unpack_q5k, 176, d_at=0, dmin_at=2))
-dot_q6_k = intrinsic(_k_quant_intrinsic(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32))
+class _Operands:
+    """A dot call's arrays by role, at the argument positions `at` names: w (rows, row_bytes)
+    uint8, xq (slots, cols) int8, dx (blocks, slots) float32, bs (slots, cols/16) int16, acc
+    float32. Pointers are taken at element offsets."""
+
+    def __init__(self, context, builder, sig, args, **at):
+        self.context, self.b, self.sig, self.args, self.at = context, builder, sig, args, at
+
+    def _array(self, role):
+        i = self.at[role]
+        return self.context.make_array(self.sig.args[i])(self.context, self.b, value=self.args[i])
+
+    def shape(self, role):
+        return cgutils.unpack_tuple(self.b, self._array(role).shape)
+
+    def bytes_at(self, role, elem_off):
+        itemsize = self.sig.args[self.at[role]].dtype.bitwidth // 8
+        data = self.b.bitcast(self._array(role).data, _I8.as_pointer())
+        return self.b.gep(data, [self.b.mul(elem_off, _I64(itemsize))])
+
+    def floats_at(self, role, elem_off, count: int):
+        return self.b.bitcast(self.b.gep(self._array(role).data, [elem_off]), ir.VectorType(_F32, count).as_pointer())
+
+
+class _KQuant(NamedTuple):
+    """A K-quant super-block type as the row dot reads it: `unpack` (the weights into registers,
+    then a dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size,
+    where d and dmin sit, and Q6_K's code offset (None: the type has mins instead)."""
+    unpack: Callable
+    block_bytes: int
+    d_at: int
+    dmin_at: int | None
+    offset_scale: int | None = None
+
+    def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
+        """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
+        gathers the blocks' parts in 8 float lanes (`_Vec.combine`), summed at the end in a fixed
+        tree (`_Vec.sums`). One loop per (type, G), emitted here with nothing else in it (a Numba
+        loop around a per-block intrinsic ran 1.4-1.8x the cycles per block)."""
+        xs, bss, dxs = ops.shape("xq")[1], ops.shape("bs")[1], ops.shape("dx")[1]
+        lanes = cgutils.alloca_once(builder, _F32X8, size=g_count)    # promoted to registers
+        for g in range(g_count):
+            builder.store(ir.Constant(_F32X8, None), builder.gep(lanes, [_I32(g)]))
+        n_blocks = builder.udiv(ops.shape("w")[1], _I64(self.block_bytes))
+        with cgutils.for_range(builder, n_blocks) as loop:
+            b_v = loop.index
+            v = _Vec(builder)
+            blk = ops.bytes_at("w", builder.add(row_off, builder.mul(b_v, _I64(self.block_bytes))))
+            v.prefetch_span(blk, pf, self.block_bytes)
+            weights = self.unpack(v, blk)
+            scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
+            dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(b_v, dxs), n0), g_count), align=4)
+            for g in range(g_count):
+                n = builder.add(n0, _I64(g))
+                x = ops.bytes_at("xq", builder.add(builder.mul(n, xs), builder.mul(b_v, _I64(256))))
+                bs = ops.bytes_at("bs", builder.add(builder.mul(n, bss), builder.mul(b_v, _I64(16))))
+                main, aux = weights(x, bs)
+                slot = builder.gep(lanes, [_I32(g)])
+                part = v.combine(builder.load(slot), scales, builder.extract_element(dxv, _I32(g)), main, aux,
+                                 self.offset_scale)
+                builder.store(part, slot)
+        totals = _Vec(builder).sums([builder.load(builder.gep(lanes, [_I32(g)])) for g in range(g_count)], builder.fadd)
+        builder.store(totals, ops.floats_at("acc", n0, g_count), align=4)
+
+
+Q4_K_BLOCKS = _KQuant(_unpack_q4k, 144, d_at=0, dmin_at=2)
+Q5_K_BLOCKS = _KQuant(_unpack_q5k, 176, d_at=0, dmin_at=2)
+Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
 
 
 # ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
 
-def _small_block_intrinsic(block_bytes: int, signed_weights):
-    """Intrinsic factory: NB consecutive 32-weight blocks (byte offset w_off; all under activation
-    block k, starting at its element e0) against slots n0 .. n0+G−1, prefetching `pf` bytes ahead:
-    acc[n] += dx[k,n] · Σ_i d_i·Σ_j q_ij·x_ij. Each block's sum is scaled in 8 float lanes, the
-    blocks and then the lanes are added in fixed pairwise trees: the same operations for every
-    slot, whatever G."""
+class _SmallBlocks(NamedTuple):
+    """A 32-weight block type with an fp16 scale each (Q8_0, Q4_0): its size and how its 32
+    signed weights come out of a block (`signed_weights(v, blk, byte_at)`)."""
+    block_bytes: int
+    signed_weights: Callable
+
+    def emit_span(self, builder, ops: _Operands, w_off, k, e0, n0, g_count: int, n_blk: int, pf):
+        """n_blk consecutive blocks (byte w_off; all under activation block k, from its element
+        e0) against slots n0 .. n0+G−1: acc[n] += dx[k,n] · Σ_i d_i·Σ_j q_ij·x_ij. Each block's
+        sum is scaled in 8 float lanes, the blocks and then the lanes are added in fixed pairwise
+        trees: the same operations for every slot, whatever G."""
+        v = _Vec(builder)
+        bb = self.block_bytes
+        blk = ops.bytes_at("w", w_off)
+        if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
+            v.prefetch_span(blk, pf, bb * n_blk)
+        ds = v.f16s(blk, [bb * i for i in range(n_blk)]) if n_blk > 1 else None
+        blocks = [(v.lane_splat(ds if ds is not None else v.f16s(blk, [0]), i), self.signed_weights(v, blk, bb * i))
+                  for i in range(n_blk)]
+        xs = ops.shape("xq")[1]
+        per_slot = []
+        for g in range(g_count):
+            n = builder.add(n0, _I64(g))
+            x = ops.bytes_at("xq", builder.add(builder.mul(n, xs), builder.add(builder.mul(k, _I64(256)), e0)))
+            scaled = [builder.fmul(builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8), d)
+                      for i, (d, q) in enumerate(blocks)]
+            per_slot.append(v.tree(scaled, builder.fadd))
+        total = v.sums(per_slot, builder.fadd)                   # one lane per slot
+        dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(k, ops.shape("dx")[1]), n0), g_count), align=4)
+        accp = ops.floats_at("acc", n0, g_count)
+        builder.store(builder.fadd(builder.load(accp, align=4), builder.fmul(dxv, total)), accp, align=4)
+
+    def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
+        """acc[n0 .. n0+G) = the row at byte row_off · x[n]: per activation block, its 8 blocks
+        summed together, a shorter tail block by block."""
+        accp = ops.floats_at("acc", n0, g_count)
+        builder.store(ir.Constant(accp.type.pointee, None), accp, align=4)
+        bb = self.block_bytes
+        n_blk = builder.udiv(ops.shape("w")[1], _I64(bb))
+        with cgutils.for_range(builder, ops.shape("dx")[0]) as loop:
+            k = loop.index
+            first = builder.mul(k, _I64(8))
+            off = builder.add(row_off, builder.mul(first, _I64(bb)))
+            whole = builder.icmp_unsigned("<=", builder.add(first, _I64(8)), n_blk)
+            with builder.if_else(whole) as (span, tail):
+                with span:
+                    self.emit_span(builder, ops, off, k, _I64(0), n0, g_count, 8, pf)
+                with tail:
+                    with cgutils.for_range(builder, builder.sub(n_blk, first)) as t:
+                        self.emit_span(builder, ops, builder.add(off, builder.mul(t.index, _I64(bb))), k,
+                                       builder.mul(t.index, _I64(32)), n0, g_count, 1, pf)
+
+
+def _span_intrinsic(blocks: _SmallBlocks):
+    """Intrinsic factory: `_SmallBlocks.emit_span` as dot(w, w_off, xq, dx, k, e0, acc, n0, pf,
+    G, NB) (the decoded-tile matmul's Q8_0/Q4_0 path)."""
 
     def typer(typingctx, w, w_off, xq, dx, k, e0, acc, n0, pf, G, NB):
         if not (isinstance(G, types.IntegerLiteral) and isinstance(NB, types.IntegerLiteral)):
             return None
 
         def codegen(context, builder, sig, args):
-            w_v, w_off_v, _, _, k_v, e0_v, _, n0_v, pf_v, _, _ = args
-            arrs = {name: _rows_of(context, builder, sig, args, i) for name, i in (("xq", 2), ("dx", 3))}
-            v = _Vec(builder)
-            blk = v.byte_ptr(context, sig.args[0], w_v, w_off_v)
-            n_blk = NB.literal_value
-            if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
-                v.prefetch_span(blk, pf_v, block_bytes * n_blk)
-            ds = v.f16s(blk, [block_bytes * i for i in range(n_blk)]) if n_blk > 1 else None
-            blocks = []
-            for i in range(n_blk):
-                d = v.lane_splat(ds if ds is not None else v.f16s(blk, [0]), i)
-                blocks.append((d, signed_weights(v, blk, block_bytes * i)))
-            g_count = G.literal_value
-            xty, xv, xs = arrs["xq"]
-            per_slot = []
-            for g in range(g_count):
-                n = builder.add(n0_v, _I64(g))
-                x = v.byte_ptr(context, xty, xv, builder.add(builder.mul(n, xs), builder.add(builder.mul(k_v, _I64(256)), e0_v)))
-                scaled = [builder.fmul(builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8), d)
-                          for i, (d, q) in enumerate(blocks)]
-                per_slot.append(v.tree(scaled, builder.fadd))
-            total = v.sums(per_slot, builder.fadd)                   # one lane per slot
-            _, _, dxs = arrs["dx"]
-            dxv = builder.load(_slot_floats(context, builder, sig, args, 3, builder.add(builder.mul(k_v, dxs), n0_v), g_count), align=4)
-            accp = _slot_floats(context, builder, sig, args, 6, n0_v, g_count)
-            builder.store(builder.fadd(builder.load(accp, align=4), builder.fmul(dxv, total)), accp, align=4)
+            _, w_off_v, _, _, k_v, e0_v, _, n0_v, pf_v, _, _ = args
+            ops = _Operands(context, builder, sig, args, w=0, xq=2, dx=3, acc=6)
+            blocks.emit_span(builder, ops, w_off_v, k_v, e0_v, n0_v, G.literal_value, NB.literal_value, pf_v)
             return context.get_dummy_value()
 
         return types.none(w, types.intp, xq, dx, types.intp, types.intp, acc, types.intp, types.intp, G, NB), codegen
@@ -517,8 +623,62 @@ def _q4_0_weights(v: _Vec, blk, at: int):
     return b.sub(q, v.splat_const(_U8X32, 8))
 
 
-dot_q8_0 = intrinsic(_small_block_intrinsic(34, _q8_0_weights))
-dot_q4_0 = intrinsic(_small_block_intrinsic(18, _q4_0_weights))
+Q8_0_BLOCKS = _SmallBlocks(34, _q8_0_weights)
+Q4_0_BLOCKS = _SmallBlocks(18, _q4_0_weights)
+dot_q8_0 = intrinsic(_span_intrinsic(Q8_0_BLOCKS))
+dot_q4_0 = intrinsic(_span_intrinsic(Q4_0_BLOCKS))
+
+
+# ---- one weight row against all slots, every quantised type ------------------------------------
+
+def _emit_groups(builder, n_slots, emit):
+    """emit(n0, G) for the slots in groups of 4, then one group of the 1-3 left (a group shares
+    one decode of the weights; 4 slots is what the registers hold)."""
+    fours = builder.udiv(n_slots, _I64(4))
+    with cgutils.for_range(builder, fours) as loop:
+        emit(builder.mul(loop.index, _I64(4)), 4)
+    rest_at = builder.mul(fours, _I64(4))
+    done = builder.append_basic_block("groups.done")
+    switch = builder.switch(builder.sub(n_slots, rest_at), done)
+    for g in (1, 2, 3):
+        block = builder.append_basic_block(f"groups.{g}")
+        switch.add_case(_I64(g), block)
+        builder.position_at_end(block)
+        emit(rest_at, g)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
+def row_dot_intrinsic(readers: dict):
+    """Intrinsic factory: row_dot(wtype, w, r, xq, dx, bs, acc, pf) sets acc[n] = Σ_c W[r, c] ·
+    x[n, c] for every slot n of acc, W's blocks read by readers[wtype] (ggml type id → _KQuant or
+    _SmallBlocks; other ids leave acc as it is), weights `pf` bytes ahead prefetched. The type
+    and slot-group dispatch are emitted here too: written as Numba functions around per-type
+    intrinsics, each row call copied its five array arguments into the inlined bodies, and the
+    reference counts of those copies (atomic, shared by every thread) cost ~40 ns a row — more
+    than the dots of a 512-wide expert row. Grouping cannot change any slot's bits (integer sums,
+    lane-wise combines, each slot adds its blocks in order)."""
+
+    def typer(typingctx, wtype, w, r, xq, dx, bs, acc, pf):
+        def codegen(context, builder, sig, args):
+            wtype_v, _, r_v, _, _, _, _, pf_v = args
+            ops = _Operands(context, builder, sig, args, w=1, xq=3, dx=4, bs=5, acc=6)
+            row_off = builder.mul(r_v, ops.shape("w")[1])
+            n_slots = ops.shape("acc")[0]
+            done = builder.append_basic_block("row.done")
+            switch = builder.switch(wtype_v, done)
+            for type_id, reader in readers.items():
+                block = builder.append_basic_block(f"row.type{type_id}")
+                switch.add_case(_I64(type_id), block)
+                builder.position_at_end(block)
+                _emit_groups(builder, n_slots, lambda n0, g: reader.emit_row(builder, ops, row_off, n0, g, pf_v))
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return types.none(types.int64, w, types.intp, xq, dx, bs, acc, types.intp), codegen
+
+    return typer
 
 
 # ---- decoded K-quant tiles (the many-row path, `cpu.matmul`) -----------------------------------
@@ -615,25 +775,23 @@ decode_q6_k_block = intrinsic(_decode_k_intrinsic(_decode_q6k))
 
 
 @intrinsic
-def tile_dot_k(typingctx, tile, rec_off, xq, b, bs_t, dx, acc, i, MINS):
-    """One decoded super-block (record at byte rec_off of `tile`, activation block b) against 8
-    slots, lanes = slots: xq (8, cols) int8, dx (blocks, 8) f32, acc (rows, 8) f32, row i:
-        MINS (Q4_K, Q5_K): acc[i, g] += (d·dx[b, g])·main − (dmin·dx[b, g])·aux
-        else (Q6_K):       acc[i, g] += (d·dx[b, g])·(main − 32·aux)
-    as in `dot_q4_k` / `dot_q6_k`. bs_t (blocks·8, 8) int32 holds the activation sums per 16 as
-    dword pairs, slots innermost: bs_t[8b + k, g] = (sum 2k, sum 2k+1) of slot g in block b, so
-    the aux term of all 8 slots is 8 `vpmaddwd` with no horizontal sum; the main sums of the 8
-    slots are reduced together (`_Vec.sums`)."""
+def tile_dot_k(typingctx, tile, rec_off, xq, b, bs, dx, acc, i, MINS):
+    """One decoded super-block (record at byte rec_off of `tile`, activation block b) against the
+    8 slots of a group: xq (8, cols) int8, bs (8, cols/16) int16, dx (blocks, 8) f32, and acc
+    (rows, 8, 8) f32 holding 8 float lanes per (row, slot): row i's lanes of slot g take the
+    block's part as the N-input row dot's do (`_Vec.combine`, MINS: Q4_K/Q5_K, else Q6_K's
+    offset of 32), so summed in `_Vec.sums`' tree after the last block they give its bits."""
     if not isinstance(MINS, types.BooleanLiteral):
         return None
 
     def codegen(context, builder, sig, args):
         tile_v, rec_off_v, _, b_v, _, _, _, i_v, _ = args
         v = _Vec(builder)
+        ops = _Operands(context, builder, sig, args, xq=2, bs=4, dx=5, acc=6)
         rec = v.byte_ptr(context, sig.args[0], tile_v, rec_off_v)
-        xty, xv, xs = _rows_of(context, builder, sig, args, 2)
+        xs, bss = ops.shape("xq")[1], ops.shape("bs")[1]
         block = builder.mul(b_v, _I64(256))
-        slots = [v.byte_ptr(context, xty, xv, builder.add(builder.mul(_I64(g), xs), block)) for g in range(8)]
+        slots = [ops.bytes_at("xq", builder.add(builder.mul(_I64(g), xs), block)) for g in range(8)]
         mains = [None] * 8
         for c in range(8):
             q = v.load(rec, 32 * c, _U8X32)
@@ -641,27 +799,16 @@ def tile_dot_k(typingctx, tile, rec_off, xq, b, bs_t, dx, acc, i, MINS):
             for g in range(8):
                 p = v.madd(v.maddubs(q, v.load(slots[g], 32 * c, _U8X32)), s)
                 mains[g] = p if mains[g] is None else builder.add(mains[g], p)
-        main = v.sums(mains, builder.add)
-        aux_w = v.load(rec, _REC_AUX, _I32X8)
-        bs = v.byte_ptr(context, sig.args[4], args[4], builder.mul(b_v, _I64(64)))
-        aux = None
-        for k in range(8):
-            pair = builder.bitcast(v.lane_splat(aux_w, k), _I16X16)
-            p = v.madd(pair, v.load(bs, 32 * k, _I16X16))
-            aux = p if aux is None else builder.add(aux, p)
-        vec = _F32X8
+        aux_w = v.load(rec, _REC_AUX, _I16X16)
         ds = v.load(rec, _REC_D, ir.VectorType(_F32, 2))
-        dxv = builder.load(_slot_floats(context, builder, sig, args, 5, builder.mul(b_v, _I64(8)), 8), align=4)
-        d_dx = builder.fmul(v.lanes(ds, [0] * 8), dxv)
-        if MINS.literal_value:
-            dmin_dx = builder.fmul(v.lanes(ds, [1] * 8), dxv)
-            part = builder.fsub(builder.fmul(d_dx, builder.sitofp(main, vec)),
-                                builder.fmul(dmin_dx, builder.sitofp(aux, vec)))
-        else:
-            total = builder.sub(main, builder.mul(aux, v.splat_const(_I32X8, 32)))
-            part = builder.fmul(d_dx, builder.sitofp(total, vec))
-        accp = _slot_floats(context, builder, sig, args, 6, builder.mul(i_v, _I64(8)), 8)
-        builder.store(builder.fadd(builder.load(accp, align=4), part), accp, align=4)
+        dxv = builder.load(ops.floats_at("dx", builder.mul(b_v, _I64(8)), 8), align=4)
+        offset_scale = None if MINS.literal_value else 32
+        for g in range(8):
+            aux = v.madd(aux_w, v.load(ops.bytes_at("bs", builder.add(builder.mul(_I64(g), bss), builder.mul(b_v, _I64(16)))), 0, _I16X16))
+            lanes = ops.floats_at("acc", builder.mul(builder.add(builder.mul(i_v, _I64(8)), _I64(g)), _I64(8)), 8)
+            part = v.combine(builder.load(lanes, align=4), ds, builder.extract_element(dxv, _I32(g)), mains[g], aux,
+                             offset_scale)
+            builder.store(part, lanes, align=4)
         return context.get_dummy_value()
 
-    return types.none(tile, types.intp, xq, types.intp, bs_t, dx, acc, types.intp, MINS), codegen
+    return types.none(tile, types.intp, xq, types.intp, bs, dx, acc, types.intp, MINS), codegen
