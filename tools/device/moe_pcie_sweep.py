@@ -2,7 +2,7 @@
 """MoE hybrid decode at several PCIe shares, in one process, against the routed-expert roofline.
 
     python3 tools/device/moe_pcie_sweep.py MODEL.gguf [--vram 12GiB] [--shares 0,0.25,0.5,0.75]
-        [--rounds 3] [--steps 32] [--draft 1]
+        [--rounds 3] [--steps 32] [--draft 1,2]
 
 On the GPU machine: the model loads once with its host experts mapped for the device; each
 round runs every share in turn (`ExpertCache.set_pcie_share` rewrites the routing's table in
@@ -10,7 +10,7 @@ place, so the captured steps stay), `steps` greedy one-token steps each, every s
 the last one picked (a fixed token would route to the same experts, which then sit in the L3).
 The CPU's read bandwidth is probed before and after; a step is reported as a fraction of the
 routed roofline: every routed expert byte a token selects, read at the probe's rate (issue 7).
-With --draft D it then times drafting steps at depth D at each share, and
+With --draft D[,D…] it then times drafting steps at each depth D and share, and
 models tokens/s at the reference acceptance (1.92 tokens per depth-1 step: the synthetic model's
 own drafts are never accepted).
 """
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shares", default="0,0.25,0.5,0.75")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--draft", type=int, default=1, help="drafting depth to time (0: none)")
+    p.add_argument("--draft", default="1", help="drafting depths to time, comma-separated (0: none)")
     p.add_argument("--no-expert-cache", action="store_true")
     args = p.parse_args(argv)
     shares = [float(s) for s in args.shares.split(",")]
@@ -119,17 +119,17 @@ def main(argv: list[str]) -> int:
         print(f"{share:6.2f}  {' '.join(f'{t:8.2f}' for t in times[share]):>28}  {best:7.2f}  "
               f"{100 * roofline_ms / best:9.0f}%  {base / best:11.2f}x")
 
-    if args.draft > 0 and model.has_mtp:
-        ref = REFERENCE_TOKENS_PER_STEP.get(args.draft)
-        for share in shares:
-            set_share(model, share)
-            step = drafting_ms(model, args.draft, args.steps)
-            plain = min(times[share])
-            line = f"drafting depth {args.draft} at share {share:.2f}: {step:.2f} ms per step"
-            if ref:
-                line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
-                         f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
-            print(line)
+    depths = [d for d in (int(v) for v in args.draft.split(",")) if d > 0]
+    for depth, share in ((d, s) for d in depths if model.has_mtp for s in shares):
+        ref = REFERENCE_TOKENS_PER_STEP.get(depth)
+        set_share(model, share)
+        step = drafting_ms(model, depth, args.steps)
+        plain = min(times[share])
+        line = f"drafting depth {depth} at share {share:.2f}: {step:.2f} ms per step"
+        if ref:
+            line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
+                     f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
+        print(line)
     return 0
 
 
