@@ -18,9 +18,25 @@ from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_til
                      row_dot_quant, run_matvec)
 
 
+# rows of h whose SiLU(gate)·up run as one vectorised pass after their dots: a scalar exp per row
+# in the middle of the row loop cost ~12-30 ns a row (a 512-wide expert row's two dots: ~110)
+SILU_ROWS = 64
+
+
 @njit(inline="always")
 def _silu_times(g, u):
     return g / (np.float32(1.0) + expf(-g)) * u
+
+
+@njit(inline="always")
+def silu_rows(h, ups, r0, r1):
+    """h[n, r0:r1] = SiLU(h[n, r0:r1]) · ups[n·SILU_ROWS ..] for every slot n: one vectorised pass
+    (`cpu.expf` inlines) with the bits of `_silu_times` per element."""
+    for n in range(h.shape[0]):
+        g = h[n, r0:r1]
+        u = ups[n * SILU_ROWS:n * SILU_ROWS + r1 - r0]
+        for t in range(r1 - r0):
+            g[t] = _silu_times(g[t], u[t])
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -31,13 +47,20 @@ def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_
     for _ in prange(n_workers):
         gate = np.empty(n_slots, np.float32)      # one row's products, all slots
         up = np.empty(n_slots, np.float32)
+        ups = np.empty(n_slots * SILU_ROWS, np.float32)   # up products waiting for their SiLU pass
         t = fetch_add(claimed, 0, 1)
         while t < n_tiles:
-            for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+            r1 = min(rows, (t + 1) * per_tile)
+            done = t * per_tile
+            for r in range(done, r1):
                 row_dot_quant(wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
                 row_dot_quant(wtype_up, w_up, r, xq, dx, bs, up, pf)
                 for n in range(n_slots):
-                    h[n, r] = _silu_times(gate[n], up[n])
+                    h[n, r] = gate[n]
+                    ups[n * SILU_ROWS + r - done] = up[n]
+                if r + 1 - done == SILU_ROWS or r + 1 == r1:
+                    silu_rows(h, ups, done, r + 1)
+                    done = r + 1
             t = fetch_add(claimed, 0, 1)
 
 

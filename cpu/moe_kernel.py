@@ -50,7 +50,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from .atomics import fetch_add, load_acquire
-from .ffn import _silu_times
+from .ffn import SILU_ROWS, silu_rows
 from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
 
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
@@ -62,9 +62,6 @@ _ROW_READ = 2
 # chunks per worker and step: enough that a slow thread claims fewer of them, few enough that a
 # chunk is a few µs of work (a decode step's gate/up chunk: ~32 rows of two 1152-byte weight rows)
 CHUNKS_PER_WORKER = 4
-# rows of h whose SiLU(gate)·up run as one vectorised pass after their dots: one call per row, a
-# scalar exp in the middle of the row loop, cost ~12 ns a row (a 512-wide expert row's two dots: ~110)
-SILU_ROWS = 64
 _LINE = 64                       # bytes of a cache line
 _LINE_I64 = _LINE // 8
 
@@ -198,17 +195,6 @@ def _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_block
     hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
     for j in range(m):
         _quantize_block(hg, hqg, hdg, hbg, j, blk)
-
-
-@njit(inline="always")
-def _silu_rows(hg, ups, r0, r1):
-    """hg[j, r0:r1] = SiLU(hg[j, r0:r1]) · ups[j·SILU_ROWS ..] for every slot j of the group: one
-    vectorised pass (`cpu.expf` inlines), the bits of `cpu.ffn._silu_times` per element."""
-    for j in range(hg.shape[0]):
-        g = hg[j, r0:r1]
-        u = ups[j * SILU_ROWS:j * SILU_ROWS + r1 - r0]
-        for t in range(r1 - r0):
-            g[t] = _silu_times(g[t], u[t])
 
 
 @njit(inline="always")
@@ -360,7 +346,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                             hg[j, r] = g_out[j]
                             ups[j * SILU_ROWS + r - done] = u_out[j]
                         if r + 1 - done == SILU_ROWS or r + 1 == r1:
-                            _silu_rows(hg, ups, done, r + 1)
+                            silu_rows(hg, ups, done, r + 1)
                             done = r + 1
                     # the thread that completes an activation block of h turns it into int8
                     for blk in range(r0 // ACT_BLOCK, (r1 - 1) // ACT_BLOCK + 1):

@@ -66,3 +66,18 @@ def test_swiglu_rejects_mismatched_inputs():
         swiglu(type_id("Q4_K"), wg, type_id("Q4_K"), wu[:4], x, np.empty((2, 5), np.float32))
     with pytest.raises(ValueError, match="w_up: a Q6_K row"):
         swiglu(type_id("Q4_K"), wg, type_id("Q6_K"), wu[:4], x, np.empty((2, 4), np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_row_tiles_longer_than_one_silu_pass(n):
+    """Tiles of more than SILU_ROWS rows: their SiLU·up runs in passes, the last one partial."""
+    from cpu.ffn import SILU_ROWS
+    from cpu.matvec import n_tiles_for
+    rows = (SILU_ROWS + 7) * n_tiles_for(10**6)
+    rng = np.random.default_rng(5)
+    wg, wu = random_rows("Q4_K", rows, 256, rng), random_rows("Q6_K", rows, 256, rng)
+    x = rng.standard_normal((n, 256)).astype(np.float32)
+    h = np.full((n, rows), np.nan, np.float32)
+    swiglu(type_id("Q4_K"), wg, type_id("Q6_K"), wu, x, h)
+    want, tol = reference("Q4_K", wg, "Q6_K", wu, x)
+    assert np.all(np.abs(h - want) <= tol)
