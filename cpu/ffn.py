@@ -29,7 +29,7 @@ def _silu_times(g, u):
 
 
 @njit(inline="always")
-def silu_rows(h, ups, r0, r1):
+def _silu_rows(h, ups, r0, r1):
     """h[n, r0:r1] = SiLU(h[n, r0:r1]) · ups[n·SILU_ROWS ..] for every slot n: one vectorised pass
     (`cpu.expf` inlines) with the bits of `_silu_times` per element."""
     for n in range(h.shape[0]):
@@ -37,6 +37,21 @@ def silu_rows(h, ups, r0, r1):
         u = ups[n * SILU_ROWS:n * SILU_ROWS + r1 - r0]
         for t in range(r1 - r0):
             g[t] = _silu_times(g[t], u[t])
+
+
+@njit(inline="always")
+def gated_row(h, ups, gate, up, r, done, end):
+    """Row r of h (n slots, rows) from its gate and up products (n each): the gate goes into h,
+    the up waits in ups (n · SILU_ROWS floats) until SILU_ROWS rows wait or r is the last row
+    before `end`; then rows done..r get SiLU(gate)·up in one pass. Returns the first row whose
+    SiLU is still to come (rows of one run go in order, starting at `done`)."""
+    for n in range(h.shape[0]):
+        h[n, r] = gate[n]
+        ups[n * SILU_ROWS + r - done] = up[n]
+    if r + 1 - done == SILU_ROWS or r + 1 == end:
+        _silu_rows(h, ups, done, r + 1)
+        return r + 1
+    return done
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -50,17 +65,12 @@ def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_
         ups = np.empty(n_slots * SILU_ROWS, np.float32)   # up products waiting for their SiLU pass
         t = fetch_add(claimed, 0, 1)
         while t < n_tiles:
-            r1 = min(rows, (t + 1) * per_tile)
-            done = t * per_tile
-            for r in range(done, r1):
+            r0, r1 = t * per_tile, min(rows, (t + 1) * per_tile)
+            done = r0
+            for r in range(r0, r1):
                 row_dot_quant(wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
                 row_dot_quant(wtype_up, w_up, r, xq, dx, bs, up, pf)
-                for n in range(n_slots):
-                    h[n, r] = gate[n]
-                    ups[n * SILU_ROWS + r - done] = up[n]
-                if r + 1 - done == SILU_ROWS or r + 1 == r1:
-                    silu_rows(h, ups, done, r + 1)
-                    done = r + 1
+                done = gated_row(h, ups, gate, up, r, done, r1)
             t = fetch_add(claimed, 0, 1)
 
 

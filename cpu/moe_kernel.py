@@ -50,7 +50,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from .atomics import fetch_add, load_acquire
-from .ffn import SILU_ROWS, silu_rows
+from .ffn import SILU_ROWS, gated_row
 from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
 
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
@@ -342,12 +342,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     for r in range(r0, r1):
                         row_dot_quant(wtypes[0], w_gate, expert_rows[0, e] + r, qg, d, bg, g_out, pf)
                         row_dot_quant(wtypes[1], w_up, expert_rows[1, e] + r, qg, d, bg, u_out, pf)
-                        for j in range(m):
-                            hg[j, r] = g_out[j]
-                            ups[j * SILU_ROWS + r - done] = u_out[j]
-                        if r + 1 - done == SILU_ROWS or r + 1 == r1:
-                            silu_rows(hg, ups, done, r + 1)
-                            done = r + 1
+                        done = gated_row(hg, ups, g_out, u_out, r, done, r1)
                     # the thread that completes an activation block of h turns it into int8
                     for blk in range(r0 // ACT_BLOCK, (r1 - 1) // ACT_BLOCK + 1):
                         lo, hi = blk * ACT_BLOCK, min(n_ff, (blk + 1) * ACT_BLOCK)

@@ -98,11 +98,6 @@ class _Vec:
         self.zmm = self.vnni and {"avx512bw", "avx512vl", "gfni"} <= _target_features()
 
     # ---- memory --------------------------------------------------------------------------------
-    def byte_ptr(self, context, aryty, ary, elem_off):
-        data = context.make_array(aryty)(context, self.b, value=ary).data
-        p = self.b.bitcast(data, _I8.as_pointer())
-        return self.b.gep(p, [self.b.mul(elem_off, _I64(aryty.dtype.bitwidth // 8))])
-
     def prefetch_span(self, ptr, distance, n_bytes: int):
         """Prefetch (into L1) the n_bytes that start `distance` bytes past ptr: one hint per 64 B,
         so consecutive blocks touch every cache line of the stream. Prefetches never fault."""
@@ -175,11 +170,11 @@ class _Vec:
                          [both, self.b.bitcast(matrix, _U8X64), ir.Constant(_I8, 0)])
 
     def madd_sum(self, pairs):
-        """Σ madd(a, c) over the (a, c) pairs of i16 vectors (16 or 32 lanes), as 8 or 16 i32 lanes. With VNNI each
-        madd after the first adds into the running sum in one `vpdpwssd` (a third fewer vector
-        ops than madd + add). It is emitted as inline asm: LLVM's machine combiner otherwise
-        splits the intrinsic back into vpmaddwd + vpaddd. Integer sums are exact, so either
-        form gives the same lanes."""
+        """Σ madd(a, c) over the (a, c) pairs of i16 vectors (16 or 32 lanes), as 8 or 16 i32
+        lanes. With VNNI each madd after the first adds into the running sum in one `vpdpwssd` (a
+        third fewer vector ops than madd + add). It is emitted as inline asm: LLVM's machine
+        combiner otherwise splits the intrinsic back into vpmaddwd + vpaddd. Integer sums are
+        exact, so either form gives the same lanes."""
         if not self.vnni:
             return self.tree([self.madd(a, c) for a, c in pairs], self.b.add)
         llvm.initialize_native_asmparser()        # inline asm needs it; Numba does not set it up
@@ -326,8 +321,7 @@ class _Vec:
 def f16_at(typingctx, arr, byte_off):
     """The IEEE half at byte offset byte_off of a uint8 array, as float32 (exact)."""
     def codegen(context, builder, sig, args):
-        v = _Vec(builder)
-        return v.f16(v.byte_ptr(context, sig.args[0], args[0], args[1]), 0)
+        return _Vec(builder).f16(_Operands(context, builder, sig, args, arr=0).bytes_at("arr", args[1]), 0)
     return types.float32(arr, types.intp), codegen
 
 
@@ -456,9 +450,9 @@ def _unpack_q6k(v: _Vec, blk):
 
 
 class _Operands:
-    """A dot call's arrays by role, at the argument positions `at` names: w (rows, row_bytes)
-    uint8, xq (slots, cols) int8, dx (blocks, slots) float32, bs (slots, cols/16) int16, acc
-    float32. Pointers are taken at element offsets."""
+    """An intrinsic's array arguments by role, at the argument positions `at` names (the dots':
+    w (rows, row_bytes) uint8, xq (slots, cols) int8, dx (blocks, slots) float32, bs (slots,
+    cols/16) int16, acc float32). Pointers are taken at element offsets."""
 
     def __init__(self, context, builder, sig, args, **at):
         self.context, self.b, self.sig, self.args, self.at = context, builder, sig, args, at
@@ -740,8 +734,8 @@ def _decode_k_intrinsic(decode):
     def typer(typingctx, w, w_off, tile, rec_off):
         def codegen(context, builder, sig, args):
             v = _Vec(builder)
-            blk = v.byte_ptr(context, sig.args[0], args[0], args[1])
-            rec = v.byte_ptr(context, sig.args[2], args[2], args[3])
+            ops = _Operands(context, builder, sig, args, w=0, tile=2)
+            blk, rec = ops.bytes_at("w", args[1]), ops.bytes_at("tile", args[3])
             codes, chunk_scales, aux, ds = decode(v, blk)
 
             def store(value, at):
@@ -777,8 +771,8 @@ def tile_dot_k(typingctx, tile, rec_off, xq, b, bs, dx, acc, i, MINS):
     def codegen(context, builder, sig, args):
         tile_v, rec_off_v, _, b_v, _, _, _, i_v, _ = args
         v = _Vec(builder)
-        ops = _Operands(context, builder, sig, args, xq=2, bs=4, dx=5, acc=6)
-        rec = v.byte_ptr(context, sig.args[0], tile_v, rec_off_v)
+        ops = _Operands(context, builder, sig, args, tile=0, xq=2, bs=4, dx=5, acc=6)
+        rec = ops.bytes_at("tile", rec_off_v)
         xs, bss = ops.shape("xq")[1], ops.shape("bs")[1]
         block = builder.mul(b_v, _I64(256))
         slots = [ops.bytes_at("xq", builder.add(builder.mul(_I64(g), xs), block)) for g in range(8)]
@@ -794,7 +788,8 @@ def tile_dot_k(typingctx, tile, rec_off, xq, b, bs, dx, acc, i, MINS):
         dxv = builder.load(ops.floats_at("dx", builder.mul(b_v, _I64(8)), 8), align=4)
         offset_scale = None if MINS.literal_value else 32
         for g in range(8):
-            aux = v.madd(aux_w, v.load(ops.bytes_at("bs", builder.add(builder.mul(_I64(g), bss), builder.mul(b_v, _I64(16)))), 0, _I16X16))
+            sums = ops.bytes_at("bs", builder.add(builder.mul(_I64(g), bss), builder.mul(b_v, _I64(16))))
+            aux = v.madd(aux_w, v.load(sums, 0, _I16X16))
             lanes = ops.floats_at("acc", builder.mul(builder.add(builder.mul(i_v, _I64(8)), _I64(g)), _I64(8)), 8)
             part = v.combine(builder.load(lanes, align=4), ds, builder.extract_element(dxv, _I32(g)), mains[g], aux,
                              offset_scale)

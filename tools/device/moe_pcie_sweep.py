@@ -119,17 +119,18 @@ def main(argv: list[str]) -> int:
         print(f"{share:6.2f}  {' '.join(f'{t:8.2f}' for t in times[share]):>28}  {best:7.2f}  "
               f"{100 * roofline_ms / best:9.0f}%  {base / best:11.2f}x")
 
-    depths = [d for d in (int(v) for v in args.draft.split(",")) if d > 0]
-    for depth, share in ((d, s) for d in depths if model.has_mtp for s in shares):
+    depths = [d for d in (int(v) for v in args.draft.split(",")) if d > 0] if model.has_mtp else []
+    for depth in depths:
         ref = REFERENCE_TOKENS_PER_STEP.get(depth)
-        set_share(model, share)
-        step = drafting_ms(model, depth, args.steps)
-        plain = min(times[share])
-        line = f"drafting depth {depth} at share {share:.2f}: {step:.2f} ms per step"
-        if ref:
-            line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
-                     f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
-        print(line)
+        for share in shares:
+            set_share(model, share)
+            step = drafting_ms(model, depth, args.steps)
+            plain = min(times[share])
+            line = f"drafting depth {depth} at share {share:.2f}: {step:.2f} ms per step"
+            if ref:
+                line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
+                         f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
+            print(line)
     return 0
 
 
