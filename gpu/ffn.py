@@ -24,8 +24,6 @@ where its weights live.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32
@@ -144,25 +142,6 @@ def moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     add_shared_expert(ffn, x, out, matvec, swiglu)
 
 
-class HandOff(NamedTuple):
-    """A MoE layer's CPU hand-off, queued in two halves so that other device work can run inside
-    it (hybrid/forward.py staggers a verify's rows so): `call(beside)` queues the host call with
-    the GPU's part of the layer (its own experts, the shared expert) as its meanwhile, and
-    beside() — device work that neither feeds the host nor reads this layer's output — queued
-    beside the PCIe fetch; `finish()` then queues the sum into out."""
-    inputs: tuple
-    outputs: tuple
-    fn: Callable
-    bind: Callable
-    gpu_part: Callable | None  # gpu_part(beside): queue the device's share, beside() within it
-    finish: Callable[[], None]
-
-    def call(self, beside: Callable[[], None] | None = None) -> None:
-        part = self.gpu_part
-        meanwhile = beside if part is None else (lambda: part(beside))
-        memory.host_call(self.inputs, self.outputs, self.fn, meanwhile, bind=self.bind)
-
-
 def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     """out (n, D) = the MoE FFN of device rows x (n, D) whose routed experts are in host memory:
     one hand-off for the routed experts the GPU leaves to the host (`ffn.cache`: the experts
@@ -172,78 +151,52 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     n, D = x.shape
     if n == 0:
         return
-    if splits(ffn):
-        hand_off = begin_hybrid_moe(ffn, x, out, matvec, swiglu, stats)
-        hand_off.call()
-        hand_off.finish()
-        return
     shared, gate_logit = memory.scratch("moe_shared", (n, D)), memory.scratch("moe_shared_gate", (n, 1))
-    device_shared = _shared_on_device(ffn)
+    device_shared = ffn.shared is not None and all(
+        memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate))
     if ffn.shared is not None and not device_shared:
         shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)   # its host part: a hand-off of its own first
-    # the router left in host memory (an -ot rule), or more experts than the device routing takes
-    # (`routes_on_device`): the router's product joins the hand-off and all experts run there
-    memory.host_call((x,), (out,),
-                     lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
-                     (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None)
-    if ffn.shared is not None:
-        _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+    shared_meanwhile = (lambda: shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)) if device_shared else None
 
+    if not memory.is_device(ffn.router.data) or not expert_cache.routes_on_device(ffn.router.rows, ffn.n_used):
+        # the router left in host memory (an -ot rule), or more experts than the device routing
+        # takes (`routes_on_device`): the router's product joins the hand-off and all experts run there
+        memory.host_call((x,), (out,),
+                         lambda x_host, out_host: routed_ffn(ffn, x_host, router_logits(ffn, x_host), out_host, stats),
+                         shared_meanwhile)
+        if ffn.shared is not None:
+            _add_gated[_blocks(n * D), THREADS, stream()](out, shared, gate_logit)
+        return
 
-def _shared_on_device(ffn) -> bool:
-    return ffn.shared is not None and all(
-        memory.is_device(w.data) for w in (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate))
-
-
-def splits(ffn) -> bool:
-    """Whether this host-expert MoE FFN's hand-off comes as a `HandOff` (`begin_hybrid_moe`): its
-    router and (if any) shared expert on the device, and a routing the device takes."""
-    return (memory.is_device(ffn.router.data) and expert_cache.routes_on_device(ffn.router.rows, ffn.n_used)
-            and (ffn.shared is None or _shared_on_device(ffn)))
-
-
-def begin_hybrid_moe(ffn, x, out, matvec, swiglu, stats=None, tag: str = "") -> HandOff:
-    """Queue the router's product and the routing of device rows x (n ≥ 1) for an FFN that
-    `splits`; the rest of out = FFN(x) is the returned hand-off's. `tag` names the buffers the
-    hand-off keeps until it finishes, so that hand-offs with different tags can overlap."""
-    n, D = x.shape
-    logits = memory.scratch("moe_logits" + tag, (n, ffn.router.rows))
+    logits = memory.scratch("moe_logits", (n, ffn.router.rows))
     matvec(ffn.router.wtype, ffn.router.data, x, logits)
-    experts = memory.scratch("moe_experts" + tag, (n, ffn.n_used), np.int64)
-    weights = memory.scratch("moe_weights" + tag, (n, ffn.n_used))
-    where = memory.scratch("moe_where" + tag, (n, ffn.n_used), np.int32)
+    experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
+    weights = memory.scratch("moe_weights", (n, ffn.n_used))
+    where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
     # the hand-off's inputs and output in mapped host memory: the routing kernel writes x and
     # the routing where the host reads them, and `finish` reads the host's sum where it lies
-    to_host = (memory.mapped("moe_x" + tag, (n, D)), memory.mapped("moe_experts" + tag, (n, ffn.n_used), np.int64),
-               memory.mapped("moe_weights" + tag, (n, ffn.n_used)))
-    host_sum = memory.mapped("moe_out" + tag, (n, D))
+    to_host = (memory.mapped("moe_x", (n, D)), memory.mapped("moe_experts", (n, ffn.n_used), np.int64),
+               memory.mapped("moe_weights", (n, ffn.n_used)))
+    host_sum = memory.mapped("moe_out", (n, D))
     cache = ffn.cache if ffn.cache is not None and ffn.cache.runs(n) else None
     expert_cache.route(logits, experts, weights, where, None if cache is None else cache.tables(n),
                        (x, *(m.device for m in to_host)))
-    y = memory.scratch("moe_gpu_y" + tag, (n * ffn.n_used, D)) if cache is not None else out   # (out: not read)
-    shared = gate_logit = None
-    if ffn.shared is not None:
-        shared, gate_logit = memory.scratch("moe_shared" + tag, (n, D)), memory.scratch("moe_shared_gate" + tag, (n, 1))
+    y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D)) if cache is not None else out   # (out: not read)
 
-    def gpu_part(beside):
-        def with_shared():
-            # the shared expert first: finish reads it, beside's work does not
-            if shared is not None:
-                shared_expert(ffn, x, shared, gate_logit, matvec, swiglu)
-            if beside is not None:
-                beside()
+    def meanwhile():
         if cache is not None:
-            expert_cache.run(cache, x, where, experts, y, with_shared)
+            expert_cache.run(cache, x, where, experts, y, shared_meanwhile)
         else:
-            with_shared()
+            shared_meanwhile()
 
     # runs at a graph's replay too (bound once to the mapped buffers): it may only use its
     # arguments, ffn's host weights and stats
-    return HandOff(to_host, (host_sum,),     # host: x, experts (the GPU's pairs as ~e), weights, its sum
-                   lambda *host: run_routed(ffn, *host, stats), lambda *host: bind_routed(ffn, *host, stats),
-                   gpu_part if cache is not None or shared is not None else None,
-                   lambda: expert_cache.finish(out, host_sum.device, y, where, weights,
-                                               *((shared, gate_logit) if shared is not None else ())))
+    memory.host_call(to_host, (host_sum,),     # host: x, experts (the GPU's pairs as ~e), weights, its sum
+                     lambda *host: run_routed(ffn, *host, stats),
+                     meanwhile if device_shared or cache is not None else None,
+                     bind=lambda *host: bind_routed(ffn, *host, stats))
+    expert_cache.finish(out, host_sum.device, y, where, weights,
+                        *((shared, gate_logit) if ffn.shared is not None else ()))
 
 
 def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:

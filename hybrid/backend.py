@@ -18,7 +18,6 @@ FFN matrices (role "ffn" in `hybrid.layout`) goes to the GPU. Small vectors
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Collection, Mapping
 
@@ -66,9 +65,6 @@ class CPUBackend:
 
     def ffn_on_host(self, ffn) -> bool:
         return False
-
-    def splits_layer(self, layer, n_rows: int) -> bool:
-        return False       # no hand-offs to split: see GPUBackend.splits_layer
 
     def run_step(self, key, body) -> None:
         body()
@@ -140,27 +136,6 @@ class GPUBackend:
         """True when a call of n_rows should copy this host FFN's weights to the device and run
         it there (`stream_ffn`) rather than hand the rows to the CPU."""
         return self.streamer.wants(ffn, n_rows)
-
-    def splits_layer(self, layer, n_rows: int) -> bool:
-        """True when, in a call of n_rows, this layer's mixer runs wholly on the device and its
-        FFN through a hand-off that `begin_hand_off` can split (a MoE FFN with its routed experts
-        in host memory, its router and shared expert on the device): a verify step staggers its
-        rows over such layers (hybrid/forward.py)."""
-        from gpu.ffn import splits
-
-        from .weights import Matrix, MoEFFN
-        ffn, is_device = layer.ffn, self.memory.is_device
-        mixer = (getattr(layer, f.name) for f in dataclasses.fields(layer))
-        return (isinstance(ffn, MoEFFN) and all(is_device(m.data) for m in mixer if isinstance(m, Matrix))
-                and not self.ffn_on_host(ffn) and not self.streams_ffn(ffn, n_rows)
-                and not any(is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down)) and splits(ffn))
-
-    def begin_hand_off(self, ffn, x, out, stats, tag: str):
-        """Queue the device part of out = FFN(x) up to its hand-off, for an FFN that `splits_ffn`:
-        the rest is the returned `gpu.ffn.HandOff`'s (call, then finish). Hand-offs of different
-        tags may overlap."""
-        from gpu.ffn import begin_hybrid_moe
-        return begin_hybrid_moe(ffn, x, out, self.ops.matvec, self.ops.swiglu, stats, tag)
 
     def stream_ffn(self, ffn, x, h, out) -> None:
         """out = FFN(x) on the device, its weights streamed from host memory; h: hidden scratch."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,14 +42,13 @@ _SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k,
 
 class Forward:
     def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True,
-                 expert_cache=None, pcie_share: float = 0.0, stagger: bool = True):
+                 expert_cache=None, pcie_share: float = 0.0):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
         own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
         cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py);
         expert_cache: layer → routed experts the GPU backend copies to VRAM; pcie_share: the share
         of each row's other routed experts its kernels read from host memory over PCIe
-        (gpu/expert_cache.py); stagger: a call of several rows whose every FFN is a splittable
-        hand-off runs its rows in two staggered groups (`_layers_staggered`)."""
+        (gpu/expert_cache.py)."""
         self.backend = make_backend(backend, ops, cuda_graphs)
         self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
@@ -58,7 +57,6 @@ class Forward:
         c = self.config
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
-        self.stagger = stagger
         self._scratch: OrderedDict[int, _Scratch] = OrderedDict()
         self.last_moe_stats = MoEStats()      # of the latest forward() / attention_block() call
 
@@ -101,8 +99,7 @@ class Forward:
             head = b.result("top", (rows, 2 * TopLogits.count(top, c.n_vocab)))
         # Everything from here to the logits reads only device buffers that stay put for this
         # (call size, state): the GPU backend may capture it once as a CUDA graph and replay it.
-        b.run_step((n, snapshot, logits, None if head is None else head.shape, state.identity, s.identity,
-                    self.stagger),
+        b.run_step((n, snapshot, logits, None if head is None else head.shape, state.identity, s.identity),
                    lambda: self._layers_and_head(state, s, snapshot, hidden, out, head, top > 0))
         state.advance(n, snapshot)
         if head is not None:
@@ -122,83 +119,24 @@ class Forward:
     def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out, head,
                          top: bool) -> None:
         ops, c, w = self.ops, self.config, self.weights
-        if len(self.row_groups(s.x.shape[0])) > 1:
-            self._layers_staggered(state, s, snapshot, hidden)
-        else:
-            ops.rms_norm(s.x, w.layers[0].attn_norm, c.rms_eps, s.a)
-            for i, layer in enumerate(w.layers):
-                self._mixer(layer, state, s, snapshot)
-                self._residual_ffn(layer, s)
-                self._next_norm(i, s, hidden)
+        ops.rms_norm(s.x, w.layers[0].attn_norm, c.rms_eps, s.a)
+        for i, layer in enumerate(w.layers):
+            if isinstance(layer, GDNLayer):
+                self._gdn(layer, state, s, snapshot)
+            else:
+                self._attention(layer, state.kv[layer.index], s)
+            self._residual_ffn(layer, s)
+            # the FFN's residual add fused with the next norm: the next layer's, or output_norm
+            if i + 1 < len(w.layers):
+                ops.add_rms_norm(s.x, s.m, w.layers[i + 1].attn_norm, c.rms_eps, s.a)
+            else:
+                ops.add_rms_norm(s.x, s.m, w.output_norm, c.rms_eps, hidden)
         if out is not None:
             lm_head(w, hidden[hidden.shape[0] - out.shape[0]:], out, ops)
         if head is not None and top:
             ops.top_logits(out, head.view(np.uint32))
         elif head is not None:
             ops.argmax_rows(out, head)
-
-    def _next_norm(self, i: int, s: "_Scratch", hidden) -> None:
-        """The FFN's residual add fused with the next norm: layer i+1's into s.a, or after the
-        last layer output_norm into hidden."""
-        c, layers = self.config, self.weights.layers
-        if i + 1 < len(layers):
-            self.ops.add_rms_norm(s.x, s.m, layers[i + 1].attn_norm, c.rms_eps, s.a)
-        else:
-            self.ops.add_rms_norm(s.x, s.m, self.weights.output_norm, c.rms_eps, hidden)
-
-    def row_groups(self, n: int) -> tuple[int, ...]:
-        """The row groups a call of n rows runs in: two staggered ones (`_layers_staggered`) when
-        asked for, with two rows or more, and every layer's mixer on the device and its FFN a
-        hand-off the backend can split; else one."""
-        b = self.backend
-        if self.stagger and n >= 2 and all(b.splits_layer(layer, n) for layer in self.weights.layers):
-            return (n // 2, n - n // 2)
-        return (n,)
-
-    def _layers_staggered(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden) -> None:
-        """The layer loop with the rows in two groups, A (the first n//2) and B, a layer's
-        hand-offs in turn A, B: while the CPU runs one group's routed experts, the GPU finishes
-        the other group's previous hand-off and runs its trunk up to the next one, where the
-        plain loop's GPU and CPU wait for each other at every layer (DESIGN.md §7, stop 26).
-
-        Host calls A0 B0 A1 B1 …: A_i's meanwhile finishes B's layer i−1 and runs B's layer i to
-        its hand-off; B_i's finishes A's layer i and runs A's layer i+1 to its hand-off. The
-        device work is queued in stream order, B's rows after A's in each layer, so B's GDN and
-        attention rows read the states A's rows left, as in one call; every op treats rows
-        alike, so each row keeps the bits of the plain loop."""
-        ops, c, b, layers = self.ops, self.config, self.backend, self.weights.layers
-        n = s.x.shape[0]
-        cut = self.row_groups(n)[0]
-        groups, first, hiddens = (s.rows(0, cut), s.rows(cut, n)), (0, cut), (hidden[:cut], hidden[cut:])
-        hand = [None, None]
-
-        def begin(i: int, g: int) -> None:          # group g's layer i up to its FFN's hand-off
-            sg = groups[g]
-            if i == 0:
-                ops.rms_norm(sg.x, layers[0].attn_norm, c.rms_eps, sg.a)
-            self._mixer(layers[i], state, sg, snapshot, first[g])
-            ops.add_rms_norm(sg.x, sg.m, layers[i].post_norm, c.rms_eps, sg.a)
-            hand[g] = b.begin_hand_off(layers[i].ffn, sg.a, sg.m, self.last_moe_stats, f":stagger{g}")
-
-        def end(i: int, g: int) -> None:            # group g's layer i after its hand-off
-            hand[g].finish()
-            self._next_norm(i, groups[g], hiddens[g])
-
-        def beside_a(i: int) -> None:
-            if i > 0:
-                end(i - 1, 1)
-            begin(i, 1)
-
-        def beside_b(i: int) -> None:
-            end(i, 0)
-            if i + 1 < len(layers):
-                begin(i + 1, 0)
-
-        begin(0, 0)
-        for i in range(len(layers)):
-            hand[0].call(lambda i=i: beside_a(i))
-            hand[1].call(lambda i=i: beside_b(i))
-        end(len(layers) - 1, 1)
 
     def attention_block(self, layer: AttentionLayer, x: np.ndarray, kv, n_before: int) -> None:
         """One full-attention block on rows x (n, D) in place, at positions n_before.., over the
@@ -232,14 +170,6 @@ class Forward:
         self.ops.add_rms_norm(s.x, s.m, layer.post_norm, self.config.rms_eps, s.a)
         self._ffn(layer.ffn, s)
 
-    def _mixer(self, layer, state: SessionState, s: "_Scratch", snapshot: bool, first_row: int = 0) -> None:
-        """s.m = the layer's mixer (GDN or gated attention) of s.a; the rows are the call's from
-        first_row on (their GDN snapshot ring slots)."""
-        if isinstance(layer, GDNLayer):
-            self._gdn(layer, state, s, snapshot, first_row)
-        else:
-            self._attention(layer, state.kv[layer.index], s)
-
     def _attention(self, layer: AttentionLayer, kv, s: "_Scratch") -> None:
         ops, c = self.ops, self.config
         ops.matvecs(_products((layer.q, s.qg), (layer.k, s.k), (layer.v, s.v)), s.a)
@@ -263,12 +193,12 @@ class Forward:
         k_cache, v_cache = kv
         ops.kv_append(s.k3, s.v3, k_cache, v_cache, s.pos)
 
-    def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool, first_row: int = 0) -> None:
+    def _gdn(self, layer: GDNLayer, state: SessionState, s: "_Scratch", snapshot: bool) -> None:
         ops, c = self.ops, self.config
         ops.matvecs(_products((layer.qkv, s.mix), (layer.gate, s.z), (layer.beta, s.b), (layer.alpha, s.alpha)), s.a)
         i = layer.index
-        ring_conv = state.ring_conv[i][first_row:] if snapshot else state.no_ring_conv
-        ring_ssm = state.ring_ssm[i][first_row:] if snapshot else state.no_ring_ssm
+        ring_conv = state.ring_conv[i] if snapshot else state.no_ring_conv
+        ring_ssm = state.ring_ssm[i] if snapshot else state.no_ring_ssm
         ops.gdn_mixer(s.mix, s.z, s.b, s.alpha, (layer.conv_w, layer.ssm_a, layer.dt_bias, layer.ssm_norm),
                       (state.conv[i], state.ssm[i]), (ring_conv, ring_ssm), c.ssm_n_k_heads, self.grouped_heads,
                       c.rms_eps, s.u, s.o, s.y)
@@ -380,11 +310,6 @@ class _Scratch:
     alpha: np.ndarray          # (n, H_v)
     o: np.ndarray              # (n, H_v·d_v) delta-rule output
     y: np.ndarray              # (n, H_v·d_v) after the gated norm
-
-    def rows(self, lo: int, hi: int) -> "_Scratch":
-        """Rows lo..hi−1 of every buffer, as views: a row group of the same call."""
-        views = {f.name: getattr(self, f.name)[lo:hi] for f in fields(self) if f.name != "identity"}
-        return _Scratch(identity=self.identity, **views)
 
     @classmethod
     def allocate(cls, c: ModelConfig, n: int, zeros) -> "_Scratch":

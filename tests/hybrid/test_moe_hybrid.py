@@ -10,13 +10,11 @@ covered op by op in tests/gpu/test_moe.py. On a real GPU the planner's placement
 import numpy as np
 import pytest
 
-import gpu.ffn
 import gpu.memory
 import gpu.ops
 import hybrid.speculative as speculative
 from gpu import graphs
 from gpu.device import simulated
-from hybrid.backend import GPUBackend
 from hybrid.forward import Forward, MoEStats
 from hybrid.generate import generate_tokens
 from hybrid.model_file import open_model
@@ -46,13 +44,13 @@ def model_file(tmp_path_factory):
         yield mf
 
 
-def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None, pcie_share=0.0, stagger=True) -> Forward:
+def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None, pcie_share=0.0) -> Forward:
     if SIMULATED:
         placement = lambda name: "gpu" if name.endswith(".ffn_gate_inp.weight") else "cpu"  # noqa: E731
     else:
         placement = plan_placement(model_file, 1 << 30, n_ring=3).side
     fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
-                 pcie_share=pcie_share, stagger=stagger)
+                 pcie_share=pcie_share)
     for layer in (*fw.weights.layers, fw.weights.mtp.block):
         assert layer.ffn.router.location == "gpu" and layer.ffn.gate.location == "cpu"
     return fw
@@ -149,38 +147,6 @@ def test_with_gpu_experts_the_forward_agrees_and_drafting_stays_lossless(model_f
     assert events[-1].stats.draft["accepted"] > 0
 
 
-@pytest.fixture(scope="module")
-def gdn_model_file(tmp_path_factory):
-    """Two layers, GDN then attention: a staggered verify's second group reads both kinds of state."""
-    path = tmp_path_factory.mktemp("moe-hybrid-gdn") / "tiny-moe-gdn.gguf"
-    write_model(path, preset("tiny", arch="qwen35moe", **{**SHAPE, "n_layer": 2, "full_attention_interval": 2}),
-                types="Q8_0", seed=6)
-    with open_model(path) as mf:
-        yield mf
-
-
-def test_a_staggered_verify_keeps_the_bits_and_the_rollback_of_one_group(gdn_model_file, monkeypatch):
-    """A verify step's rows in two staggered groups (Forward._layers_staggered) give the logits,
-    hiddens and snapshot ring of the rows run as one group: after a rollback into the second
-    group the next step agrees too. Under the simulator the mixers stay in host memory (a device
-    matvec costs ~1 s there), which would not stagger: the test lets it, the nested host calls
-    run eagerly."""
-    if SIMULATED:
-        monkeypatch.setattr(GPUBackend, "splits_layer", lambda self, layer, n: gpu.ffn.splits(layer.ffn))
-    results = {}
-    for stagger in (False, True):
-        fw = hybrid_forward(gdn_model_file, stagger=stagger)
-        assert fw.row_groups(3) == ((1, 2) if stagger else (3,))
-        state = fw.new_state(32, n_ring=3)
-        fw.forward(state, PROMPT[:2], logits="none")
-        verify = fw.forward(state, [7, 8, 9], logits="all", snapshot=True)
-        state.rollback(2)                          # keep 7 and 8: 8 was the second group's
-        after = fw.forward(state, [5], logits="all")
-        results[stagger] = (*verify, *after)
-    for plain, staggered in zip(results[False], results[True]):
-        np.testing.assert_array_equal(staggered, plain)
-
-
 class Replayer:
     """A stand-in for a captured step under the simulator (which has no graphs): replaying it runs
     the step, so the cache's bookkeeping (eager, capture, replay) is the real one."""
@@ -197,8 +163,8 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
     generations have warmed the graphs, a third one over the same state captures nothing, runs no
     step eagerly, allocates no scratch, and per drafting step makes exactly these CPU hand-offs:
     one per draft (its MTP call runs the MoE FFN on that one row only: the pending rows before it
-    only fill the head's KV cache), then one per trunk MoE layer and row group (on a GPU the
-    verify rows run in two staggered groups); and each MTP call waits for the device once."""
+    only fill the head's KV cache), then one per trunk MoE layer with all verify rows; and each
+    MTP call waits for the device once."""
     if SIMULATED:
         monkeypatch.setattr(graphs, "simulated", lambda: False)
         monkeypatch.setattr(graphs, "capture", Replayer)
@@ -248,8 +214,7 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         cut = step.index(("verify", k))
         draft, verify = step[1:cut], step[cut + 1:]
         assert draft == [("moe rows", 1), ("to_host",)] * k, step
-        per_layer = [("moe rows", rows) for rows in fw.row_groups(k + 1)]      # staggered on a GPU
-        assert verify == per_layer * n_layer + [("to_host",)] * 2, step
+        assert verify == [("moe rows", k + 1)] * n_layer + [("to_host",)] * 2, step
     assert max(e[1] for step in steps for e in step if e[0] == "verify") == 2
 
 

@@ -2,7 +2,7 @@
 """MoE hybrid decode at several PCIe shares, in one process, against the routed-expert roofline.
 
     python3 tools/device/moe_pcie_sweep.py MODEL.gguf [--vram 12GiB] [--shares 0,0.25,0.5,0.75]
-        [--rounds 3] [--steps 32] [--draft 1,2] [--stagger on,off]
+        [--rounds 3] [--steps 32] [--draft 1,2]
 
 On the GPU machine: the model loads once with its host experts mapped for the device; each
 round runs every share in turn (`ExpertCache.set_pcie_share` rewrites the routing's table in
@@ -12,8 +12,7 @@ The CPU's read bandwidth is probed before and after; a step is reported as a fra
 routed roofline: every routed expert byte a token selects, read at the probe's rate (issue 7).
 With --draft D[,D…] it then times drafting steps at each depth D and share, and
 models tokens/s at the reference acceptance (1.92 tokens per depth-1 step: the synthetic model's
-own drafts are never accepted). With --stagger on,off each depth is timed with the verify rows
-staggered (the default) and in one group, alternately, and so is the verify call alone.
+own drafts are never accepted).
 """
 from __future__ import annotations
 
@@ -65,22 +64,6 @@ def drafting_ms(model, depth: int, steps: int) -> float:
     return result
 
 
-def verify_ms(model, n: int, reps: int) -> float:
-    """Best ms of a snapshotting n-row verify call (each rolled back to one kept token)."""
-    fw = model.forward
-    state = fw.new_state(reps + 64, n_ring=n)
-    fw.forward(state, np.arange(1, 5, dtype=np.int32), logits="last")
-    ids = np.arange(7, 7 + n, dtype=np.int32) % model.config.n_vocab
-    best = float("inf")
-    for _ in range(reps + 2):                    # the first two run eagerly and capture
-        t0 = time.perf_counter()
-        fw.forward(state, ids, logits="all", snapshot=True, pick=True)
-        best = min(best, time.perf_counter() - t0)
-        state.rollback(1)
-        ids = (ids + 1) % model.config.n_vocab
-    return 1e3 * best
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path)
@@ -90,7 +73,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--draft", default="1", help="drafting depths to time, comma-separated (0: none)")
     p.add_argument("--no-expert-cache", action="store_true")
-    p.add_argument("--stagger", default="on", help="verify rows staggered (on), in one group (off), or on,off")
     args = p.parse_args(argv)
     shares = [float(s) for s in args.shares.split(",")]
 
@@ -138,22 +120,17 @@ def main(argv: list[str]) -> int:
               f"{100 * roofline_ms / best:9.0f}%  {base / best:11.2f}x")
 
     depths = [d for d in (int(v) for v in args.draft.split(",")) if d > 0] if model.has_mtp else []
-    staggers = [{"on": True, "off": False}[v] for v in args.stagger.split(",")]
     for depth in depths:
         ref = REFERENCE_TOKENS_PER_STEP.get(depth)
         for share in shares:
             set_share(model, share)
-            for stagger in staggers:
-                fw.stagger = stagger
-                verify = verify_ms(model, depth + 1, args.steps)
-                step = drafting_ms(model, depth, args.steps)
-                plain = min(times[share])
-                line = (f"drafting depth {depth} at share {share:.2f}, stagger {'on' if stagger else 'off'}: "
-                        f"{step:.2f} ms per step (verify call {verify:.2f})")
-                if ref:
-                    line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
-                             f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
-                print(line)
+            step = drafting_ms(model, depth, args.steps)
+            plain = min(times[share])
+            line = f"drafting depth {depth} at share {share:.2f}: {step:.2f} ms per step"
+            if ref:
+                line += (f"; at the reference {ref} tokens per step {ref * 1e3 / step:.1f} t/s, "
+                         f"{ref * plain / step:.2f}x plain ({1e3 / plain:.1f} t/s)")
+            print(line)
     return 0
 
 
