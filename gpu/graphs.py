@@ -55,8 +55,8 @@ def _check(result):
 
 def launch(graph_exec) -> None:
     """Queue an executable graph on the stream."""
-    from cuda.bindings import driver as cu
-    _check(cu.cuGraphLaunch(graph_exec, memory.stream().handle))
+    cu, stream = memory.driver()
+    _check(cu.cuGraphLaunch(graph_exec, stream))
 
 
 class Segment(NamedTuple):
