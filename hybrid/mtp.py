@@ -40,6 +40,7 @@ class MTPHead:
             raise HybridError("this model has no MTP block (nextn_predict_layers = 0): drafting needs one; "
                               "use --draft 0")
         self.layer = self.w.block.index
+        self._views: dict[tuple, tuple] = {}       # device result buffer → its head and hidden views
 
     def forward(self, state, token_ids, hidden_prev: np.ndarray, logits: str = "last", pick: bool = False):
         """Run n MTP rows at positions state.mtp_n_past.. and advance it.
@@ -71,7 +72,7 @@ class MTPHead:
         # what comes back (logits or picks, then hidden) in one buffer: one copy to the host, one wait
         first = PICK_COLUMNS if pick else V
         result = b.result("mtp_pick" if pick else "mtp_out", (1, n_out * (first + D))) if n_out else None
-        head, hidden = _split(result, n_out, first, D)
+        head, hidden = self._result_views(result, n_out, first, D)
         out = b.result("mtp_logits", (n_out, V)) if pick else head
         kv = state.mtp_kv[self.layer]
         b.run_step(("mtp", n, logits, pick, state.identity, rows.identity, out_rows.identity),
@@ -82,6 +83,18 @@ class MTPHead:
         # new names: the step's closure above must keep the device views if it is run again
         head_host, hidden_host = _split(b.to_host(result), n_out, first, D)
         return (Picks.of(head_host) if pick else head_host), hidden_host
+
+    def _result_views(self, result, n_out: int, first: int, D: int):
+        """_split of a device result buffer, made once per buffer (the GPU backend keeps its result
+        buffers): a numba device view costs ~0.1 ms of host time to make, and a draft made four.
+        The CPU backend's results are fresh arrays, split as they come."""
+        if result is None or isinstance(result, np.ndarray):
+            return _split(result, n_out, first, D)
+        key = (id(result), n_out, first, D)
+        views = self._views.get(key)
+        if views is None:       # (the buffer kept with its views: its id stays its own)
+            views = self._views[key] = (result, *_split(result, n_out, first, D))
+        return views[1:]
 
     def _block(self, emb, h_prev, kv, rows, out_rows, hidden, out, picks) -> None:
         fwd, ops, c, w, b = self.fwd, self.fwd.ops, self.fwd.config, self.w, self.fwd.backend
@@ -117,24 +130,9 @@ class MTPHead:
 
 def _split(buffer, n_out: int, first: int, D: int):
     """(head (n_out, first), hidden (n_out, D)): contiguous views of a (1, n_out·(first+D))
-    buffer, host or device, head being logits (first = n_vocab) or picks; (None, None) without one.
-    A device buffer's views are made once (the backend keeps its result buffers): a numba device
-    view costs ~0.1 ms of host time to make, and a draft made four per call."""
+    buffer, host or device, head being logits (first = n_vocab) or picks; (None, None) without one."""
     if buffer is None:
         return None, None
-    if isinstance(buffer, np.ndarray):
-        return _views(buffer, n_out, first, D)
-    key = (id(buffer), n_out, first, D)
-    views = _device_views.get(key)
-    if views is None:
-        views = _device_views[key] = (buffer, *_views(buffer, n_out, first, D))   # holds buffer: id stays its
-    return views[1:]
-
-
-_device_views: dict[tuple, tuple] = {}
-
-
-def _views(buffer, n_out: int, first: int, D: int):
     flat = buffer.reshape(buffer.size)
     cut = n_out * first
     return flat[:cut].reshape(n_out, first), flat[cut:].reshape(n_out, D)
