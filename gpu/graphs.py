@@ -46,11 +46,7 @@ class NotCapturable(RuntimeError):
 
 def _check(result):
     """cuda.bindings calls return (error, *values): raise on an error, return the values."""
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        from cuda.bindings import driver as cu
-        raise NotCapturable(f"CUDA graph call failed: {cu.cuGetErrorName(err)[1].decode()}")
-    return values[0] if len(values) == 1 else values
+    return memory.check(result, NotCapturable)
 
 
 def launch(graph_exec) -> None:

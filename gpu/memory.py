@@ -87,12 +87,12 @@ def driver():
     return _driver
 
 
-def check(result) -> None:
-    """Raise on a failed cuda.bindings call (its result: (error, *values))."""
-    cu = driver()[0]
-    err = result[0] if isinstance(result, tuple) else result
-    if err != cu.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver call failed: {cu.cuGetErrorName(err)[1].decode()}")
+def check(result, error=RuntimeError):
+    """A cuda.bindings call's values (its result: (error, *values)); `error` raised if it failed."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise error(f"CUDA driver call failed: {driver()[0].cuGetErrorName(err)[1].decode()}")
+    return values[0] if len(values) == 1 else values
 
 
 _side = None
