@@ -64,11 +64,12 @@ def mark():
     global _marker
     if _marker is None:
         _marker = _event()
-    if simulated():
-        _marker.record(stream())
-    else:
-        cu, handle = driver()
+    fast = driver()
+    if fast:
+        cu, handle = fast
         check(cu.cuEventRecord(int(_marker.handle), handle))
+    else:
+        _marker.record(stream())
     return _marker
 
 
@@ -79,12 +80,16 @@ def driver():
     """(cuda.bindings' driver module, the stream's handle), for the calls a replayed step makes at
     every hand-off (a graph launch, the marker's record and wait) straight to the driver: Numba's
     wrappers add a few µs of Python to each (argument checks, a debug log call, the error check),
-    and a 35B-A3B token makes ~160 of them."""
+    and a 35B-A3B token makes ~160 of them. None under the simulator (no driver): decided once, as
+    `simulated()` reads the environment at every call."""
     global _driver
     if _driver is None:
-        from cuda.bindings import driver as cu
-        _driver = (cu, stream().handle)
-    return _driver
+        if simulated():
+            _driver = ()                     # known: no driver
+        else:
+            from cuda.bindings import driver as cu
+            _driver = (cu, stream().handle)
+    return _driver or None
 
 
 def check(result, error=RuntimeError):
@@ -124,10 +129,11 @@ def beside(side_parts, main_parts) -> None:
 
 def wait_for(event) -> None:
     """Wait until the stream has run everything queued before `event` was recorded."""
-    if simulated():
-        event.synchronize()
+    fast = driver()
+    if fast:
+        check(fast[0].cuEventSynchronize(int(event.handle)))
     else:
-        check(driver()[0].cuEventSynchronize(int(event.handle)))
+        event.synchronize()
 
 
 def is_device(a) -> bool:
