@@ -90,7 +90,7 @@ class StepGraph:
         seconds["gpu"] += time.perf_counter() - t0
 
     def close(self) -> None:
-        from cuda.bindings import driver as cu
+        cu = memory.driver()[0]
         for graph_exec, meanwhile, _ in self.segments:
             for g in (graph_exec, meanwhile):
                 if g is not None:
@@ -105,14 +105,13 @@ class _Recorder:
         self.step = StepGraph()
 
     def begin(self) -> None:
-        from cuda.bindings import driver as cu
-        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-        _check(cu.cuStreamBeginCapture(memory.stream().handle, mode))
+        cu, stream = memory.driver()
+        _check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
 
     def end(self):
         """End the capture: its executable graph."""
-        from cuda.bindings import driver as cu
-        graph = _check(cu.cuStreamEndCapture(memory.stream().handle))
+        cu, stream = memory.driver()
+        graph = _check(cu.cuStreamEndCapture(stream))
         try:
             return _check(cu.cuGraphInstantiate(graph, 0))
         finally:
@@ -120,10 +119,10 @@ class _Recorder:
 
     def abort(self) -> None:
         """End a capture that failed; whatever it recorded is dropped."""
-        from cuda.bindings import driver as cu
-        status = cu.cuStreamIsCapturing(memory.stream().handle)
+        cu, stream = memory.driver()
+        status = cu.cuStreamIsCapturing(stream)
         if int(status[0]) == 0 and int(status[1]) != 0:      # still capturing (or invalidated)
-            result = cu.cuStreamEndCapture(memory.stream().handle)
+            result = cu.cuStreamEndCapture(stream)
             if int(result[0]) == 0 and result[1] is not None:
                 cu.cuGraphDestroy(result[1])
         self.step.close()

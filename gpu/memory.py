@@ -305,21 +305,20 @@ def copy_raw(dst, src, up: bool) -> None:
     call and copy_to_host ~15, the driver's cuMemcpy*Async 2-4 (a decode step makes a few such
     copies). The driver's rules for pageable host memory hold: a copy up has read src when this
     returns (src may be reused at once), a copy down has landed."""
-    if simulated():
+    fast = driver()
+    if not fast:
         if up:
             dst.copy_to_device(src, stream=stream())
         else:
             src.copy_to_host(dst, stream=stream())
         return
-    from cuda.bindings import driver as cu
+    cu, handle = fast
     if src.dtype != dst.dtype or src.size != dst.size:
         raise ValueError(f"copy: {src.size} {src.dtype} into {dst.size} {dst.dtype}")
     if up:
-        err, = cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, src.nbytes, stream().handle)
+        check(cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, src.nbytes, handle))
     else:
-        err, = cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, stream().handle)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA copy failed: {cu.cuGetErrorName(err)[1].decode()}")
+        check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, handle))
 
 
 def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
