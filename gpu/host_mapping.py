@@ -19,6 +19,7 @@ import weakref
 
 import numpy as np
 
+from . import memory
 from .device import simulated
 
 
@@ -42,7 +43,7 @@ def register_host_ranges(arrays) -> tuple[list[int], str | None]:
     None), or ([], why not) with nothing left registered."""
     if simulated():
         return [], "the CUDA simulator has no page-locked memory"
-    from cuda.bindings import driver as cu
+    cu = memory.driver()[0]      # also makes Numba's context, which the driver's calls need
     flags = cu.CU_MEMHOSTREGISTER_READ_ONLY | cu.CU_MEMHOSTREGISTER_DEVICEMAP
     done: list[int] = []
     for start, size in page_ranges(arrays):
