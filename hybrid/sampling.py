@@ -4,6 +4,12 @@ Order (llama.cpp common sampler): penalties -> top-k -> top-p -> min-p -> temper
 Top-p and min-p therefore see the untempered logits, and top-p's mass is taken over the top-k
 survivors only. `probs` returns the distribution the draw uses, so speculative decoding can
 compare a draft against exactly what `sample` would do.
+
+The draw is seeded by position: the token at position n (n tokens before it: context, prompt and
+what was generated) takes the uniform `position_uniform(seed, n)` and inverts the distribution's
+CDF in its fixed token order. No state is carried from one draw to the next, so a token depends
+only on the seed, its position and its logits: the same seed gives the same text however the
+tokens were produced (plain decoding, or drafts verified several at a time).
 """
 from __future__ import annotations
 
@@ -136,21 +142,34 @@ class TopLogits(NamedTuple):
         return rows
 
 
+def position_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) that the draw at `position` inverts: the first 53 bits of the
+    position-th child of SeedSequence(seed) (numpy's hash for independent streams from one
+    seed), so draws at different positions are independent and none depends on another."""
+    word = np.random.SeedSequence(seed, spawn_key=(position,)).generate_state(1, np.uint64)[0]
+    return float(word >> np.uint64(11)) * 2.0 ** -53
+
+
 class Sampler:
-    """Draws token ids from logits with a seeded generator (same seed -> same sequence)."""
+    """Draws token ids from logits, the token at position n with `position_uniform(seed, n)`:
+    same seed and logits -> same tokens, however many are sampled per call or step."""
 
     def __init__(self, config: SamplerConfig | None = None):
         self.config = config or SamplerConfig()
-        self.rng = np.random.default_rng(self.config.seed)
+        # No seed: one random seed for this sampler's whole sequence, so it stays consistent
+        # across drafting steps like a given seed does.
+        self.seed = self.config.seed if self.config.seed is not None else np.random.SeedSequence().entropy
 
     def sample(self, logits, history: Sequence[int] = ()) -> int:
-        """A token id from a logit row (float32 (n_vocab,)) or its `TopLogits`."""
+        """A token id from a logit row (float32 (n_vocab,)) or its `TopLogits`, for the position
+        after `history` (len(history) tokens before it)."""
         ids, x = self._penalized(logits, history)
         if self.config.greedy:
             return _id(ids, int(np.argmax(x)))  # first maximum: lowest id on ties
         ids, p = self._distribution(ids, x)
         cdf = np.cumsum(p)
-        k = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        u = position_uniform(self.seed, len(history))
+        k = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
         return int(ids[min(k, len(ids) - 1)])
 
     def distribution(self, logits, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:

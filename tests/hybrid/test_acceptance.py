@@ -1,14 +1,15 @@
 """Which drafts a verify pass keeps (hybrid/acceptance.py).
 
-Sampling: speculative sampling with a deterministic draft must emit every token with exactly
-the target sampler's distribution (`Sampler.probs`), whatever the draft. Checked by counting
-over many seeded trials on a 6-token vocabulary (chi-square against the expected counts).
+Sampling: a draft is kept iff it is the target's own seeded draw there, which must emit every
+token with exactly the target sampler's distribution (`Sampler.probs`), whatever the draft.
+Checked by counting over many trials, one seed each, on a 6-token vocabulary (chi-square
+against the expected counts), and token for token against plain sequential sampling.
 Greedy: drafts are kept while they are the argmax, so output equals plain greedy decoding.
 """
 import numpy as np
 import pytest
 
-from hybrid.acceptance import _draw_without, accept_drafts, accept_greedy
+from hybrid.acceptance import accept_drafts, accept_greedy
 from hybrid.sampling import Sampler, SamplerConfig
 
 ROWS = np.array([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0],      # verifier row 0: decides position 1
@@ -22,7 +23,7 @@ CONFIGS = {
 }
 TRIALS = 4_000
 # Chi-square with ≤ 5 degrees of freedom exceeds 30 with probability < 2e-5; a wrong rule (e.g.
-# redrawing from p instead of the residual on rejection) gives hundreds at these trial counts.
+# redrawing from p, d included, on rejection) gives hundreds at these trial counts.
 CHI2_LIMIT = 30.0
 
 
@@ -43,9 +44,8 @@ def sampler(name, seed=1, **over):
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("draft", [0, 3, 5], ids=["likely", "unlikely", "tail"])
 def test_first_token_is_distributed_as_the_target(name, draft):
-    s = sampler(name)
-    p = s.probs(ROWS[0], [])
-    first = [accept_drafts(ROWS[:2], [draft], s, [])[0] for _ in range(TRIALS)]
+    p = sampler(name).probs(ROWS[0], [])
+    first = [accept_drafts(ROWS[:2], [draft], sampler(name, seed), [])[0] for seed in range(TRIALS)]
     stat = chi_square(first, p)
     kept = np.mean(np.asarray(first) == draft)
     print(f"\n{name}, draft {draft} (p = {p[draft]:.3f}): kept {kept:.3f}, chi2 {stat:.1f}")
@@ -63,7 +63,8 @@ def test_second_token_given_the_first_was_kept(name, second):
     p0 = s.probs(ROWS[0], history)
     p1 = s.probs(ROWS[1], history + [0])
     assert not np.allclose(p1, s.probs(ROWS[1], history))        # the penalty matters here
-    out = [accept_drafts(ROWS, [0, second], s, history) for _ in range(TRIALS)]
+    out = [accept_drafts(ROWS, [0, second], sampler(name, seed, repeat_penalty=1.5), history)
+           for seed in range(TRIALS)]
     assert chi_square([o[0] for o in out], p0) < CHI2_LIMIT
     given_first = [o[1] for o in out if o[0] == 0]
     assert len(given_first) > TRIALS * p0[0] * 0.9
@@ -72,11 +73,10 @@ def test_second_token_given_the_first_was_kept(name, second):
 
 
 def test_bonus_token_after_all_drafts_kept_follows_the_last_row():
-    s = sampler("softmax", seed=3)
-    p2 = s.probs(ROWS[2], [0, 1])
+    p2 = sampler("softmax").probs(ROWS[2], [0, 1])
     bonus = []
-    for _ in range(TRIALS):
-        out = accept_drafts(ROWS, [0, 1], s, [])
+    for seed in range(TRIALS):
+        out = accept_drafts(ROWS, [0, 1], sampler("softmax", seed), [])
         if len(out) == 3:
             bonus.append(out[2])
     assert len(bonus) > 500
@@ -118,19 +118,28 @@ def test_verifier_rows_as_top_logits_accept_exactly_as_whole_rows(name):
     """Same seed, same emitted tokens from the rows and from their best logits (the forward's
     top=): with top-k the count `candidates` says; without it, every entry."""
     from tests.hybrid.test_sampling import top_of
-    config = SamplerConfig(**{**CONFIGS[name].__dict__, "seed": 11})
+    config = CONFIGS[name]
     tops = [top_of(r, config.candidates or r.size) for r in ROWS]
-    whole, part = Sampler(config), Sampler(config)
     for drafts in ([0, 1], [1, 3], [5, 5], [0, 0]):
-        for _ in range(30):
-            assert accept_drafts(ROWS, drafts, whole, [2]) == accept_drafts(tops, drafts, part, [2])
+        for seed in range(30):
+            s = sampler(name, seed)
+            assert accept_drafts(ROWS, drafts, s, [2]) == accept_drafts(tops, drafts, s, [2])
 
 
-def test_residual_draw_never_returns_the_rejected_draft():
-    rng = np.random.default_rng(0)
-    ids = np.array([30, 10, 20, 40])              # a distribution's ids come in any order
-    p = np.array([0.5, 0.3, 0.2, 0.0])
-    draws = [_draw_without(ids, p, 30, rng) for _ in range(2000)]
-    assert 30 not in draws and 40 not in draws
-    assert abs(np.mean(np.asarray(draws) == 10) - 0.6) < 0.05
-    assert _draw_without(np.array([1, 2]), np.array([1.0, 0.0]), 1, rng) == 1   # nothing else left
+@pytest.mark.parametrize("name", CONFIGS)
+def test_sampled_accept_emits_plain_decodings_tokens(name):
+    """Each emitted token is the one `sample` gives at its position after the tokens before it;
+    the drafts only decide how many come from one call."""
+    history = [2, 3, 1]
+    for seed in range(200):
+        s = sampler(name, seed, repeat_penalty=1.3)
+        plain = []
+        for row in ROWS:
+            plain.append(s.sample(row, history + plain))
+        drafts = [int(d) for d in np.random.default_rng(seed).integers(0, 6, 2)]
+        if seed % 2:
+            drafts[0] = plain[0]                            # the second draft gets judged too
+        out = accept_drafts(ROWS, drafts, s, history)
+        assert out == plain[:len(out)]
+        kept = len(out) - 1
+        assert drafts[:kept] == plain[:kept] and (kept == 2 or drafts[kept] != plain[kept])
