@@ -16,6 +16,7 @@ from .atomics import fetch_add
 from .expf import expf
 from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_tiles_for, quantize_activations,
                      row_dot_quant, run_matvec)
+from .variants import Variants, type_mask
 
 
 # rows of h whose SiLU(gate)·up run as one vectorised pass after their dots: a scalar exp per row
@@ -54,24 +55,31 @@ def gated_row(h, ups, gate, up, r, done, end):
     return done
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_workers, pf):
-    rows, n_slots = w_gate.shape[0], xq.shape[0]
-    per_tile = -(-rows // n_tiles)
-    claimed = np.zeros(1, np.int64)               # tiles handed out (`cpu.matvec.n_tiles_for`)
-    for _ in prange(n_workers):
-        gate = np.empty(n_slots, np.float32)      # one row's products, all slots
-        up = np.empty(n_slots, np.float32)
-        ups = np.empty(n_slots * SILU_ROWS, np.float32)   # up products waiting for their SiLU pass
-        t = fetch_add(claimed, 0, 1)
-        while t < n_tiles:
-            r0, r1 = t * per_tile, min(rows, (t + 1) * per_tile)
-            done = r0
-            for r in range(r0, r1):
-                row_dot_quant(wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
-                row_dot_quant(wtype_up, w_up, r, xq, dx, bs, up, pf)
-                done = gated_row(h, ups, gate, up, r, done, r1)
+def _make_swiglu_quant(gate_type, up_type):
+    types_here = type_mask((gate_type, up_type))  # the row dots' code: these types' only
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_workers, pf):
+        rows, n_slots = w_gate.shape[0], xq.shape[0]
+        per_tile = -(-rows // n_tiles)
+        claimed = np.zeros(1, np.int64)               # tiles handed out (`cpu.matvec.n_tiles_for`)
+        for _ in prange(n_workers):
+            gate = np.empty(n_slots, np.float32)      # one row's products, all slots
+            up = np.empty(n_slots, np.float32)
+            ups = np.empty(n_slots * SILU_ROWS, np.float32)   # up products waiting for their SiLU pass
             t = fetch_add(claimed, 0, 1)
+            while t < n_tiles:
+                r0, r1 = t * per_tile, min(rows, (t + 1) * per_tile)
+                done = r0
+                for r in range(r0, r1):
+                    row_dot_quant(types_here, wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
+                    row_dot_quant(types_here, wtype_up, w_up, r, xq, dx, bs, up, pf)
+                    done = gated_row(h, ups, gate, up, r, done, r1)
+                t = fetch_add(claimed, 0, 1)
+    return _swiglu_quant
+
+
+_swiglu_quant = Variants(_make_swiglu_quant)      # _swiglu_quant(gate type, up type) → the kernel (`cpu.variants`)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -93,8 +101,8 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
         return
     if wtype_gate in QUANT_TYPES and wtype_up in QUANT_TYPES:
         xq, dx, bs = quantize_activations(x)
-        _swiglu_quant(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out, n_tiles_for(rows),
-                      numba.get_num_threads(), _matvec.PREFETCH_BYTES)
+        _swiglu_quant(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
+                                            n_tiles_for(rows), numba.get_num_threads(), _matvec.PREFETCH_BYTES)
         return
     # float weights (not what a quantised FFN holds): two passes, same arithmetic per slot
     up = np.empty_like(h_out)

@@ -140,19 +140,25 @@ def l2_norm_heads(x, n_heads, d, eps):
                 x[t, base + i] *= inv
 
 
-@njit(cache=True, nogil=True)
 def _gates(b, alpha, ssm_a, dt_bias):
     """β = σ(b) and the decay exp(g), g = ssm_a·softplus(α + dt_bias), per (token, v-head)."""
+    beta = np.empty(b.shape, dtype=np.float32)
+    decay = np.empty(b.shape, dtype=np.float32)
+    _gates_into(b, alpha, ssm_a, dt_bias, beta, decay)
+    return beta, decay
+
+
+@njit(cache=True, nogil=True)
+def _gates_into(b, alpha, ssm_a, dt_bias, beta, decay):
+    # writes into arrays it is given and returns nothing, like the other kernels, so a warm-up's
+    # plan pass (`hybrid.kernel_prep`) can skip it while it is not compiled yet
     n, n_v = b.shape
-    beta = np.empty((n, n_v), dtype=np.float32)
-    decay = np.empty((n, n_v), dtype=np.float32)
     for t in range(n):
         for j in range(n_v):
             beta[t, j] = 1.0 / (1.0 + math.exp(-np.float64(b[t, j])))
             a = np.float64(alpha[t, j]) + dt_bias[j]
             softplus = a if a > 20.0 else math.log1p(math.exp(a))   # ggml's cut-off
             decay[t, j] = math.exp(ssm_a[j] * softplus)
-    return beta, decay
 
 
 def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, ring_ssm):

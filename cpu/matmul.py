@@ -39,6 +39,7 @@ from .matvec import (_PARALLEL_QUANTIZE_MIN, ACT_BLOCK, ACT_QMAX, ACT_SUM, _quan
                      frozen)
 from .simd import (TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0,
                    f32_from_bits, tile_dot_k)
+from .variants import Variants
 
 # Prompt chunks only: verify steps (a few slots) stay on cpu.matvec. Measured on the 2-core Zen 3,
 # this path already wins from 8 slots (~1.25× at n = 8, Q4_K/Q6_K), so the bound could go lower.
@@ -237,45 +238,57 @@ def _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs, g0, g1, acc):
             _rows_times_group(wtype, w, r0, r1 - r0, b0, b1, xg, dx[g], acc[g - g0])
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _matmul(wtype, w, xq, dx, bs, out, n_parts):
-    rows, n_slots = w.shape[0], out.shape[0]
-    n_groups, n_blocks = dx.shape[0], dx.shape[1]
-    n_tiles = -(-rows // TILE_ROWS)
-    for task in prange(n_tiles * n_parts):
-        r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
-        tile = np.empty(_tile_bytes(wtype), np.uint8)
-        acc = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
-        for b0 in range(0, n_blocks, SLAB_BLOCKS):
-            b1 = min(n_blocks, b0 + SLAB_BLOCKS)
-            _slab_times_groups(wtype, w, tile, r0, r1, b0, b1, xq, dx, bs, g0, g1, acc)
-        for g in range(g0, g1):
-            for j in range(min(8, n_slots - g * 8)):
-                for i in range(r1 - r0):
-                    out[g * 8 + j, r0 + i] = _slot_total(wtype, acc[g - g0], i, j)
+# The kernels are made per weight type (`cpu.variants`): wt, gate_t, up_t are closure constants,
+# equal to the wtype arguments, so the helpers' branches on the type are decided at compile time
+# and only that type's code is compiled.
+
+def _make_matmul(wt):
+    @njit(cache=True, nogil=True, parallel=True)
+    def _matmul(wtype, w, xq, dx, bs, out, n_parts):
+        rows, n_slots = w.shape[0], out.shape[0]
+        n_groups, n_blocks = dx.shape[0], dx.shape[1]
+        n_tiles = -(-rows // TILE_ROWS)
+        for task in prange(n_tiles * n_parts):
+            r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
+            tile = np.empty(_tile_bytes(wt), np.uint8)
+            acc = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
+            for b0 in range(0, n_blocks, SLAB_BLOCKS):
+                b1 = min(n_blocks, b0 + SLAB_BLOCKS)
+                _slab_times_groups(wt, w, tile, r0, r1, b0, b1, xq, dx, bs, g0, g1, acc)
+            for g in range(g0, g1):
+                for j in range(min(8, n_slots - g * 8)):
+                    for i in range(r1 - r0):
+                        out[g * 8 + j, r0 + i] = _slot_total(wt, acc[g - g0], i, j)
+    return _matmul
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_parts):
-    """h[n, r] = SiLU(gate) · up: a tile of gate rows and the same up rows, slab by slab."""
-    rows, n_slots = w_gate.shape[0], h.shape[0]
-    n_groups, n_blocks = dx.shape[0], dx.shape[1]
-    n_tiles = -(-rows // TILE_ROWS)
-    for task in prange(n_tiles * n_parts):
-        r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
-        tile_gate = np.empty(_tile_bytes(wtype_gate), np.uint8)
-        tile_up = np.empty(_tile_bytes(wtype_up), np.uint8)
-        gate = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
-        up = np.zeros_like(gate)
-        for b0 in range(0, n_blocks, SLAB_BLOCKS):
-            b1 = min(n_blocks, b0 + SLAB_BLOCKS)
-            _slab_times_groups(wtype_gate, w_gate, tile_gate, r0, r1, b0, b1, xq, dx, bs, g0, g1, gate)
-            _slab_times_groups(wtype_up, w_up, tile_up, r0, r1, b0, b1, xq, dx, bs, g0, g1, up)
-        for g in range(g0, g1):
-            for j in range(min(8, n_slots - g * 8)):
-                for i in range(r1 - r0):
-                    h[g * 8 + j, r0 + i] = _silu_times(_slot_total(wtype_gate, gate[g - g0], i, j),
-                                                               _slot_total(wtype_up, up[g - g0], i, j))
+def _make_swiglu(gate_t, up_t):
+    @njit(cache=True, nogil=True, parallel=True)
+    def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_parts):
+        """h[n, r] = SiLU(gate) · up: a tile of gate rows and the same up rows, slab by slab."""
+        rows, n_slots = w_gate.shape[0], h.shape[0]
+        n_groups, n_blocks = dx.shape[0], dx.shape[1]
+        n_tiles = -(-rows // TILE_ROWS)
+        for task in prange(n_tiles * n_parts):
+            r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
+            tile_gate = np.empty(_tile_bytes(gate_t), np.uint8)
+            tile_up = np.empty(_tile_bytes(up_t), np.uint8)
+            gate = np.zeros((max(0, g1 - g0), TILE_ROWS, 8, 8), np.float32)
+            up = np.zeros_like(gate)
+            for b0 in range(0, n_blocks, SLAB_BLOCKS):
+                b1 = min(n_blocks, b0 + SLAB_BLOCKS)
+                _slab_times_groups(gate_t, w_gate, tile_gate, r0, r1, b0, b1, xq, dx, bs, g0, g1, gate)
+                _slab_times_groups(up_t, w_up, tile_up, r0, r1, b0, b1, xq, dx, bs, g0, g1, up)
+            for g in range(g0, g1):
+                for j in range(min(8, n_slots - g * 8)):
+                    for i in range(r1 - r0):
+                        h[g * 8 + j, r0 + i] = _silu_times(_slot_total(gate_t, gate[g - g0], i, j),
+                                                           _slot_total(up_t, up[g - g0], i, j))
+    return _swiglu
+
+
+_matmul = Variants(_make_matmul)        # _matmul(wtype): the kernel for that type
+_swiglu = Variants(_make_swiglu)        # _swiglu(gate type, up type)
 
 
 # ---- entry points ------------------------------------------------------------------------------
@@ -309,7 +322,7 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     if w.shape[0] == 0:
         return
     xq, dx, bs = quantize_slots(x)
-    _matmul(wtype, frozen(w), xq, dx, bs, out, _slot_parts(w.shape[0], x.shape[0]))
+    _matmul(wtype)(wtype, frozen(w), xq, dx, bs, out, _slot_parts(w.shape[0], x.shape[0]))
 
 
 def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
@@ -321,5 +334,5 @@ def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.n
     if w_gate.shape[0] == 0:
         return
     xq, dx, bs = quantize_slots(x)
-    _swiglu(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
-            _slot_parts(w_gate.shape[0], x.shape[0]))
+    _swiglu(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
+                                  _slot_parts(w_gate.shape[0], x.shape[0]))

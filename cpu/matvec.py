@@ -27,6 +27,7 @@ from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPP
 from .atomics import fetch_add
 from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)
+from .variants import Variants, type_mask
 
 ACT_BLOCK = 256   # activation elements per int8 scale (a K-quant super-block)
 ACT_SUM = 16      # activation elements per stored integer sum (the Q6_K scale granule)
@@ -106,8 +107,9 @@ def quantize_activations(x: np.ndarray):
 
 # ---- one weight row against all slots (shared by matvec, the fused FFN and the MoE kernel) ---
 
-# row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf): acc[n] = Σ_c W[r, c] · x[n, c] for every slot
-# n (acc overwritten), quantised types; weights `pf` bytes ahead are prefetched. Slots go in
+# row_dot_quant(type_mask, wtype, w, r, xq, dx, bs, acc, pf): acc[n] = Σ_c W[r, c] · x[n, c] for
+# every slot n (acc overwritten), quantised types; weights `pf` bytes ahead are prefetched; only
+# the types in type_mask (a compile-time constant, `cpu.variants.type_mask`) have code. Slots go in
 # groups of 4, then one group of the 1-3 left: a group shares one decode of the weights (a k=3
 # verify step decodes once, not as 2 + 1); past 4 slots the row is read again from L1.
 row_dot_quant = intrinsic(row_dot_intrinsic({_Q4_K: Q4_K_BLOCKS, _Q5_K: Q5_K_BLOCKS, _Q6_K: Q6_K_BLOCKS,
@@ -116,20 +118,27 @@ row_dot_quant = intrinsic(row_dot_intrinsic({_Q4_K: Q4_K_BLOCKS, _Q5_K: Q5_K_BLO
 
 # ---- kernels ---------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True, parallel=True)
-def _matvec_quant(wtype, w, xq, dx, bs, out, n_tiles, n_workers, pf):
-    rows, n_slots = w.shape[0], xq.shape[0]
-    per_tile = -(-rows // n_tiles)
-    claimed = np.zeros(1, np.int64)               # tiles handed out (`n_tiles_for`)
-    for _ in prange(n_workers):
-        acc = np.empty(n_slots, np.float32)
-        t = fetch_add(claimed, 0, 1)
-        while t < n_tiles:
-            for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
-                row_dot_quant(wtype, w, r, xq, dx, bs, acc, pf)
-                for n in range(n_slots):
-                    out[n, r] = acc[n]
+def _make_matvec_quant(wtype_id):
+    types_here = type_mask((wtype_id,))           # the row dot's code: this type's only
+
+    @njit(cache=True, nogil=True, parallel=True)
+    def _matvec_quant(wtype, w, xq, dx, bs, out, n_tiles, n_workers, pf):
+        rows, n_slots = w.shape[0], xq.shape[0]
+        per_tile = -(-rows // n_tiles)
+        claimed = np.zeros(1, np.int64)               # tiles handed out (`n_tiles_for`)
+        for _ in prange(n_workers):
+            acc = np.empty(n_slots, np.float32)
             t = fetch_add(claimed, 0, 1)
+            while t < n_tiles:
+                for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
+                    row_dot_quant(types_here, wtype, w, r, xq, dx, bs, acc, pf)
+                    for n in range(n_slots):
+                        out[n, r] = acc[n]
+                t = fetch_add(claimed, 0, 1)
+    return _matvec_quant
+
+
+_matvec_quant = Variants(_make_matvec_quant)      # _matvec_quant(wtype): the kernel for that type (`cpu.variants`)
 
 
 @njit(inline="always")
@@ -257,7 +266,7 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=No
     w = frozen(w)
     if wtype in QUANT_TYPES:
         xq, dx, bs = act if act is not None else quantize_activations(x)
-        _matvec_quant(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
+        _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
     elif wtype == F32.id:
         _matvec_f32(w.view(np.float32), x, out, tiles)
     else:

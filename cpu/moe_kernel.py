@@ -52,6 +52,7 @@ from numba import get_thread_id, njit, prange
 from .atomics import fetch_add, load_acquire
 from .ffn import SILU_ROWS, gated_row
 from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
+from .variants import ALL as ALL_TYPES           # the expert kernel has code for every quantised type
 
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
 # parallel region costs more than they do (decode); above, they get one region each.
@@ -340,8 +341,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     e = group_expert[g]
                     done = r0
                     for r in range(r0, r1):
-                        row_dot_quant(wtypes[0], w_gate, expert_rows[0, e] + r, qg, d, bg, g_out, pf)
-                        row_dot_quant(wtypes[1], w_up, expert_rows[1, e] + r, qg, d, bg, u_out, pf)
+                        row_dot_quant(ALL_TYPES, wtypes[0], w_gate, expert_rows[0, e] + r, qg, d, bg, g_out, pf)
+                        row_dot_quant(ALL_TYPES, wtypes[1], w_up, expert_rows[1, e] + r, qg, d, bg, u_out, pf)
                         done = gated_row(hg, ups, g_out, u_out, r, done, r1)
                     # the thread that completes an activation block of h turns it into int8
                     for blk in range(r0 // ACT_BLOCK, (r1 - 1) // ACT_BLOCK + 1):
@@ -360,7 +361,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     hqg, d, hb = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
                     acc = f32[x_blocks * m + 2 * m:x_blocks * m + 3 * m]     # past A's x scales and dots
                     for r in range(r0, r1):
-                        row_dot_quant(wtypes[2], w_down, expert_rows[2, e] + r, hqg, d, hb, acc, pf)
+                        row_dot_quant(ALL_TYPES, wtypes[2], w_down, expert_rows[2, e] + r, hqg, d, hb, acc, pf)
                         for j in range(m):
                             y[s0 + j, r] = acc[j]
                 c = fetch_add(claimed, 0, 1)

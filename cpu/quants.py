@@ -14,6 +14,7 @@ from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPP
 
 from .matvec import check_weights, frozen
 from .simd import f16_at
+from .variants import Variants
 
 _Q4_0, _Q8_0, _Q4_K, _Q5_K, _Q6_K = Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id
 
@@ -81,31 +82,37 @@ def _block_q6_k(w, o, y):
             y[yo + l + 96] = (d * np.float32(np.int8(w[sc + s + 6]))) * np.float32(q4)
 
 
-@njit(cache=True, nogil=True)
-def _dequantize_rows(wtype, w, row_ids, out):
-    # serial: the hot use is an embedding lookup of a few rows, where a parallel launch costs
-    # more than the work (and parallel=True would triple the compile time)
-    flat = w.reshape(w.size)
-    row_bytes = w.shape[1]
-    cols = out.shape[1]
-    for i in range(row_ids.shape[0]):
-        base = row_ids[i] * row_bytes
-        y = out[i]
-        if wtype == _Q4_0:
-            for b in range(cols // 32):
-                _block_q4_0(flat, base + 18 * b, y[32 * b:])
-        elif wtype == _Q8_0:
-            for b in range(cols // 32):
-                _block_q8_0(flat, base + 34 * b, y[32 * b:])
-        elif wtype == _Q4_K:
-            for b in range(cols // 256):
-                _block_q4_k_q5_k(flat, base + 144 * b, y[256 * b:], False)
-        elif wtype == _Q5_K:
-            for b in range(cols // 256):
-                _block_q4_k_q5_k(flat, base + 176 * b, y[256 * b:], True)
-        else:
-            for b in range(cols // 256):
-                _block_q6_k(flat, base + 210 * b, y[256 * b:])
+def _make_dequantize_rows(wt):
+    @njit(cache=True, nogil=True)
+    def _dequantize_rows(wtype, w, row_ids, out):
+        # wtype == wt, the variant's type (a constant here: only its branch below is compiled).
+        # serial: the hot use is an embedding lookup of a few rows, where a parallel launch costs
+        # more than the work (and parallel=True would triple the compile time)
+        flat = w.reshape(w.size)
+        row_bytes = w.shape[1]
+        cols = out.shape[1]
+        for i in range(row_ids.shape[0]):
+            base = row_ids[i] * row_bytes
+            y = out[i]
+            if wt == _Q4_0:
+                for b in range(cols // 32):
+                    _block_q4_0(flat, base + 18 * b, y[32 * b:])
+            elif wt == _Q8_0:
+                for b in range(cols // 32):
+                    _block_q8_0(flat, base + 34 * b, y[32 * b:])
+            elif wt == _Q4_K:
+                for b in range(cols // 256):
+                    _block_q4_k_q5_k(flat, base + 144 * b, y[256 * b:], False)
+            elif wt == _Q5_K:
+                for b in range(cols // 256):
+                    _block_q4_k_q5_k(flat, base + 176 * b, y[256 * b:], True)
+            elif wt == _Q6_K:
+                for b in range(cols // 256):
+                    _block_q6_k(flat, base + 210 * b, y[256 * b:])
+    return _dequantize_rows
+
+
+_dequantize_rows = Variants(_make_dequantize_rows)   # _dequantize_rows(wtype) → the kernel (`cpu.variants`)
 
 
 def _float_rows(wtype: int, rows: np.ndarray) -> np.ndarray:
@@ -130,7 +137,7 @@ def dequantize_rows(wtype: int, w: np.ndarray, row_ids, cols: int) -> np.ndarray
         return _float_rows(wtype, w[ids]).reshape(ids.size, cols)
     out = np.empty((ids.size, cols), np.float32)
     if ids.size:
-        _dequantize_rows(wtype, frozen(w), ids, out)
+        _dequantize_rows(wtype)(wtype, frozen(w), ids, out)
     return out
 
 

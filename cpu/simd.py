@@ -634,24 +634,30 @@ def _emit_groups(builder, n_slots, emit):
 
 
 def row_dot_intrinsic(readers: dict):
-    """Intrinsic factory: row_dot(wtype, w, r, xq, dx, bs, acc, pf) sets acc[n] = Σ_c W[r, c] ·
-    x[n, c] for every slot n of acc, W's blocks read by readers[wtype] (ggml type id → _KQuant or
-    _SmallBlocks; other ids leave acc as it is), weights `pf` bytes ahead prefetched. The type
+    """Intrinsic factory: row_dot(type_mask, wtype, w, r, xq, dx, bs, acc, pf) sets acc[n] =
+    Σ_c W[r, c] · x[n, c] for every slot n of acc, W's blocks read by readers[wtype] (ggml type
+    id → _KQuant or _SmallBlocks; other ids leave acc as it is), weights `pf` bytes ahead
+    prefetched. type_mask, a compile-time integer (bit t: type t, `cpu.variants`), picks the
+    readers whose code is emitted: a type outside it also leaves acc as it is. The type
     and slot-group dispatch are emitted here too: written as Numba functions around per-type
     intrinsics, each row call copied its five array arguments into the inlined bodies, and the
     reference counts of those copies (atomic, shared by every thread) cost ~40 ns a row — more
     than the dots of a 512-wide expert row. Grouping cannot change any slot's bits (integer sums,
     lane-wise combines, each slot adds its blocks in order)."""
 
-    def typer(typingctx, wtype, w, r, xq, dx, bs, acc, pf):
+    def typer(typingctx, type_mask, wtype, w, r, xq, dx, bs, acc, pf):
+        if not isinstance(type_mask, types.IntegerLiteral):
+            return None
+        emitted = {t: reader for t, reader in readers.items() if (type_mask.literal_value >> t) & 1}
+
         def codegen(context, builder, sig, args):
-            wtype_v, _, r_v, _, _, _, _, pf_v = args
-            ops = _Operands(context, builder, sig, args, w=1, xq=3, dx=4, bs=5, acc=6)
+            _, wtype_v, _, r_v, _, _, _, _, pf_v = args
+            ops = _Operands(context, builder, sig, args, w=2, xq=4, dx=5, bs=6, acc=7)
             row_off = builder.mul(r_v, ops.shape("w")[1])
             n_slots = ops.shape("acc")[0]
             done = builder.append_basic_block("row.done")
             switch = builder.switch(wtype_v, done)
-            for type_id, reader in readers.items():
+            for type_id, reader in emitted.items():
                 block = builder.append_basic_block(f"row.type{type_id}")
                 switch.add_case(_I64(type_id), block)
                 builder.position_at_end(block)
@@ -660,7 +666,7 @@ def row_dot_intrinsic(readers: dict):
             builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.none(types.int64, w, types.intp, xq, dx, bs, acc, types.intp), codegen
+        return types.none(type_mask, types.int64, w, types.intp, xq, dx, bs, acc, types.intp), codegen
 
     return typer
 

@@ -37,7 +37,10 @@ from numba import cuda
 from . import memory
 from .device import simulated
 
-_KEPT = 16          # step graphs kept per cache: decode, a few verify sizes, prompt chunks
+# Step graphs kept per cache. Drafting at a depth chosen per step uses a trunk verify step and
+# MTP-head steps for every depth up to its maximum, besides decode and prompt chunks; a graph
+# evicted and needed again costs an eager run and a capture, so keep them all.
+_KEPT = 64
 
 
 class NotCapturable(RuntimeError):
@@ -200,6 +203,7 @@ class StepGraphs:
         self._eager: set = set()
         self.captures = 0            # how many steps were captured (tests, benchmarks)
         self.replays = 0
+        self.one_offs = 0            # runs that were a key's first (eager) run or its capture
         # where replayed steps spent their time: waiting for the GPU (kernels and hand-off
         # copies), in host calls (the CPU FFN), and in all (the rest is Python between them)
         self.seconds = {"gpu": 0.0, "cpu": 0.0, "all": 0.0}
@@ -210,6 +214,7 @@ class StepGraphs:
             return
         graph = self._graphs.get(key)
         if graph is None:
+            self.one_offs += 1
             if key not in self._seen:
                 self._seen.add(key)
                 body()

@@ -232,13 +232,15 @@ def _group_template(TYPE_ID, SHAPE, STAMP):
         the work it has in a launch of its own, so the same bits)."""
         if TYPE_ID < 0 or SHAPE < 0 or STAMP < 0:  # never true (see matvec_q8_kernel)
             return
+        # One call site of the inlined row loop, on the block's matrix: three call sites made
+        # three copies of the unrolled loop, and compiling them dominated the kernel's cold start.
         b = cuda.blockIdx.x
-        if b < blocks0:
-            matvec_rows(w0, w80, xq, xm, out0, rows0, n_blocks, b)
-        elif b < blocks0 + blocks1:
-            matvec_rows(w1, w81, xq, xm, out1, rows1, n_blocks, b - blocks0)
-        else:
-            matvec_rows(w2, w82, xq, xm, out2, rows2, n_blocks, b - blocks0 - blocks1)
+        w, w8, out, rows = w0, w80, out0, rows0
+        if b >= blocks0 + blocks1:
+            w, w8, out, rows, b = w2, w82, out2, rows2, b - blocks0 - blocks1
+        elif b >= blocks0:
+            w, w8, out, rows, b = w1, w81, out1, rows1, b - blocks0
+        matvec_rows(w, w8, xq, xm, out, rows, n_blocks, b)
     return matvec_q8_group_kernel
 
 

@@ -7,31 +7,25 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from cpu import threads as cpu_threads
+from cpu.threads import ThreadPolicy
+
+from .draft_policy import MAX_AUTO_DEPTH, DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .model_file import default_model_path, open_model
-from .placement import DEFAULT_PCIE_SHARE, check_pcie_share
+from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share
 from .sampling import Sampler, SamplerConfig
 
 DEVICES = ("cpu", "cuda", "auto")
 
 
-def default_threads() -> int:
-    """All cores this process may use: the CPU FFN is bandwidth-bound and wants every one."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def set_threads(threads: int | None) -> int:
-    import numba
-    n = threads or default_threads()
-    if n < 1:
-        raise HybridError(f"threads must be ≥ 1, got {n}")
-    n = min(n, numba.config.NUMBA_NUM_THREADS)
-    numba.set_num_threads(n)
-    return n
+    """cpu.threads.set_threads, its error as a HybridError (0 is an error, not "all cores")."""
+    try:
+        return cpu_threads.set_threads(threads)
+    except ValueError as e:
+        raise HybridError(str(e)) from None
 
 
 class Model:
@@ -43,7 +37,7 @@ class Model:
                  expert_cache: bool = True, pcie_share: float = DEFAULT_PCIE_SHARE):
         from .chat_template import ChatTemplate
         from .forward import Forward
-        from .placement import plan_for, ring_for_draft
+        from .placement import plan_for
         from .tokenizer import Tokenizer
 
         if device not in DEVICES:
@@ -61,28 +55,52 @@ class Model:
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
         # A MoE model's leftover VRAM caches routed experts (expert_cache=False leaves it free).
         self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
-                             ring_for_draft(None, self.has_mtp), expert_cache=expert_cache, pcie_share=pcie_share)
+                             DraftPolicy.parse(None, self.has_mtp).ring, expert_cache=expert_cache,
+                             pcie_share=pcie_share)
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
                                    expert_cache=self.plan.expert_cache, pcie_share=self.plan.pcie_share)
         else:
             self.forward = Forward(self.file)
+        # a small model's decode steps run on one thread unless the user chose a count (cpu/threads.py)
+        self.forward.threads = (ThreadPolicy(self.threads, self.threads) if threads is not None else
+                                ThreadPolicy.for_step_bytes(self.threads, self.plan.per_token(CPU)))
         self._mtp = None
         self._idle_state = None         # see with_fresh_state
+        self._depth_controller = None
 
     # --- state ----------------------------------------------------------------------------
     def new_state(self, n_ctx: int | None = None):
         return self.forward.new_state(n_ctx or self.n_ctx)
 
-    def warmup(self) -> None:
+    def warmup(self, max_rows: int | None = None, progress=None) -> int:
         """Compile (or load from the on-disk cache) the kernels of a prompt chunk and of a decode
-        step, so the first real prompt does not stall on compilation."""
+        step, so the first real prompt does not stall on compilation.
+
+        max_rows: the most token rows one forward call of the job will take (its prompt, a draft
+        verify step), when known: a job below 16 never meets the many-row prompt kernels
+        (`cpu.matmul`), so they are not compiled for it (None: not known yet, e.g. a chat's
+        prompts; a chunk of 16 rows). On the CPU the kernels missing from the disk cache
+        compile first, spread over the cores, calling progress(done, total) as they do
+        (`hybrid.kernel_prep`; never when none is missing). Returns the number of CPU kernels
+        compiled (0 on the GPU backend)."""
         from .generate import PREFILL_CHUNK
         chunk = min(16, PREFILL_CHUNK)           # long enough for the multi-threaded prompt kernels
-        state = self.new_state(chunk + 2)
-        self.forward.forward(state, np.zeros(chunk, dtype=np.int32), logits="last")
-        self.forward.forward(state, np.zeros(1, dtype=np.int32), logits="last")
+        if max_rows is not None:
+            chunk = max(1, min(chunk, max_rows))
+
+        def run():
+            state = self.new_state(chunk + 2)
+            if chunk > 1:
+                self.forward.forward(state, np.zeros(chunk, dtype=np.int32), logits="last")
+            self.forward.forward(state, np.zeros(1, dtype=np.int32), logits="last")
+
+        if self.device != "cpu":
+            run()
+            return 0
+        from .kernel_prep import prepare
+        return prepare(run, progress)
 
     # --- evaluation -----------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -110,39 +128,50 @@ class Model:
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = False, system: str | None = None,
-                 draft: int | str = 0, draft_p_min: float = 0.0, ignore_eos: bool = False,
+                 draft: int | str | None = None, draft_p_min: float = 0.0, ignore_eos: bool = False,
                  state=None) -> Iterator[Prefill | Token | Done]:
         """Stream a continuation of `prompt` (text, or token ids). Yields `Prefill` progress,
         one `Token` per generated token, and a final `Done` with the stats.
 
         draft: MTP draft depth per step (0 = plain decoding, "auto" = chosen from measured
-        acceptance and step cost); draft_p_min stops a draft below that confidence.
+        acceptance and step cost; None, the default, = auto when the model has an MTP head, as
+        the CLI); draft_p_min stops a draft below that confidence.
         """
         from .generate import generate_tokens
-        from .speculative import AUTO, MAX_AUTO_DEPTH, generate_speculative
+        from .speculative import generate_speculative
 
         if max_tokens < 0:
             raise HybridError(f"max_tokens must be ≥ 0, got {max_tokens}")
-        depth = parse_draft(draft)
+        policy = DraftPolicy.parse(draft, self.has_mtp)
         ids = self.encode_prompt(prompt, chat=chat, system=system)
         sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                         seed=seed))
-        if depth == 0:
+        if policy.depth == 0:
             def run(state):
                 return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
             return run(state) if state is not None else self.with_fresh_state(run)
-        ring = (MAX_AUTO_DEPTH if depth == AUTO else depth) + 1
+        ring = policy.ring
         if state is not None and state.n_ring < ring:
             raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
                               f"≥ {ring} slots (Forward.new_state(n_ctx, n_ring={ring})); this one has {state.n_ring}")
 
         def run_speculative(state):
             return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
-                                        sampler=sampler, depth=depth, p_min=draft_p_min, stop=stop,
-                                        n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+                                        sampler=sampler, depth=policy.depth, p_min=draft_p_min, stop=stop,
+                                        n_ctx=self.n_ctx, ignore_eos=ignore_eos,
+                                        controller=self.depth_controller)
         return run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring)
+
+    @property
+    def depth_controller(self):
+        """The auto depth's controller, kept for the model's lifetime: step costs and acceptance
+        learnt in one generation carry to the next (a chat, a server, a benchmark's rounds)."""
+        if self._depth_controller is None:
+            from .draft_depth import DepthController
+            self._depth_controller = DepthController(MAX_AUTO_DEPTH)
+        return self._depth_controller
 
     def with_fresh_state(self, run, n_ring: int = 0):
         """Iterate run(state) over an empty state of this model's context. The state is kept for
@@ -160,7 +189,7 @@ class Model:
         finally:
             self._idle_state = state
 
-    def session(self, system: str | None = None, n_ctx: int | None = None, draft: int | str = 0,
+    def session(self, system: str | None = None, n_ctx: int | None = None, draft: int | str | None = None,
                 draft_p_min: float = 0.0):
         """A multi-turn chat that keeps its state between turns, so each `send` prefills only the
         new tokens (a `hybrid.session.ChatSession`). draft/draft_p_min as for `generate`."""
@@ -191,21 +220,6 @@ class Model:
         h_prev = np.concatenate([np.zeros((1, self.config.n_embd), np.float32), hidden[:-1]])
         out, _ = mtp.forward(state, ids, h_prev, logits="all")
         return out
-
-
-def parse_draft(draft: int | str) -> int:
-    """Draft depth from an int or "auto" (→ speculative.AUTO)."""
-    from .speculative import AUTO
-    if isinstance(draft, str):
-        if draft.strip().lower() == "auto":
-            return AUTO
-        try:
-            draft = int(draft)
-        except ValueError:
-            raise HybridError(f"draft depth must be a number ≥ 0 or 'auto', got {draft!r}") from None
-    if draft < 0 or draft > 16:
-        raise HybridError(f"draft depth must be between 0 and 16 (or 'auto'), got {draft}")
-    return int(draft)
 
 
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,

@@ -69,6 +69,11 @@ class CPUBackend:
     def run_step(self, key, body) -> None:
         body()
 
+    @property
+    def one_offs(self) -> int:
+        """Steps that ran once-only work (none here: steps are never captured)."""
+        return 0
+
     def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
         if any((expert_cache or {}).values()):
             raise HybridError("an expert cache lives on the GPU, but this forward runs on the CPU backend")
@@ -156,6 +161,11 @@ class GPUBackend:
     def run_step(self, key, body) -> None:
         """Run body (GPU work and host calls); a step seen before replays as a CUDA graph."""
         self.graphs.run(key, body)
+
+    @property
+    def one_offs(self) -> int:
+        """Steps that ran once-only work: a key's first eager run or its capture."""
+        return self.graphs.one_offs
 
     def host_scratch(self, shape) -> np.ndarray:
         """Pinned float32 host scratch for the FFN hidden of a hand-off."""

@@ -7,6 +7,10 @@ ones that were. The acceptance at position i is only observed when a step drafts
 i tokens, so the controller now and then tries one deeper than its current choice; and one
 measured depth cannot price the others (the 15%-per-row prior may be far off), so every other
 such probe goes one shallower instead.
+
+Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
+buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
+step costs afterwards, and one such sample would keep its depth unused for the rest of the run.
 """
 from __future__ import annotations
 
@@ -14,16 +18,21 @@ import numpy as np
 
 _DECAY = 0.9          # EMA weight of the past
 _PROBE_EVERY = 16     # steps between tries of a deeper draft
+_EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
 
 
 class DepthController:
     def __init__(self, max_depth: int, start: int | None = None):
+        """start: the first depth tried (1 unless given: one draft is the cheapest to prepare and
+        already tells whether the head drafts well)."""
         self.max_depth = max_depth
         self.kept = np.zeros(max_depth + 1)      # kept[i]: EMA count of draft i kept
         self.tried = np.zeros(max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
         self.cost = {}                           # depth → EMA seconds per step
-        self.depth = min(start if start is not None else 3, max_depth)
+        self.depth = min(start if start is not None else 1, max_depth)
         self.steps = 0
+        self.unsteady = 0                        # steps whose cost was not learnt (record)
+        self.held = False                        # the next choice repeats this one
 
     def acceptance(self) -> np.ndarray:
         """a_i for i = 1..max_depth; an optimistic prior (0.8) where nothing was seen yet."""
@@ -41,32 +50,61 @@ class DepthController:
         if len(known) == 1:
             d0, c0 = known[0]
             return c0 * (1.0 + 0.15 * (depth - d0))      # prior: each extra row costs ~15% of a step
-        ds, cs = zip(*known)
-        slope, icpt = np.polyfit(ds, cs, 1)
-        return max(icpt + slope * depth, 1e-9)
+        # least-squares line through the measured depths (a handful of points: plain Python)
+        n = len(known)
+        mean_d = sum(d for d, _ in known) / n
+        mean_c = sum(c for _, c in known) / n
+        var = sum((d - mean_d) ** 2 for d, _ in known)
+        slope = sum((d - mean_d) * (c - mean_c) for d, c in known) / var
+        return max(mean_c + slope * (depth - mean_d), 1e-9)
 
-    def expected_tokens(self, depth: int) -> float:
-        return 1.0 + float(np.sum(np.cumprod(self.acceptance()[:depth])))
+    def expected_tokens(self, depth: int, acceptance=None) -> float:
+        a = self.acceptance() if acceptance is None else acceptance
+        total, run = 1.0, 1.0
+        for i in range(depth):
+            run *= float(a[i])
+            total += run
+        return total
 
     def choose(self) -> int:
-        best = max(range(0, self.max_depth + 1), key=lambda d: self.expected_tokens(d) / self.step_cost(d))
         self.steps += 1
-        if self.steps % _PROBE_EVERY == 0 and self.max_depth > 0:
+        if self.held:               # a probe's second step (see below)
+            self.held = False
+            return self.depth
+        if not self.cost:           # nothing timed yet: the start depth, not the priors' pick
+            return self.depth
+        a = self.acceptance()
+        best = max(range(0, self.max_depth + 1), key=lambda d: self.expected_tokens(d, a) / self.step_cost(d))
+        # a neighbour never timed is tried sooner: its cost is only learnt from steady steps
+        # (a GPU step's first run and its capture are not), so a run would otherwise end before
+        # the controller knew whether one draft fewer or more pays
+        untimed = [d for d in (best - 1, best + 1) if 0 <= d <= self.max_depth and d not in self.cost]
+        if untimed and self.steps % _EXPLORE_EVERY == 0:
+            best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
+        elif self.steps % _PROBE_EVERY == 0 and self.max_depth > 0:
             deeper = (self.steps // _PROBE_EVERY) % 2 == 1
             if best == 0 or (deeper and best < self.max_depth):
                 best += 1
             else:
                 best -= 1
+        # A probe lasts two steps: the first after a change of depth does work the depth's steps
+        # do not (the MTP rows that steps drafting nothing left waiting), and the caller marks it
+        # unsteady, so the second one is what teaches the probed depth's cost.
+        self.held = best != self.depth
         self.depth = best
         return best
 
-    def record(self, drafted: int, accepted: int, seconds: float) -> None:
-        """One step: `drafted` offered, the first `accepted` of them kept, `seconds` wall time."""
+    def record(self, drafted: int, accepted: int, seconds: float, steady: bool = True) -> None:
+        """One step: `drafted` offered, the first `accepted` of them kept, `seconds` wall time;
+        steady=False: the step did once-only work, so its time says nothing of its depth's cost."""
         # Decay per observation, not per step: a position that was not drafted keeps what was
         # learnt of it. (Decaying every step let an unused position fall back to the optimistic
         # prior within ~7 shallow steps, and the controller then jumped to full depth.)
         for i in range(1, min(drafted, accepted + 1) + 1):
             self.tried[i] = _DECAY * self.tried[i] + 1.0
             self.kept[i] = _DECAY * self.kept[i] + (1.0 if i <= accepted else 0.0)
+        if not steady:
+            self.unsteady += 1
+            return
         old = self.cost.get(drafted)
         self.cost[drafted] = seconds if old is None else _DECAY * old + (1 - _DECAY) * seconds

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from cpu.argmax import PICK_COLUMNS
+from cpu.threads import ThreadPolicy
 from cpu.moe_kernel import expert_ids
 
+from . import compiles
 from .backend import make_backend
 from .config import ModelConfig
 from .errors import HybridError
@@ -37,7 +39,12 @@ from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, 
 
 LOGITS_MODES = ("last", "all", "none")
 _identities = itertools.count()
-_SCRATCH_SIZES_KEPT = 4      # call sizes with live scratch: decode 1, verify k, prompt chunk, last chunk
+# Scratch of step-sized calls (decode, every verify size, the MTP head's calls) is kept for the
+# forward's lifetime: its buffers are part of each captured step's key, so freeing one would make
+# every later step of that size run eagerly and be captured again. Larger calls (prompt chunks)
+# keep only the latest few sizes.
+STEP_ROWS_KEPT = 16
+_CHUNK_SIZES_KEPT = 2
 
 
 class Forward:
@@ -58,6 +65,9 @@ class Forward:
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
         self._scratch: OrderedDict[int, _Scratch] = OrderedDict()
+        self._allocations = 0
+        self.threads: ThreadPolicy | None = None    # CPU threads per call size (None: leave as set)
+        compiles.count()                      # start counting before the first kernel compiles
         self.last_moe_stats = MoEStats()      # of the latest forward() / attention_block() call
 
     def new_state(self, n_ctx: int | None = None, n_ring: int = 0) -> SessionState:
@@ -83,6 +93,7 @@ class Forward:
         state.check_fits(n)
         if snapshot:
             state.check_ring(n)
+        self.use_threads(n)
         c, w, b = self.config, self.weights, self.backend
         s = self.prepare_rows(n, state.n_past)
         b.copy(s.x, self.embed(ids))
@@ -143,6 +154,11 @@ class Forward:
         cache pair kv = (k_cache, v_cache). For the MTP block (blk.L with state.mtp_kv[L]);
         the caller keeps its own position counter. x is a backend array."""
         self.attention_block_on(layer, x, kv, self.prepare_rows(x.shape[0], n_before))
+
+    def use_threads(self, n: int) -> None:
+        """The CPU thread count for a call of n rows (cpu.threads.ThreadPolicy)."""
+        if self.threads is not None:
+            self.threads.use(n)
 
     def prepare_rows(self, n: int, n_before: int) -> "_Scratch":
         """The scratch for an n-row call at positions n_before.. (written to its pos array, which
@@ -226,6 +242,12 @@ class Forward:
             ops.moe_ffn(ffn, a, m, self.last_moe_stats)
 
     # --- helpers --------------------------------------------------------------------------------
+    def one_off_work(self) -> int:
+        """A count that grows whenever a call does work that later calls of its size will not:
+        compiling a kernel, allocating a size's scratch, a GPU step's first run or capture.
+        A step during which it did not change cost what every later such step will."""
+        return compiles.count() + self._allocations + self.backend.one_offs
+
     def check_tokens(self, token_ids) -> np.ndarray:
         """The ids as a contiguous int64 array, or a HybridError naming the first bad one."""
         ids = np.asarray(token_ids)
@@ -241,8 +263,10 @@ class Forward:
         s = self._scratch.get(n)
         if s is None:
             s = self._scratch[n] = _Scratch.allocate(self.config, n, self.backend.zeros)
-            while len(self._scratch) > _SCRATCH_SIZES_KEPT:
-                self._scratch.popitem(last=False)
+            self._allocations += 1
+            chunks = [size for size in self._scratch if size > STEP_ROWS_KEPT]
+            for size in chunks[:max(0, len(chunks) - _CHUNK_SIZES_KEPT)]:
+                del self._scratch[size]
         else:
             self._scratch.move_to_end(n)
         return s

@@ -61,6 +61,7 @@ class MTPHead:
             raise HybridError(f"{n} MTP rows do not fit the context of {state.n_ctx}")
         n_out = _OUTPUT_ROWS[logits](n)
         pick = pick and n_out > 0
+        fwd.use_threads(n)
         if pick:
             Picks.check_vocab(V)
         # inputs into buffers that stay put, so the GPU backend can replay the block as a graph

@@ -555,13 +555,5 @@ def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cp
 def ring_for_draft(draft: int | str | None, has_mtp: bool) -> int:
     """Snapshot ring slots a draft depth needs (as Model.generate sizes them): depth + 1, the
     auto depth's maximum + 1, or 0 without drafting. None means auto when the model can draft."""
-    from .api import parse_draft
-    from .speculative import AUTO, MAX_AUTO_DEPTH
-    if not has_mtp:
-        if draft not in (None, 0, "0"):
-            raise HybridError("this model has no MTP head, so it cannot draft: drop --draft (or use --draft 0)")
-        return 0
-    depth = parse_draft("auto" if draft is None else draft)
-    if depth == AUTO:
-        depth = MAX_AUTO_DEPTH
-    return depth + 1 if depth > 0 else 0
+    from .draft_policy import DraftPolicy
+    return DraftPolicy.parse(draft, has_mtp).ring

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .draft_policy import DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .sampling import Sampler, SamplerConfig
@@ -35,21 +36,16 @@ class ChatSession:
     """
 
     def __init__(self, model, *, system: str | None = None, n_ctx: int | None = None,
-                 draft: int | str = 0, draft_p_min: float = 0.0):
-        from .api import parse_draft
-        from .speculative import AUTO, MAX_AUTO_DEPTH
-
+                 draft: int | str | None = None, draft_p_min: float = 0.0):
         self.model = model
         self.system = system
-        self.depth = parse_draft(draft)
-        if self.depth != 0 and not model.has_mtp:
-            raise HybridError("this model has no MTP head, so it cannot draft: use draft=0")
+        policy = DraftPolicy.parse(draft, model.has_mtp)
+        self.depth = policy.depth
         self.draft_p_min = draft_p_min
         self.n_ctx = min(n_ctx or model.n_ctx, model.config.context_length)
         if self.n_ctx < 2:
             raise HybridError(f"context size must be ≥ 2, got {self.n_ctx}")
-        ring = 0 if self.depth == 0 else (MAX_AUTO_DEPTH if self.depth == AUTO else self.depth) + 1
-        self.state = model.forward.new_state(self.n_ctx, n_ring=ring)
+        self.state = model.forward.new_state(self.n_ctx, n_ring=policy.ring)
         self.messages: list[dict] = []
         self._history: list[int] = []          # every token of the sequence, the last reply's included
         self._consumed: list[int] | None = []  # the ids the state holds, in order; None = not known
@@ -145,7 +141,7 @@ class ChatSession:
             events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,
-                                          p_min=self.draft_p_min, **run)
+                                          p_min=self.draft_p_min, controller=m.depth_controller, **run)
         generated: list[int] = []
         reply: list[str] = []
         stats = None

@@ -2,9 +2,10 @@
 
 State between steps (n = trunk positions done):
 * `t`, the last emitted token, sits at position n and is not yet in the trunk;
-* the MTP KV cache holds true rows for positions < n − m: the rows of the m drafts the last
-  step accepted were computed from the MTP head's own hiddens, so they are recomputed, with
-  the trunk's verified hiddens, in the same MTP call that seeds the next draft (`pending`).
+* the MTP KV cache holds true rows for the positions before `pending`: the rows of the m
+  drafts the last step accepted were computed from the MTP head's own hiddens, so they are
+  recomputed, with the trunk's verified hiddens, in the same MTP call that seeds the next
+  draft; steps that draft nothing add their token's row to `pending` (flush_pending).
 One step:
   draft   MTP rows [pending…, seed (t, h_{n−1})] → d1, then chain (d_i, ĥ_i) → d_{i+1}
   verify  trunk over [t, d1..dD] in one pass (every weight read serves D+1 rows), GDN
@@ -24,12 +25,13 @@ import numpy as np
 
 from .acceptance import accept_drafts, accept_greedy
 from .draft_depth import DepthController
+from .draft_policy import AUTO, MAX_AUTO_DEPTH
 from .events import Done, Prefill, Stats, Token
 from .generate import PREFILL_CHUNK, check_fits
 from .sampling import Sampler, StopChecker
 
-AUTO = -1                 # draft depth chosen by DepthController
-MAX_AUTO_DEPTH = 4
+PENDING_MAX = 8     # MTP rows left waiting by steps that draft nothing (flush_pending)
+
 
 
 @dataclass
@@ -87,10 +89,8 @@ def prefill_with_mtp(forward, mtp, state, prompt: Sequence[int], stats: Stats) -
 
 
 def draft_tokens(mtp, state, pending_ids, pending_h, depth: int, p_min: float) -> list[int]:
-    """Chain up to `depth` greedy MTP drafts; stop early below confidence p_min."""
-    if depth == 0:
-        mtp.forward(state, pending_ids, pending_h, logits="none")   # keep the MTP KV in step
-        return []
+    """Run the pending MTP rows, then chain up to `depth` ≥ 1 greedy MTP drafts from the last;
+    stop early below confidence p_min."""
     drafts: list[int] = []
     ids, hs = pending_ids, pending_h
     while len(drafts) < depth:
@@ -102,15 +102,27 @@ def draft_tokens(mtp, state, pending_ids, pending_h, depth: int, p_min: float) -
     return drafts
 
 
+def flush_pending(mtp, state, pending_ids, pending_h):
+    """A step that drafts nothing runs the trunk alone: its MTP rows wait, and run with the next
+    draft in one call. Once PENDING_MAX rows wait, all but the last (the next draft's seed) run
+    now, in a call of that fixed size. So a run that settles on depth 0 costs what plain
+    decoding costs, with one MTP call every PENDING_MAX − 1 tokens. Returns the rows still waiting."""
+    if len(pending_ids) < PENDING_MAX:
+        return pending_ids, pending_h
+    mtp.forward(state, pending_ids[:-1], pending_h[:-1], logits="none")
+    return pending_ids[-1:], pending_h[-1:]
+
+
 def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                          sampler: Sampler, depth: int, p_min: float = 0.0, stop: Sequence[str] = (),
-                         n_ctx: int, ignore_eos: bool = False,
-                         context: Sequence[int] = ()) -> Iterator[Prefill | Token | Done]:
-    """`context` as for generate.generate_tokens."""
+                         n_ctx: int, ignore_eos: bool = False, context: Sequence[int] = (),
+                         controller: DepthController | None = None) -> Iterator[Prefill | Token | Done]:
+    """`context` as for generate.generate_tokens. controller: the auto depth's DepthController,
+    to carry what earlier generations on the same forward learnt (a fresh one if None)."""
     check_fits(len(prompt), n_ctx)
     stats, ds = Stats(), DraftStats(depth="auto" if depth == AUTO else depth)
     stats.draft = ds.to_dict()
-    auto = DepthController(MAX_AUTO_DEPTH) if depth == AUTO else None
+    auto = (controller or DepthController(MAX_AUTO_DEPTH)) if depth == AUTO else None
     history = list(context) + list(prompt)
     decoder, stopper = tokenizer.stream_decoder(), StopChecker(list(stop))
     try:
@@ -126,6 +138,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
         pending_ids = np.array(emit_queue, np.int32)
         pending_h = h_last
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
+        plain = False           # whether the last step drafted nothing
+        last = None             # the last step, for the controller: (drafted, kept, start, one-off count, deferred rows)
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
@@ -136,7 +150,6 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                     break
                 step = stopper.push(decoder.push(tok))
                 stats.decode_seconds = time.perf_counter() - t0
-                stats.draft = ds.to_dict()
                 yield Token(tok, step.text, stats)
                 if step.stopped:
                     stats.stop_reason = "stop_string"
@@ -150,35 +163,51 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                 stats.stop_reason = "context"
                 break
             t = emit_queue[-1]
+            t_step, one_offs = time.perf_counter(), forward.one_off_work()
+            if auto and last is not None:
+                # A step's cost is the whole cycle to the next step's start: its tokens' emission
+                # (detokenising, stop checks, the caller's own work per token) belongs to it too.
+                # A step that did once-only work, or ran MTP rows that plain steps left waiting,
+                # says nothing of its depth's cost.
+                drafted, kept, t_last, work_last, deferred = last
+                auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not deferred)
+                ds.depth = f"auto({auto.depth})"
             want = auto.choose() if auto else depth
             # The last token a step emits sits at n_past + k + 1 unprocessed; plain decoding's last
             # token sits at most at n_ctx − 1, so drafting never runs past that (−2, not −1).
             k = max(0, min(want, max_tokens - stats.generated_tokens - 1, n_ctx - state.n_past - 2,
                            state.n_ring - 1))
-            t_step = time.perf_counter()
-            drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
+            after_plain, plain = plain, k == 0
+            if plain:
+                drafts = []
+                pending_ids, pending_h = flush_pending(mtp, state, pending_ids, pending_h)
+            else:
+                drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
             t_verify = time.perf_counter()
             n0 = state.n_past
             verified, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
-                                                snapshot=True, pick=argmax_only,
+                                                snapshot=not plain, pick=argmax_only,
                                                 top=0 if argmax_only else candidates)
             t_commit = time.perf_counter()
             emit_queue = (accept_greedy(verified.ids, drafts) if argmax_only
                           else accept_drafts(verified, drafts, sampler, history))
             m = len(emit_queue) - 1
-            state.rollback(m + 1)
-            state.mtp_n_past = n0 + 1                      # the seed row (t, h_{n0−1}) was a true row
-            pending_ids = np.array(emit_queue, np.int32)   # d1..dm (rows to redo) + the new token
-            pending_h = vhidden[:m + 1]
+            if plain:       # the new token and its hidden join the rows the MTP head has yet to run
+                pending_ids = np.append(pending_ids, np.int32(emit_queue[0]))
+                pending_h = np.concatenate([pending_h, vhidden[:1]])
+            else:
+                state.rollback(m + 1)
+                state.mtp_n_past = n0 + 1                      # the seed row (t, h_{n0−1}) was a true row
+                pending_ids = np.array(emit_queue, np.int32)   # d1..dm (rows to redo) + the new token
+                pending_h = vhidden[:m + 1]
             t_end = time.perf_counter()
             ds.draft_seconds += t_verify - t_step
             ds.verify_seconds += t_commit - t_verify
             ds.commit_seconds += t_end - t_commit
             ds.record(len(drafts), m)
-            if auto:
-                auto.record(len(drafts), m, t_end - t_step)
-                ds.depth = f"auto({auto.depth})"
+            last = (len(drafts), m, t_step, one_offs, bool(drafts) and after_plain)
             stats.decode_seconds = t_end - t0
+            stats.draft = ds.to_dict()
     except KeyboardInterrupt:
         stats.stop_reason = "interrupted"
     stats.draft = ds.to_dict()

@@ -39,7 +39,7 @@ def bench(
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
-    from ..api import parse_draft
+    from ..draft_policy import parse_depth
     from ..bench import bench_draft, bench_generate, bench_prompt
 
     if output not in FORMATS:
@@ -49,7 +49,7 @@ def bench(
     err = Console(stderr=True)
     path = pick_model(model, model_opt)
     for d in draft:
-        parse_draft(d)                      # reject bad depths before loading anything
+        parse_depth(d)                      # reject bad depths before loading anything
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,

@@ -1,9 +1,10 @@
 """Options and helpers shared by the commands that load a model."""
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -93,15 +94,63 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
     return device, extra
 
 
+class KernelProgress:
+    """progress(done, total) for `Model.warmup`: "compiling CPU kernels 12/40" on a terminal while
+    they compile ("12/?" while the total is not known yet), then one line with the count and the
+    time; off a terminal the first line and the last. Shows nothing when no kernel compiles (all
+    came from Numba's disk cache)."""
+
+    def __init__(self, console: Console, enabled: bool = True):
+        self.console, self.enabled = console, enabled
+        self._status = None
+        self._started = None
+        self._last = (0, 0)
+
+    def __call__(self, done: int, total: Optional[int]) -> None:
+        if not self.enabled or total == 0:
+            return
+        self._last = (done, total)
+        message = f"compiling CPU kernels {done}/{total or '?'} (first run only, then cached)…"
+        if self._started is None:
+            self._started = time.perf_counter()
+            if self.console.is_terminal:
+                self._status = self.console.status(message, spinner="dots")
+                self._status.start()
+            else:
+                self.console.print(message, highlight=False)
+        elif self._status is not None:
+            self._status.update(message)
+
+    def close(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+        if self._started is not None:
+            done, total = self._last
+            seconds = time.perf_counter() - self._started
+            self.console.print(f"compiled CPU kernels {done}/{total or done} in {seconds:.1f} s (cached for later runs)",
+                               style="dim", highlight=False)
+
+
 def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_ctx: int,
                console: Console, quiet: bool = False, vram: Optional[str] = None, cpu_only: bool = False,
                overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True,
-               pcie_share: float = DEFAULT_PCIE_SHARE):
+               pcie_share: float = DEFAULT_PCIE_SHARE, max_rows: Optional[Callable] = None):
+    """Load and warm up a model. max_rows(model) → the most token rows one forward call of the
+    job takes (its prompt, a draft verify step), when known: the warm-up then compiles only the
+    kernels of calls that size (`Model.warmup`)."""
     from ..api import load
     device, extra = placement_options(device, vram, cpu_only, overrides)
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
                      expert_cache=expert_cache, pcie_share=pcie_share, **extra)
-    with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
-        model.warmup()
+    rows = max_rows(model) if max_rows is not None else None
+    if model.device != "cpu":
+        with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
+            model.warmup(rows)
+        return model
+    progress = KernelProgress(console, not quiet)
+    try:
+        model.warmup(rows, progress=progress)
+    finally:
+        progress.close()
     return model

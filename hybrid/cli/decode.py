@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
@@ -37,12 +38,9 @@ def read_prompt(prompt: Optional[str], file: Optional[Path], have_model: bool) -
     return prompt
 
 
-def pick_draft(draft: Optional[str], has_mtp: bool) -> str:
-    if draft is None:
-        return "auto" if has_mtp else "0"
-    if draft.strip() not in ("0", "") and not has_mtp:
-        raise HybridError("this model has no MTP head, so it cannot draft: drop --draft (or use --draft 0)")
-    return draft
+def pick_draft(draft: Optional[str], has_mtp: bool) -> int:
+    """The --draft value as a depth (its default: auto with an MTP head, else 0)."""
+    return DraftPolicy.parse(draft, has_mtp).depth
 
 
 @app.command("decode")
@@ -87,7 +85,9 @@ def decode(
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache, pcie_share=pcie_share)
+                   expert_cache=expert_cache, pcie_share=pcie_share,
+                   max_rows=lambda m: max(len(m.encode_prompt(text, chat=chat, system=system)),
+                                          DraftPolicy.parse(draft, m.has_mtp).ring))
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system,

@@ -120,3 +120,33 @@ def test_disabled_cache_always_runs_eagerly(monkeypatch):
     for _ in range(3):
         cache.run("k", lambda: runs.append(1))
     assert len(runs) == 3 and cache.replays == 0
+
+
+def test_depth_changes_replay_captured_steps(model, monkeypatch):
+    """Drafting at a depth chosen per step: once each depth has been used (run eagerly, then
+    captured), changing depth replays the captured steps — no new capture, scratch or one-off
+    work — however the depths alternate. (Scratch evicted between depths made every change a
+    fresh eager run and capture.)"""
+    from hybrid.mtp import MTPHead
+    from hybrid.speculative import generate_speculative
+    from tests.hybrid.test_speculative import LetterTokenizer, greedy
+
+    monkeypatch.setattr(graphs, "capture", FakeStep)
+    monkeypatch.setattr(graphs, "simulated", lambda: False)
+    fw = Forward(model("F32"), backend="gpu", placement=lambda name: "cpu")
+    head, prompt = MTPHead(fw), list(PROMPT)
+    state = fw.new_state(160, n_ring=5)
+
+    def run(depth):
+        state.reset()
+        events = list(generate_speculative(fw, head, state, LetterTokenizer(), prompt, max_tokens=5,
+                                           sampler=greedy(), depth=depth, n_ctx=160, ignore_eos=True))
+        assert events[-1].stats.generated_tokens == 5
+    for depth in (1, 3, 1, 3):          # each depth's steps seen, then captured (verify rows 2..4)
+        run(depth)
+    cache, work = fw.backend.graphs, fw.one_off_work()
+    captures, replays = cache.captures, cache.replays
+    for depth in (3, 1):
+        run(depth)
+    assert cache.captures == captures and cache.replays > replays
+    assert fw.one_off_work() == work

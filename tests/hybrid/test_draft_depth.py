@@ -62,9 +62,10 @@ def test_step_cost_prior_and_linear_fit():
 
 def settled(chosen, tail, steps_before=0):
     """The last `tail` choices without the probes (every _PROBE_EVERY-th choice of the
-    controller, which had made `steps_before` choices before these)."""
+    controller and the one after it, which repeats it; the controller had made `steps_before`
+    choices before these)."""
     steps = np.arange(1, len(chosen) + 1) + steps_before
-    keep = steps % _PROBE_EVERY != 0
+    keep = steps % _PROBE_EVERY > 1
     return np.asarray(chosen)[keep][-tail:]
 
 
@@ -102,18 +103,19 @@ def test_probes_alternate_one_deeper_and_one_shallower():
     chosen = np.asarray(drive(c, 8 * _PROBE_EVERY, accepted=lambda d: min(d, 2), cost=linear(0.15)))
     steps = np.arange(1, len(chosen) + 1)
     late = steps > 2 * _PROBE_EVERY
-    probe = steps % _PROBE_EVERY == 0
-    assert (chosen[late & ~probe] == 2).all()
+    probe, held = steps % _PROBE_EVERY == 0, steps % _PROBE_EVERY == 1
+    assert (chosen[late & ~probe & ~held] == 2).all()
     assert sorted(set(chosen[late & probe])) == [1, 3]
     assert list(chosen[late & probe]) == [3, 1, 3, 1, 3, 1]
+    assert list(chosen[late & held]) == [1, 3, 1, 3, 1, 3]     # each probe lasts two steps
 
 
 def test_steep_cost_is_found_from_one_measured_depth():
-    """The first step runs deep (the prior calls rows cheap); a shallower probe measures a second
-    cost, the linear fit then prices depth 0, and the controller leaves the deep setting."""
-    c = DepthController(MAX)
+    """Started deep; a shallower probe measures a second cost, the linear fit then prices depth
+    0, and the controller leaves the deep setting."""
+    c = DepthController(MAX, start=MAX)
     first = drive(c, _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
-    assert first[0] >= 3
+    assert first[0] == MAX
     later = drive(c, 3 * _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
     assert (settled(later, 2 * _PROBE_EVERY, steps_before=_PROBE_EVERY) == 0).all()
 

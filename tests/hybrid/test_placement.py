@@ -275,8 +275,8 @@ def test_dense_models_get_no_pcie_share(m27b):
 
 
 def test_every_verify_step_fits_the_pcie_row_limit():
-    from hybrid.api import parse_draft
-    deepest = max(d for d in range(64) if _parses(parse_draft, d))
+    from hybrid.draft_policy import parse_depth
+    deepest = max(d for d in range(64) if _parses(parse_depth, d))
     assert PCIE_MAX_ROWS == deepest + 1
 
 

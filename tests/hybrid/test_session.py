@@ -68,7 +68,7 @@ def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_prefill(model,
 
 
 def test_raw_generate_continues_the_live_state(model):
-    s = model.session()
+    s = model.session(draft=0)      # plain decoding runs its last token too: the state holds all
     part1 = model.tokenizer.encode("def add(a, b):")
     tokens1, _, _ = run(s.generate(part1, **GREEDY))
     part2 = model.tokenizer.encode("\n\ndef sub(a, b):", add_special=False)

@@ -1,0 +1,177 @@
+"""`hybrid.kernel_prep`: a warm-up's missing CPU kernels are found without compiling them, compiled
+with a count (here or in worker processes), and a warm run reports nothing; the CLI shows the
+count on a cold cache and no compile line on a warm one."""
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import hybrid
+from hybrid import compiles, kernel_prep
+
+KERNELS = '''
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def fill(out, v):
+    for i in range(out.shape[0]):
+        out[i] = v
+
+
+@njit(cache=True)
+def fill_twice(out, v):
+    for i in range(out.shape[0]):
+        out[i] = 2 * v
+
+
+@njit(cache=True)
+def total(x):
+    return x.sum()
+
+
+@njit(cache=True)
+def pick_ids(ids):
+    for i in range(ids.shape[0]):
+        ids[i] = i % 3
+
+
+@njit(cache=True)
+def gather_sum(x, ids):
+    s = 0.0
+    for i in range(ids.shape[0]):
+        s += x[ids[i]]        # no bounds check: a garbage id would read anywhere
+    return s
+'''
+
+
+@pytest.fixture
+def kernels(tmp_path, monkeypatch):
+    """A fresh module of disk-cached kernels (its own source file, so its own cache entries)."""
+    name = f"prep_kernels_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(KERNELS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+def _run(module, out, x):
+    def run():
+        s = module.total(x)         # returns a value: compiles during the plan pass, before any skip
+        module.fill(out, 3.0)
+        module.fill_twice(out[:2], 1.0)
+        out[-1] = s
+    return run
+
+
+def _nothing_missing(module, out, x) -> bool:
+    plan = kernel_prep.find_missing(_run(module, out, x))
+    return plan.complete and plan.missing == [] and plan.compiled_now == 0
+
+
+def test_plan_pass_skips_missing_void_kernels_and_compiles_those_returning_values(kernels):
+    out, x = np.zeros(4), np.arange(3.0)
+    plan = kernel_prep.find_missing(_run(kernels, out, x))
+    assert plan.complete
+    assert [d.py_func.__name__ for d, _ in plan.missing] == ["fill", "fill_twice"]
+    assert plan.compiled_now == 1               # total() returns a value: compiled, not skipped
+    assert list(out) == [0.0, 0.0, 0.0, 3.0]    # fill and fill_twice did not run, total() did
+
+
+def test_prepare_reports_every_kernel_then_a_warm_process_reports_none(kernels):
+    out, x = np.zeros(4), np.arange(3.0)
+    seen = []
+    assert kernel_prep.prepare(_run(kernels, out, x), lambda d, t: seen.append((d, t)), workers=1) == 3
+    # total() compiles during the plan pass, before the total is known; then the other two
+    assert seen[0] == (0, None) and seen[1] == (1, 3) and seen[-1] == (3, 3)
+    assert list(out) == [2.0, 2.0, 3.0, 3.0]            # the real warm-up ran
+    assert _nothing_missing(kernels, out, x)
+    # a new process (here: the module imported again, fresh dispatchers) finds all in the disk cache
+    fresh = importlib.reload(kernels)
+    out[:] = 0
+    seen.clear()
+    assert kernel_prep.prepare(_run(fresh, out, x), lambda d, t: seen.append((d, t))) == 0
+    assert seen == [] and list(out) == [2.0, 2.0, 3.0, 3.0]
+
+
+def test_a_pass_stops_before_a_kernel_that_would_index_with_what_a_skipped_one_left(kernels):
+    x = np.arange(3.0)
+    ids = np.full(4, 1 << 40, np.int64)          # what pick_ids would overwrite
+    result = []
+
+    def run():
+        kernels.pick_ids(ids)
+        result.append(kernels.gather_sum(x, ids))
+
+    plan = kernel_prep.find_missing(run)
+    assert plan.stopped and [d.py_func.__name__ for d, _ in plan.missing] == ["pick_ids"]
+    assert result == [] and plan.compiled_now == 0          # gather_sum neither compiled nor ran
+    seen = []
+    assert kernel_prep.prepare(run, lambda d, t: seen.append((d, t)), workers=1) == 2
+    assert seen[-1] == (2, 2) and result[-1] == 0.0 + 1.0 + 2.0 + 0.0
+
+
+def test_a_worker_process_fills_the_disk_cache(kernels):
+    out, x = np.zeros(4), np.arange(3.0)
+    missing = kernel_prep.find_missing(_run(kernels, out, x)).missing
+    jobs = []
+    for dispatcher, sig in missing:
+        jobs.append(kernel_prep._Job())
+        jobs[-1].add(dispatcher, sig)
+    queue, done, back = list(jobs), [], []
+    kernel_prep._feed_worker(lambda: queue.pop() if queue else None, done.append, back.append)
+    assert len(done) == 2 and back == []
+    fresh = importlib.reload(kernels)           # no overloads in memory: each must come from the disk
+    assert _nothing_missing(fresh, out, x)
+    assert list(out) == [2.0, 2.0, 3.0, 3.0]
+    assert all(sum(d.stats.cache_hits.values()) == 1 for d in (fresh.fill, fresh.fill_twice))
+
+
+def test_compile_all_with_workers_counts_every_kernel(kernels, monkeypatch):
+    monkeypatch.setattr(kernel_prep, "MIN_PARALLEL_KERNELS", 1)
+    out, x = np.zeros(4), np.arange(3.0)
+    missing = kernel_prep.find_missing(_run(kernels, out, x)).missing
+    seen = []
+    kernel_prep.compile_all(missing, lambda d, t: seen.append((d, t)), workers=2)   # a worker and this process
+    assert seen[0] == (0, 2) and seen[-1] == (2, 2)
+    fresh = importlib.reload(kernels)
+    assert _nothing_missing(fresh, out, x)
+
+
+def test_warmup_compiles_everything_a_short_greedy_generation_needs():
+    m = hybrid.load(device="cpu", threads=2)
+    seen = []
+    m.warmup(8, progress=lambda d, t: seen.append((d, t)))
+    if seen:                                    # a cold cache: the count went up to its total
+        assert seen[-1][0] == seen[-1][1] > 0
+    before = compiles.count()
+    events = list(m.generate("def fibonacci(n):", max_tokens=16, temperature=0))
+    assert events and compiles.count() == before
+
+
+def _decode(cache_dir):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
+    return subprocess.run([sys.executable, "-c", "from hybrid.cli import main; main()", "decode",
+                           "-p", "def fibonacci(n):", "-n", "4", "--temp", "0", "--cpu-only"],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_cli_counts_kernels_on_a_cold_cache_and_prints_nothing_on_a_warm_one(tmp_path):
+    cold = _decode(tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    first = [line for line in cold.stderr.splitlines() if line.startswith("compiling CPU kernels")]
+    last = [line for line in cold.stderr.splitlines() if line.startswith("compiled CPU kernels")]
+    assert len(first) == 1 and len(last) == 1, cold.stderr
+    total = int(first[0].split()[3].split("/")[1])
+    assert first[0].split()[3] == f"0/{total}" and total > 0
+    assert last[0].split()[3] == f"{total}/{total}"     # the count reaches its total
+    warm = _decode(tmp_path)
+    assert warm.returncode == 0, warm.stderr
+    assert "compil" not in warm.stderr and "preparing" not in warm.stderr, warm.stderr
+    assert warm.stdout == cold.stdout
