@@ -1,5 +1,5 @@
 """Gated DeltaNet kernels: causal conv1d + SiLU, per-head L2 norm, the gated delta rule
-(../docs/MODEL_FORMAT.md §3.4). Each kernel steps all n tokens of a call in one launch.
+(docs/MODEL_FORMAT.md §3.4). Each kernel steps all n tokens of a call in one launch.
 
 State layouts (float32, one per GDN layer and sequence):
 * recurrent state `ssm` (H_v, d_v, d_k): S_j[i][c] (key index i, value index c) lives at

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from hybrid.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, type_name
+from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, type_name
 
 from .ffn import _silu_times, check_swiglu
 from .matvec import (_PARALLEL_QUANTIZE_MIN, ACT_BLOCK, ACT_QMAX, ACT_SUM, _quantize_block, check_matvec,

@@ -1,4 +1,4 @@
-"""The MoE FFN of qwen35moe / qwen3next (../shared/docs/MODEL_FORMAT.md §3.5), expert-grouped.
+"""The MoE FFN of qwen35moe / qwen3next (docs/MODEL_FORMAT.md §3.5), expert-grouped.
 
 Per row x (llama.cpp's build_moe_ffn: softmax gating, renormalised top-k weights):
     ℓ = W_router x;  p = softmax(ℓ);  E = top-k(p);  w_e = p_e / Σ_{e'∈E} p_e'

@@ -1,4 +1,4 @@
-"""RMSNorm and its variants (../docs/MODEL_FORMAT.md §3.1, §3.3 step 3, §3.4 step 8).
+"""RMSNorm and its variants (docs/MODEL_FORMAT.md §3.1, §3.3 step 3, §3.4 step 8).
 
 All weights are used exactly as stored in the GGUF: the converter already folded the
 Gemma-style +1 into every norm except `ssm_norm`, which never had it.

@@ -3,14 +3,14 @@
 Used where a float copy of rows is needed (embedding lookups, reference checks); the matvec
 kernels never build one (they decode blocks in registers, see `cpu.simd`). Every float operation
 below is the one gguf-py performs, in the same order (e.g. Q4_K: (d·sc)·q − dmin·m), so results
-match bit for bit. Block layouts: ../shared/docs/MODEL_FORMAT.md §6.
+match bit for bit. Block layouts: docs/MODEL_FORMAT.md §6.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from hybrid.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED
+from cpu.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED
 
 from .matvec import check_weights, frozen
 from .simd import f16_at

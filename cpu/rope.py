@@ -1,4 +1,4 @@
-"""Partial NEOX rotary embedding (../docs/MODEL_FORMAT.md §3.3 step 4).
+"""Partial NEOX rotary embedding (docs/MODEL_FORMAT.md §3.3 step 4).
 
 Only the first n_rot dims of each head rotate; pair i is (x_i, x_{i+n_rot/2}) (NEOX
 "rotate_half" pairing, not the interleaved GPT-J pairing). qwen35's IMROPE with text-only

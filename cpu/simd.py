@@ -21,7 +21,7 @@ Numba's on-disk cache does not notice edits to this file in the kernels that inl
 intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py): after
 changing it, delete cpu/__pycache__/*.nbi and *.nbc.
 
-Block layouts: ../shared/docs/MODEL_FORMAT.md §6.
+Block layouts: docs/MODEL_FORMAT.md §6.
 """
 from __future__ import annotations
 

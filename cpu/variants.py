@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from hybrid.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
+from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 
 
 def type_mask(type_ids: Iterable[int]) -> int:

@@ -21,7 +21,7 @@ import math
 
 from numba import cuda, float32
 
-from hybrid.errors import HybridError
+from cpu.errors import HybridError
 
 from . import memory
 from .device import simulated

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, uint32
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 
 from . import gemm as gemm_module
 from .intrinsics import load_u32x4

@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 
-from hybrid.errors import HybridError
+from cpu.errors import HybridError
 
 _DRIVER_NAMES = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
 

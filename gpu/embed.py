@@ -13,14 +13,14 @@ import functools
 import numpy as np
 from numba import cuda, float32, uint32
 
-from hybrid import ggml_types as gt
-from hybrid.errors import HybridError
+from cpu import ggml_types as gt
+from cpu.errors import HybridError
 
 from .matvec import SOURCE_STAMP, _specialise
 from .memory import stream
 from .quants import UNITS, LaneUnit
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
 load = prepare = weight = owner = None
 
 

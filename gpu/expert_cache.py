@@ -47,11 +47,10 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
-from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
-
 from . import memory
 from .device import simulated
 from .host_mapping import DeviceViews
+from .pcie import PCIE_MAX_ROWS, pcie_counts
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
 from .matvec_q8 import UNITS, experts_matvec, quantize
 from .memory import THREADS, stream

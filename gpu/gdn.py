@@ -18,7 +18,7 @@ import math
 
 from numba import cuda, float32, float64, int64, uint64
 
-from hybrid.errors import HybridError
+from cpu.errors import HybridError
 
 from .device import simulated
 from .intrinsics import load_f32_l2, warp_max_u64, warp_reduce

@@ -41,15 +41,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint32
 
-from hybrid import ggml_types as gt
-from hybrid.errors import HybridError
+from cpu import ggml_types as gt
+from cpu.errors import HybridError
 
 from . import gemm_mma, memory
 from .device import simulated
 from .gemm_mma import MmaTile
 from .gemm_units import BK, GEMM_STAMP, UNITS, GemmUnit
 from .intrinsics import device_function, fma
-from .matvec import _check, _specialise
+from .kernel_source import specialise as _specialise
+from .quants import check_matvec as _check
 
 __all__ = ["GEMM_MIN_ROWS", "BK", "TILES", "Tile", "MmaTile", "UNITS", "GemmUnit", "precision_for",
            "choose_tile", "estimated_time", "gemm", "kernel", "kernel_argtypes", "ptx_targets"]
@@ -139,7 +140,7 @@ def precision_for(wtype: int) -> str:
 
 # ---------------------------------------------------------------- the float32 kernel
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
 load = store = fma_column = None
 
 

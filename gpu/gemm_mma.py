@@ -60,7 +60,7 @@ from numba import cuda, float32, uint32
 from .device import simulated
 from .gemm_units import GEMM_STAMP, GemmUnit
 from .intrinsics import device_function, mma_m16n8k16, pack_f16x2
-from .matvec import _specialise
+from .kernel_source import specialise as _specialise
 
 BK = 64              # columns per K step: four k16 steps, one 16-weight unit per lane and row
 BLOCK_WORDS = 512    # fp16 pair words of x per 16 tokens and K step: 32 lanes × 4 steps × 4 registers
@@ -337,7 +337,7 @@ def build_sum_splits():
 
 # ---------------------------------------------------------------- the GEMM kernel
 
-# Bound per ggml type and tile in each specialised kernel's globals (see gpu.matvec._specialise).
+# Bound per ggml type and tile in each specialised kernel's globals (see gpu.kernel_source.specialise).
 load = store = copy_x = fetch = decode = multiply = None
 
 

@@ -17,7 +17,7 @@ two device functions:
   past the row end (dense types only: their column count need not be a multiple of 32) load
   the last column, in bounds, and store zeros.
 
-Formulas: ../docs/MODEL_FORMAT.md §6 (the same as gpu/quants.py, another split of the work).
+Formulas: docs/MODEL_FORMAT.md §6 (the same as gpu/quants.py, another split of the work).
 `w` is a weight row viewed as the type's natural word (the matvec's choice, so the same
 alignment rules hold), `w8` the same bytes as uint8.
 """
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint32
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 
 from .device import simulated
 from .intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma,
                          load_row_u32x4, shr_u32, small_uint_to_f32)
-from .matvec import SOURCE_STAMP
+from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
 from .quants import int8_to_f32, store4
 
@@ -158,7 +158,7 @@ else:
 
 
 def _gemm_source_stamp() -> int:
-    """Part of every GEMM kernel's cache key (see gpu.matvec._specialise): Numba's disk cache
+    """Part of every GEMM kernel's cache key (see gpu.kernel_source.specialise): Numba's disk cache
     only watches the file that defines a kernel, and the GEMM kernels are built from these
     files' device functions too."""
     here = pathlib.Path(__file__).parent

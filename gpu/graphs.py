@@ -154,25 +154,21 @@ class _Recorder:
         return memory.host_buffer(("graph", *key, shape, dtype.str), shape, dtype)
 
 
-_recorder: _Recorder | None = None
-
-
 def recording() -> _Recorder | None:
     """The capture in progress, if any (memory.host_call asks)."""
-    return _recorder
+    return memory.capturing
 
 
 def require_eager(why: str) -> None:
     """Called by an op that cannot run inside a graph: fails the capture in progress."""
-    if _recorder is not None:
+    if memory.capturing is not None:
         raise NotCapturable(why)
 
 
 def capture(body: Callable[[], None]) -> StepGraph:
     """Record body's GPU work (and host calls) as a StepGraph without running any of it."""
-    global _recorder
     rec = _Recorder()
-    _recorder = rec
+    memory.capturing = rec
     try:
         with cuda.defer_cleanup():           # no frees while the stream is being captured
             rec.begin()
@@ -185,7 +181,7 @@ def capture(body: Callable[[], None]) -> StepGraph:
         rec.abort()
         raise
     finally:
-        _recorder = None
+        memory.capturing = None
     return rec.step
 
 

@@ -25,40 +25,18 @@ MAX_SLOTS slots (weights re-read per chunk; bits unchanged).
 from __future__ import annotations
 
 import functools
-import hashlib
-import pathlib
-import types as pytypes
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from hybrid import ggml_types as gt
-from hybrid.errors import HybridError
 
+from . import gemm, matvec_q8, memory
 from .device import simulated
-from . import memory
 from .intrinsics import device_function, fma, warp_reduce
-from .quants import UNITS, LaneUnit
+from .kernel_source import BLOCK_THREADS, MAX_ROWS_X_SLOTS, MAX_SLOTS, SOURCE_STAMP, WARPS
+from .kernel_source import specialise as _specialise
+from .quants import UNITS, LaneUnit, check_matvec as _check
 
-# The simulator runs each thread as a Python thread: keep its blocks to one warp.
-WARPS = 1 if simulated() else 4
-BLOCK_THREADS = 32 * WARPS
-MAX_SLOTS = 8
-# Registers: R*N accumulators plus R units must stay in registers. Beyond this product NVVM stops
-# unrolling the inner loops and spills the per-row arrays to local memory.
-MAX_ROWS_X_SLOTS = 16
-
-
-def _source_stamp() -> int:
-    """Hash of the kernel sources: part of every kernel's cache key (see _specialise)."""
-    here = pathlib.Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in ("matvec.py", "quants.py", "intrinsics.py"):
-        digest.update((here / name).read_bytes())
-    return int.from_bytes(digest.digest()[:4], "little")
-
-
-SOURCE_STAMP = _source_stamp()
 
 # Bound per ggml type in each specialised kernel's globals (see _specialise).
 load = prepare = weight = owner = multiply_eight = None
@@ -145,19 +123,6 @@ def _kernel_template(N, R, E, TILE, RAW, FAC, STAGED_PER_THREAD, TYPE_ID, STAMP)
     return matvec_kernel
 
 
-def _specialise(template_fn, constants: dict, functions: dict):
-    """template_fn(**constants) with `functions` bound as its globals.
-
-    Numba's disk cache keys a kernel by its bytecode and its closure values, and only watches
-    this file. So every compile-time number (type id and source stamp included) is a closure
-    value, and the per-type device functions are globals: pickling those into the key would not
-    be reproducible across processes, and the stamp already covers their source.
-    """
-    fn = template_fn(**constants)
-    namespace = dict(fn.__globals__, **functions)
-    return pytypes.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 def _build_kernel(unit: LaneUnit, n_slots: int, rows_per_warp: int):
     """The matvec kernel (Python function) for one type, slot count and rows per warp."""
     assert unit.elems in (16, 32)
@@ -174,7 +139,6 @@ def _build_kernel(unit: LaneUnit, n_slots: int, rows_per_warp: int):
 
 
 def _uses_dp4a(type_id: int) -> bool:
-    from . import matvec_q8  # imported here: gpu.matvec_q8 builds on this module
     return int(type_id) in matvec_q8.UNITS
 
 
@@ -182,7 +146,6 @@ def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The kernel `matvec` launches for this type and shape (compiled on first launch, cached
     on disk by Numba); `lanes` per row: the dp4a kernel's (lanes_per_row), 32 for the others."""
     if _uses_dp4a(type_id):
-        from . import matvec_q8
         return matvec_q8.kernel(type_id, n_slots, rows_per_warp, lanes)
     return float_kernel(type_id, n_slots, rows_per_warp)
 
@@ -190,7 +153,6 @@ def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
 def lanes_per_row(type_id: int, cols: int) -> int:
     """Lanes of a warp that share one row in `matvec` (all 32 but in the dp4a kernel)."""
     if _uses_dp4a(type_id):
-        from . import matvec_q8
         return matvec_q8.lanes_per_row(matvec_q8.UNITS[int(type_id)], cols)
     return 32
 
@@ -220,7 +182,6 @@ PTX_CHECK_SHAPES = ((1, 1), (2, 2), (3, 4), (8, 2))  # (slots, rows per warp)
 def ptx_targets(every_shape: bool = False):
     """(name, python function, argument types) of the matvec kernels, for the PTX check: per
     type the largest unrolled body, or every shape in PTX_CHECK_SHAPES; then the dp4a ones."""
-    from . import matvec_q8
     for unit in UNITS.values():
         if unit.type.id in matvec_q8.UNITS:
             continue  # served by matvec_q8
@@ -243,40 +204,12 @@ def default_rows_per_warp(n_slots: int, rows: int, type_id: int | None = None, l
     reuse), fewer when the matrix has too few rows to give every SM several blocks. Any choice
     gives the same bits."""
     if type_id is not None and _uses_dp4a(type_id):
-        from . import matvec_q8
         return matvec_q8.default_rows_per_warp(n_slots, rows, lanes)
     r = max(1, min(4, MAX_ROWS_X_SLOTS // n_slots))
     while r > 1 and -(-rows // (WARPS * r)) < 4 * _sm_count():
         r //= 2
     return r
 
-
-def _check(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:
-    unit = UNITS.get(int(wtype))
-    if unit is None:
-        raise HybridError(f"GPU matvec: unsupported tensor type {gt.type_name(int(wtype))}; "
-                          f"supported: {', '.join(u.type.name for u in UNITS.values())}")
-    if w_dev.dtype != np.uint8 or w_dev.ndim != 2:
-        raise HybridError(f"GPU matvec: weights must be a 2-D uint8 device array (rows, row_bytes), "
-                          f"got {w_dev.dtype} {w_dev.shape}")
-    if x_dev.dtype != np.float32 or x_dev.ndim != 2 or out_dev.dtype != np.float32 or out_dev.ndim != 2:
-        raise HybridError("GPU matvec: x and out must be 2-D float32 device arrays (n, cols), (n, rows)")
-    rows, row_bytes = w_dev.shape
-    n, cols = x_dev.shape
-    t = unit.type
-    if cols % t.block_elems or t.row_bytes(cols) != row_bytes:
-        raise HybridError(f"GPU matvec: {t.name} rows of {row_bytes} bytes do not hold "
-                          f"{cols} columns (x has shape {x_dev.shape})")
-    if out_dev.shape != (n, rows):
-        raise HybridError(f"GPU matvec: out has shape {out_dev.shape}, expected {(n, rows)}")
-    if n < 1 or rows < 1:
-        raise HybridError("GPU matvec: empty input")
-    for name, a in (("weights", w_dev), ("x", x_dev), ("out", out_dev)):
-        if not a.is_c_contiguous():
-            raise HybridError(f"GPU matvec: {name} must be C-contiguous")
-    if unit.aligned16 and not simulated() and w_dev.device_ctypes_pointer.value % 16:
-        raise HybridError(f"GPU matvec: {t.name} weights must start on a 16-byte boundary")
-    return unit, rows, cols, n
 
 
 def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | None = None,
@@ -298,13 +231,11 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     """
     unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
     if rows_per_warp is None and lanes is None:
-        from . import gemm       # imported here: gpu.gemm builds on this module
         if n >= gemm.GEMM_MIN_ROWS:
             gemm.gemm(wtype, w_dev, x_dev, out_dev, stream)
             return
     launch_stream = memory.stream() if stream is None else stream
     if _uses_dp4a(unit.type.id):
-        from . import matvec_q8
         matvec_q8.matvec(unit.type.id, w_dev, x_dev, out_dev, rows, cols, n, launch_stream, rows_per_warp, lanes)
         return
     w = w_dev.view(unit.word)
@@ -321,7 +252,6 @@ def matvecs(products, x_dev, stream=None) -> None:
     """out = W @ x for every (wtype, w_dev, out_dev) of one input x_dev (a GDN layer's four
     projections, attention's q/k/v): as `matvec` each, with the same bits, but the int8 types
     quantise x once per x layout instead of once per matrix (a launch of ~2 µs each saved)."""
-    from . import gemm, matvec_q8
     launch_stream = memory.stream() if stream is None else stream
     shared = x_dev.shape[0] < gemm.GEMM_MIN_ROWS
     by_layout: dict[int, list] = {}

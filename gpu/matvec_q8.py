@@ -39,7 +39,8 @@ from numba import cuda, float32, int32, uint32
 from . import memory
 from .device import simulated
 from .intrinsics import device_function, group_reduce, round_to_int
-from .matvec import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, _specialise
+from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS
+from .kernel_source import specialise as _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
 
 BLOCK_THREADS = 32 * WARPS
@@ -59,7 +60,7 @@ def _source_stamp() -> int:
 
 SOURCE_STAMP = _source_stamp()
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.matvec._specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
 load = prepare = load_x = dot = add_unit = None
 
 
@@ -411,7 +412,7 @@ def default_rows_per_warp(n_slots: int, rows: int, lanes: int = 32) -> int:
 
 def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, stream,
            rows_per_warp: int | None = None, lanes: int | None = None, quantized=None) -> None:
-    """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matvec._check): quantise x, then one
+    """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.quants.check_matvec): quantise x, then one
     launch per MAX_SLOTS slots. `rows_per_warp` (rows per lane group) and `lanes` (lanes per
     row, which changes the bits) override the defaults for benchmarks and tests. `quantized`:
     (xq, xm) of `quantize(x_dev, ..., layout=x_layout(type_id))`, already on the stream."""

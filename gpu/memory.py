@@ -321,6 +321,11 @@ def copy_raw(dst, src, up: bool) -> None:
         check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, handle))
 
 
+# The CUDA-graph capture in progress, set by gpu/graphs.py while it records a step: host_call
+# then records into it instead of running (kept here so that this module needs not import graphs).
+capturing = None
+
+
 def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     """Run a CPU function on device arrays: fn(*inputs_host, *outputs_host) gets pinned host
     copies of the device arrays `inputs` and fills `outputs_host`, which then go up into the
@@ -338,8 +343,7 @@ def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     if given, is fn's faster form for replays: bind(*inputs_host, *outputs_host) is called once
     at capture (with the staging buffers a replay's copies fill) and returns what each replay
     calls, with no arguments."""
-    from . import graphs
-    recorder = graphs.recording()
+    recorder = capturing
     if recorder is not None:
         recorder.host_call(inputs, outputs, fn, meanwhile, bind)
         return

@@ -16,7 +16,7 @@ and its weights share as few scale factors as possible. Per type four device fun
 * `owner(ct)` maps column `ct` of a tile to (lane, i): the kernel stages x in shared memory in
   that order, so a lane reads its x values from consecutive banks whatever its unit looks like.
 
-Layouts and formulas: ../docs/MODEL_FORMAT.md §6. `w` is the row-major weight viewed as the
+Layouts and formulas: docs/MODEL_FORMAT.md §6. `w` is the row-major weight viewed as the
 type's natural word (uint32 or uint16), `w8` the same bytes as uint8.
 """
 from __future__ import annotations
@@ -26,8 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 from numba import float32, uint32
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
+from cpu.errors import HybridError
 
+from .device import simulated
 from .intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4,
                          small_uint_to_f32)
 
@@ -368,3 +370,33 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
              aligned16=True),
     LaneUnit(gt.Q6_K, U16, 16, 8, 8, q6_k_load, q6_k_prepare, q6_k_weight, q6_k_owner),
 )}
+
+def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:
+    """The unit of a matvec's weight type, and (rows, n, cols), or a HybridError naming what
+    does not fit."""
+    unit = UNITS.get(int(wtype))
+    if unit is None:
+        raise HybridError(f"GPU matvec: unsupported tensor type {gt.type_name(int(wtype))}; "
+                          f"supported: {', '.join(u.type.name for u in UNITS.values())}")
+    if w_dev.dtype != np.uint8 or w_dev.ndim != 2:
+        raise HybridError(f"GPU matvec: weights must be a 2-D uint8 device array (rows, row_bytes), "
+                          f"got {w_dev.dtype} {w_dev.shape}")
+    if x_dev.dtype != np.float32 or x_dev.ndim != 2 or out_dev.dtype != np.float32 or out_dev.ndim != 2:
+        raise HybridError("GPU matvec: x and out must be 2-D float32 device arrays (n, cols), (n, rows)")
+    rows, row_bytes = w_dev.shape
+    n, cols = x_dev.shape
+    t = unit.type
+    if cols % t.block_elems or t.row_bytes(cols) != row_bytes:
+        raise HybridError(f"GPU matvec: {t.name} rows of {row_bytes} bytes do not hold "
+                          f"{cols} columns (x has shape {x_dev.shape})")
+    if out_dev.shape != (n, rows):
+        raise HybridError(f"GPU matvec: out has shape {out_dev.shape}, expected {(n, rows)}")
+    if n < 1 or rows < 1:
+        raise HybridError("GPU matvec: empty input")
+    for name, a in (("weights", w_dev), ("x", x_dev), ("out", out_dev)):
+        if not a.is_c_contiguous():
+            raise HybridError(f"GPU matvec: {name} must be C-contiguous")
+    if unit.aligned16 and not simulated() and w_dev.device_ctypes_pointer.value % 16:
+        raise HybridError(f"GPU matvec: {t.name} weights must start on a 16-byte boundary")
+    return unit, rows, cols, n
+

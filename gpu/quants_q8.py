@@ -25,7 +25,7 @@ per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-qua
 the int sums of xq over its two halves of 16 (the zero points of Q4_0 and Q6_K). Where each goes
 depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
 
-Block layouts: ../docs/MODEL_FORMAT.md §6.
+Block layouts: docs/MODEL_FORMAT.md §6.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import int32, uint32, uint64
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 
 from .intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,

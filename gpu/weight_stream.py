@@ -147,6 +147,7 @@ class WeightStreamer:
         self._stage_bytes = stage_bytes
         self._order: list = []
         self._others: list = []
+        self._streamable: set[int] = set()
         self._next: dict[int, object] = {}
         self._previous = None
         self._slots = [_Slot(), _Slot()]
@@ -159,12 +160,14 @@ class WeightStreamer:
 
     # --- which FFNs -----------------------------------------------------------------------------
     def set_order(self, ffns, others=()) -> None:
-        """The host-resident dense FFNs in the order a forward runs them (the trunk's layers):
-        the first guess of which one comes next (after the last: the first). `others` may be
+        """The host-resident dense FFNs (records with gate, up and down matrices, all in host
+        memory) that calls may stream, in the order a forward runs them (the trunk's layers): the
+        first guess of which one comes next (after the last: the first). `others` may be
         streamed too (the MTP block's); the mapping of both gets registered."""
         self._order = list(ffns)
         self._others = list(others)
         self._next = {id(f): self._order[(i + 1) % len(self._order)] for i, f in enumerate(self._order)}
+        self._streamable = {id(f) for f in self._order + self._others}
 
     @property
     def order(self) -> list:
@@ -180,15 +183,9 @@ class WeightStreamer:
         """Device bytes of one slot (two are allocated, at the first streamed call)."""
         return max((_layout((f.gate, f.up, f.down))[1] for f in self._order + self._others), default=0)
 
-    @staticmethod
-    def streamable(ffn) -> bool:
-        """A dense FFN with all three matrices in host memory (MoE experts are not streamed)."""
-        from hybrid.weights import DenseFFN
-        return isinstance(ffn, DenseFFN) and not any(memory.is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down))
-
     def wants(self, ffn, n_rows: int) -> bool:
-        """Stream this call: a streamable FFN, and enough rows (streaming on)."""
-        return self.min_rows is not None and n_rows >= self.min_rows and self.streamable(ffn)
+        """Stream this call: an FFN set_order named, and enough rows (streaming on)."""
+        return self.min_rows is not None and n_rows >= self.min_rows and id(ffn) in self._streamable
 
     # --- running one --------------------------------------------------------------------------
     def run(self, ffn, x, h, out) -> None:

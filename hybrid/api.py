@@ -16,6 +16,7 @@ from .events import Done, Prefill, Token
 from .model_file import default_model_path, open_model
 from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share
 from .sampling import Sampler, SamplerConfig
+from .state import DEFAULT_N_CTX
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -49,7 +50,7 @@ class Model:
         self.config = self.file.config
         if n_ctx is not None and n_ctx < 1:
             raise HybridError(f"context size must be ≥ 1, got {n_ctx}")
-        self.n_ctx = min(n_ctx or 4096, self.config.context_length)
+        self.n_ctx = min(n_ctx or DEFAULT_N_CTX, self.config.context_length)
         self.tokenizer = Tokenizer.from_metadata(self.file.metadata)
         self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.

@@ -181,7 +181,8 @@ class GPUBackend:
         if expert_cache or pcie_share > 0:
             placed = _with_expert_caches(placed, expert_cache or {}, pcie_share)
         # the FFNs a prompt chunk may stream: the trunk's in the order a forward runs them, the MTP block's
-        streamable = self.streamer.streamable
+        def streamable(ffn) -> bool:
+            return streamable_ffn(ffn, self.memory.is_device)
         self.streamer.set_order([layer.ffn for layer in placed.layers if streamable(layer.ffn)],
                                 [placed.mtp.block.ffn] if placed.mtp and streamable(placed.mtp.block.ffn) else [])
         return placed
@@ -259,6 +260,13 @@ def _rule(placement: Placement, model_file) -> Callable[[str], str]:
             raise HybridError(f"placement of {name} is {where!r}; expected 'gpu' or 'cpu'")
         return where
     return rule
+
+
+def streamable_ffn(ffn, is_device) -> bool:
+    """Whether prompt chunks may stream this FFN's weights to the GPU: a dense FFN wholly in host
+    memory (MoE experts are not streamed)."""
+    from .weights import DenseFFN
+    return isinstance(ffn, DenseFFN) and not any(is_device(m.data) for m in _ffn_matrices(ffn))
 
 
 def _ffn_matrices(ffn):

@@ -1,4 +1,4 @@
-"""Typed model configuration parsed from GGUF metadata (../docs/MODEL_FORMAT.md §1).
+"""Typed model configuration parsed from GGUF metadata (docs/MODEL_FORMAT.md §1).
 
 One `ModelConfig` covers the three GDN-hybrid architectures. Trunk layers are 0..n_layer-1;
 the MTP (nextn) blocks follow at n_layer..n_layer+n_nextn-1.

@@ -1,9 +1,9 @@
 """User-facing errors: the CLI prints their message alone, never a traceback."""
-
-
-class HybridError(Exception):
-    """An error whose message is complete and meant for the user."""
+from cpu.errors import HybridError
 
 
 class ModelError(HybridError):
     """The model file cannot be used (missing, not GGUF, truncated, unsupported, inconsistent)."""
+
+
+__all__ = ["HybridError", "ModelError"]

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import HybridError
-from .ggml_types import BY_NAME, GGMLType
+from cpu.ggml_types import BY_NAME, GGMLType
 
 SHAPES = ((5120, 17408), (17408, 5120), (2048, 512))   # (rows, cols) of W = (out, in)
 NS = (1, 2, 4, 8)

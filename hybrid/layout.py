@@ -1,6 +1,6 @@
 """Which tensors a model of a given config has, with their ggml shapes (`ne`, fastest first).
 
-This is llama.cpp's layout (../docs/MODEL_FORMAT.md §2): the reader checks a file against it,
+This is llama.cpp's layout (docs/MODEL_FORMAT.md §2): the reader checks a file against it,
 the synthetic writer writes exactly it. Roles group bytes for `hybrid info` and placement:
 embeddings, lm_head, trunk (attention / GDN / norms), ffn (dense or MoE, router included), mtp.
 """

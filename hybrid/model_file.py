@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from . import ggml_types as gt
+from cpu import ggml_types as gt
 from .config import ARCHITECTURES, ModelConfig, config_from_metadata
 from .errors import ModelError
-from .ggml_types import GGMLType
+from cpu.ggml_types import GGMLType
 from .gguf_file import GGUFFile, RawTensorInfo, read_gguf
 from .layout import ROLES, LayoutOptions, TensorSpec, expected_tensors, options_from_names
 

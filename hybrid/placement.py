@@ -31,7 +31,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
+
 from .config import ModelConfig
+from .generate import PREFILL_CHUNK
+from .state import DEFAULT_N_CTX
 from .errors import HybridError
 from .units import MiB, format_size, parse_size
 
@@ -43,8 +47,6 @@ GROUPS = ("trunk", "lm_head", "embeddings", "mtp", "mtp ffn", "router+shared", "
 F32_BYTES = 4
 MARGIN_FRACTION = 0.05          # CUDA allocator rounding and fragmentation, kernel modules
 MARGIN_MIN = 256 * MiB
-PREFILL_ROWS = 256              # rows per prompt chunk (hybrid.generate.PREFILL_CHUNK)
-DEFAULT_N_CTX = 4096
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
@@ -54,10 +56,6 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 # H100 box, one process: shares 0 / 0.25 / 0.375 / 0.5 gave 11.72 / 10.82 / 10.05 / 11.08 ms per
 # token (past 0.375 the GPU's side of a hand-off takes longer than the CPU's).
 DEFAULT_PCIE_SHARE = 0.375
-# Calls of up to this many rows fetch their share: a verify step at the deepest draft (16) has 17,
-# so every decode and verify step splits a row alike (lossless drafting); a prompt chunk fetches
-# nothing (each pair fetches its expert alone, where the CPU reads an expert once for all rows).
-PCIE_MAX_ROWS = 17
 
 
 def check_pcie_share(share) -> float:
@@ -69,14 +67,6 @@ def check_pcie_share(share) -> float:
     if not 0.0 <= value <= 1.0:
         raise HybridError(f"the PCIe share is a fraction of a token's uncached experts, from 0 to 1; got {value}")
     return value
-
-
-def pcie_counts(share: float, k: int) -> np.ndarray:
-    """For u = 0..k uncached experts in a row, how many of them the GPU fetches over PCIe:
-    share · u, rounded half up."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"the PCIe share is a fraction of a row's uncached experts, 0..1; got {share}")
-    return np.floor(share * np.arange(k + 1) + 0.5).astype(np.int32)
 
 
 # --- -ot / --override-tensor -------------------------------------------------------------------
@@ -305,9 +295,9 @@ def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
     per_row = (4 * D + 2 * ff + 4 * H * dh + 2 * c.n_head_kv * dh
                + 2 * c.ssm_conv_channels + 3 * c.ssm_d_inner + 2 * c.ssm_n_v_heads)
     verify = max(n_ring, 1)
-    rows = 2 * PREFILL_ROWS + verify + 1
+    rows = 2 * PREFILL_CHUNK + verify + 1
     logits = verify * c.n_vocab
-    scores = H * PREFILL_ROWS * min(n_ctx, c.context_length)
+    scores = H * PREFILL_CHUNK * min(n_ctx, c.context_length)
     return (rows * per_row + logits + scores) * F32_BYTES
 
 

@@ -15,7 +15,7 @@ import sys
 from numba import cuda
 
 from gpu import bench, require_cuda
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 
 SLOTS = (1, 2, 4, 8)
 # --sweep: (rows per warp, lanes per row), None = the default

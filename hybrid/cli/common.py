@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ..errors import HybridError
 from ..placement import DEFAULT_PCIE_SHARE
+from ..state import DEFAULT_N_CTX
 
 ModelArg = typer.Argument(None, help="GGUF model file (default: the bundled tiny qwen35 model).",
                           show_default=False)
@@ -18,7 +19,7 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
                         show_default=False)
 ThreadsOpt = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores available).",
                           show_default=False)
-CtxOpt = typer.Option(4096, "-c", "--ctx-size", help="Context size in tokens (capped at the model's).")
+CtxOpt = typer.Option(DEFAULT_N_CTX, "-c", "--ctx-size", help="Context size in tokens (capped at the model's).")
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda or auto.")
 
 # Sampling and drafting, shared by decode and chat (llama.cpp's spellings and defaults).

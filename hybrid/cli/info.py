@@ -13,6 +13,7 @@ from rich.table import Table
 from . import app
 from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
 from ..model_file import default_model_path, open_model
+from ..state import DEFAULT_N_CTX
 from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides, ring_for_draft
 from ..summary import describe_plan, summarize
 from ..units import format_bandwidth, parse_bandwidth, parse_size
@@ -30,7 +31,7 @@ def info(
                        "a token reads on each side. Implied by --vram, -ot and --cpu-only.")] = False,
     vram: Optional[str] = VramOpt,
     ctx_size: Annotated[int, typer.Option(
-        "-c", "--ctx-size", help="Context size the KV cache is planned for (capped at the model's).")] = 4096,
+        "-c", "--ctx-size", help="Context size the KV cache is planned for (capped at the model's).")] = DEFAULT_N_CTX,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", help="Draft depth the GDN snapshot ring is planned for: 0, N or auto "
                         "(default: auto when the model has an MTP head, else 0).", show_default=False)] = None,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ggml_types import GGMLType
+from cpu.ggml_types import GGMLType
 from .quantize import pack_scale_min, quantize
 
 

@@ -1,6 +1,6 @@
 """ggml block bytes → float32: the writer's own expectation of what each tensor holds.
 
-Written from the layouts in ../../docs/MODEL_FORMAT.md §6, with the float32 operation order of
+Written from the layouts in docs/MODEL_FORMAT.md §6, with the float32 operation order of
 ggml's reference decoders (`(d·sc)·q − dmin·m`), so the result is bit-identical to
 `gguf.quants.dequantize`; the tests hold the two against each other.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ggml_types import GGMLType
+from cpu.ggml_types import GGMLType
 
 
 def dequantize(data: np.ndarray, t: GGMLType, n: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The GGUF key/value metadata of a synthetic model, typed as llama.cpp's converter types them.
 
-Keys and types: ../../docs/MODEL_FORMAT.md §1.2 (architecture) and §7 (tokenizer), checked
+Keys and types: docs/MODEL_FORMAT.md §1.2 (architecture) and §7 (tokenizer), checked
 against the trained qwen35 file in hybrid/data.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Float rows → ggml block bytes, for every type hybrid reads (numpy, vectorised over blocks).
 
-Block layouts are ../../docs/MODEL_FORMAT.md §6. Q8_0 and Q4_0 follow ggml's reference rounding
+Block layouts are docs/MODEL_FORMAT.md §6. Q8_0 and Q4_0 follow ggml's reference rounding
 (bit-identical to `gguf.quants.quantize`). The K-quants are our own: per sub-block a small search
 over candidate scales with a least-squares refit (the idea of ggml's `make_qkx2_quants`), then
 6-bit (Q4_K/Q5_K) or 8-bit (Q6_K) sub-scales under an fp16 super-scale. They are not bit-identical
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ggml_types as gt
-from ..ggml_types import GGMLType
+from cpu import ggml_types as gt
+from cpu.ggml_types import GGMLType
 
 QK_K = 256
 

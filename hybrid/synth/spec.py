@@ -2,7 +2,7 @@
 
 A `SynthSpec` turns into the same `ModelConfig` the reader builds from a real file, so the
 writer and the reader agree on the layout through one function (`hybrid.layout.expected_tensors`).
-Presets copy the released models' dims (../../docs/MODEL_FORMAT.md §1.2) or pick tiny dims that
+Presets copy the released models' dims (docs/MODEL_FORMAT.md §1.2) or pick tiny dims that
 every ggml type can hold: all matrix row lengths are multiples of 256, the K-quant block.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Two recipes: one uniform type for every matrix (what the converter's `--outtype` or
 `llama-quantize --pure` writes), or `Q4_K_M` as llama.cpp's quantizer assigns it
-(../../docs/MODEL_FORMAT.md §5). Tensors the converter forces to F32 (norms, conv taps, ssm_a,
+(docs/MODEL_FORMAT.md §5). Tensors the converter forces to F32 (norms, conv taps, ssm_a,
 dt bias, routers: `TensorSpec.f32_only`) and every 1-D tensor stay F32 in both.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Iterator, Mapping, NamedTuple
 
 from gguf import LlamaFileType
 
-from .. import ggml_types as gt
+from cpu import ggml_types as gt
 from ..errors import HybridError
-from ..ggml_types import GGMLType
+from cpu.ggml_types import GGMLType
 from ..layout import TensorSpec, expected_tensors
 from .spec import SynthSpec
 

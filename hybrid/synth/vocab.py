@@ -1,6 +1,6 @@
 """A small byte-level BPE vocabulary and a ChatML template for synthetic models.
 
-Shaped like Qwen's (../../docs/MODEL_FORMAT.md §7): ids 0..255 are the 256 GPT-2 byte symbols
+Shaped like Qwen's (docs/MODEL_FORMAT.md §7): ids 0..255 are the 256 GPT-2 byte symbols
 (in GPT-2's order), then merges learnt from a short built-in text, then the special tokens
 (`<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as control tokens, `<think>`, `</think>` as
 user-defined ones), then `[PAD{id}]` fillers (type UNUSED) up to the requested size, which is what

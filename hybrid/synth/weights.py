@@ -1,6 +1,6 @@
 """The random values each tensor of a synthetic model holds: scaled so a forward pass stays finite.
 
-The rules follow from the forward math (../../docs/MODEL_FORMAT.md §3):
+The rules follow from the forward math (docs/MODEL_FORMAT.md §3):
 * a matrix that reads a normalised vector: N(0, 1/fan_in), so its outputs have unit scale;
 * a matrix that writes into the residual stream (attn_output, ssm_out, ffn_down*): additionally
   divided by sqrt(2·blocks), so the residual grows slowly through many layers;

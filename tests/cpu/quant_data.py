@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from hybrid.ggml_types import BY_NAME
+from cpu.ggml_types import BY_NAME
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")

@@ -8,7 +8,7 @@ import cpu.ops
 from cpu import matmul as mm
 from cpu.ffn import swiglu
 from cpu.matvec import matvec, quantize_activations
-from hybrid.ggml_types import BY_NAME
+from cpu.ggml_types import BY_NAME
 
 from .quant_data import extreme_rows, random_rows, type_id
 from .test_ffn import reference as swiglu_reference

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cpu.matvec import matvec
-from hybrid.ggml_types import BY_NAME
+from cpu.ggml_types import BY_NAME
 
 from .quant_data import QUANT_TYPES, TYPES, dequantized, extreme_rows, quantized_x, random_rows, type_id
 

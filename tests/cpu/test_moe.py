@@ -7,7 +7,7 @@ import pytest
 import cpu.moe
 from cpu.moe import expert_groups, moe_ffn, route
 from cpu.moe_kernel import group_slots
-from hybrid.ggml_types import F32
+from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
 from .quant_data import QUANT_TYPES, dequantized, quantized_x, random_rows, type_id

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cpu.quants import dequantize, dequantize_rows
-from hybrid.ggml_types import BY_NAME
+from cpu.ggml_types import BY_NAME
 
 from .quant_data import TYPES, dequantized, random_rows, type_id
 

@@ -18,7 +18,7 @@ from gpu import memory
 import gpu.matvec_q8 as mq
 import gpu.ffn
 import gpu.ops
-from hybrid.placement import PCIE_MAX_ROWS, pcie_counts
+from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
 from tests.cpu.quant_data import random_rows, type_id
 from tests.gpu.test_moe import D, E, F, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)

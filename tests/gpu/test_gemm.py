@@ -21,7 +21,7 @@ import gpu.ffn
 from gpu.device import available, simulated
 from gpu.gemm import GEMM_MIN_ROWS, TILES, MmaTile, Tile, choose_tile, gemm, precision_for
 from gpu.matvec import matvec
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 from tests.gpu.test_matvec import TYPES, assert_close, random_weights, reference
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)

@@ -12,8 +12,9 @@ from gguf.quants import dequantize
 from numba import cuda
 
 from gpu.device import available, simulated
-from gpu.matvec import MAX_SLOTS, matvec
-from hybrid import ggml_types as gt
+from gpu.kernel_source import MAX_SLOTS
+from gpu.matvec import matvec
+from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]

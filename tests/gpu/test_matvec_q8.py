@@ -15,9 +15,9 @@ from gguf.quants import dequantize
 from numba import cuda
 
 from gpu import matvec_q8
-from gpu.matvec import MAX_SLOTS
+from gpu.kernel_source import MAX_SLOTS
 from gpu.quants_q8 import K64, Q6K64, START, UNITS
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 

@@ -14,7 +14,7 @@ import gpu.graphs
 import gpu.memory
 import gpu.ops
 from hybrid.forward import MoEStats
-from hybrid.ggml_types import F32
+from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 from tests.cpu.quant_data import random_rows, type_id
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)

@@ -12,7 +12,7 @@ import cpu.ops
 import gpu.ops
 from gpu import memory
 from gpu.device import simulated
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.forward import MoEStats
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 from tests.gpu.test_matvec import random_weights

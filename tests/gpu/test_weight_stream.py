@@ -22,7 +22,7 @@ import gpu.ops
 from gpu import memory
 from gpu.device import available, simulated
 from gpu.weight_stream import StreamStats, WeightStreamer
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.backend import GPUBackend
 from hybrid.forward import Forward
 from hybrid.model_file import open_model
@@ -84,13 +84,19 @@ def test_streamed_ffns_match_float64_in_and_out_of_order(register):
 
 
 def test_only_dense_host_ffns_of_enough_rows_are_streamed():
+    from hybrid.backend import streamable_ffn
     rng = np.random.default_rng(2)
     ffn = host_ffn(rng, 32, 32)
-    streamer = WeightStreamer(min_rows=16)
-    assert streamer.wants(ffn, 16) and not streamer.wants(ffn, 15)
     on_device = DenseFFN(ffn.gate, ffn.up, Matrix("down", ffn.down.wtype, memory.upload(ffn.down.data), 32, 32))
+    assert streamable_ffn(ffn, memory.is_device) and not streamable_ffn(on_device, memory.is_device)
+    streamer = WeightStreamer(min_rows=16)
+    assert not streamer.wants(ffn, 64)              # only the FFNs the backend named
+    streamer.set_order([ffn])
+    assert streamer.wants(ffn, 16) and not streamer.wants(ffn, 15)
     assert not streamer.wants(on_device, 64)
-    assert not WeightStreamer(min_rows=None).wants(ffn, 1 << 20)
+    none = WeightStreamer(min_rows=None)
+    none.set_order([ffn])
+    assert not none.wants(ffn, 1 << 20)
 
 
 def test_stats_reset_keeps_the_pinning_facts():

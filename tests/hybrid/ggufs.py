@@ -13,9 +13,9 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType as Q, GGUFValueType as V, GGUFWriter
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.config import config_from_metadata
-from hybrid.ggml_types import GGMLType
+from cpu.ggml_types import GGMLType
 from hybrid.layout import LayoutOptions, expected_tensors
 
 

@@ -9,7 +9,7 @@ import pytest
 import hybrid
 from cpu.quants import dequantize
 from hybrid.forward import Forward
-from hybrid.ggml_types import F32
+from cpu.ggml_types import F32
 from hybrid.model_file import open_model
 from hybrid.synth import preset, write_model
 from hybrid.weights import Experts, Matrix, iter_matrices

@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 import hybrid.placement as placement
 from hybrid.cli import app
 from hybrid.errors import HybridError
-from hybrid.placement import (CPU, GPU, PCIE_MAX_ROWS, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
-                              pcie_counts, plan_for, plan_placement, ring_for_draft)
+from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
+from hybrid.placement import (CPU, GPU, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
+                              plan_for, plan_placement, ring_for_draft)
 from hybrid.synth import plan_model, preset
 from hybrid.synth.types import synth_layout
 

@@ -9,7 +9,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType as V, GGUFWriter
 from gguf.quants import dequantize
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.errors import ModelError
 from hybrid.gguf_file import read_gguf
 from hybrid.layout import LayoutOptions

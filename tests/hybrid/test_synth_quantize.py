@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as GQ
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.synth import quantize
 from hybrid.synth.codes import random_blocks
 from hybrid.synth.dequantize import dequantize

@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as GQ
 from gguf import GGUFValueType as V
 
-from hybrid import ggml_types as gt
+from cpu import ggml_types as gt
 from hybrid.config import config_from_metadata
 from hybrid.errors import HybridError
 from hybrid.synth import plan_model, preset, tensor_floats, write_model

@@ -31,7 +31,7 @@ from numba import njit, prange  # noqa: E402
 from cpu.bandwidth import _sum_chunk, read_bandwidth  # noqa: E402
 from cpu.atomics import fetch_add  # noqa: E402
 from cpu.moe_kernel import CHUNKS_PER_WORKER, STAGES, routed_experts  # noqa: E402
-from hybrid.ggml_types import BY_NAME  # noqa: E402
+from cpu.ggml_types import BY_NAME  # noqa: E402
 from hybrid.kernel_bench import random_weights  # noqa: E402
 
 D, N_FF, TOP_K = 2048, 512, 8      # Qwen3.5-35B-A3B: hidden size, expert width, experts per token

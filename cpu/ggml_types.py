@@ -1,7 +1,7 @@
 """The ggml tensor types hybrid reads, and their block geometry.
 
 A row of `n` elements of a quantised type is `n / block_elems` consecutive blocks of
-`block_bytes` bytes each (../docs/MODEL_FORMAT.md §6). Ids are ggml's enum values.
+`block_bytes` bytes each (docs/MODEL_FORMAT.md §6). Ids are ggml's enum values.
 """
 from __future__ import annotations
 

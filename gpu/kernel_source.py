@@ -1,0 +1,44 @@
+"""What every specialised matvec/GEMM kernel is built from: the launch geometry shared by the
+family, the source stamp in each kernel's cache key, and `specialise`, which turns a template
+into a kernel function. The family's modules (matvec, matvec_q8, gemm, gemm_mma, gemm_units)
+import this one and not each other's internals, so they form no import cycle."""
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import types as pytypes
+
+from .device import simulated
+
+# The simulator runs each thread as a Python thread: keep its blocks to one warp.
+WARPS = 1 if simulated() else 4
+BLOCK_THREADS = 32 * WARPS
+MAX_SLOTS = 8
+# Registers: R*N accumulators plus R units must stay in registers. Beyond this product NVVM stops
+# unrolling the inner loops and spills the per-row arrays to local memory.
+MAX_ROWS_X_SLOTS = 16
+
+
+def _source_stamp() -> int:
+    """Hash of the kernel sources: part of every kernel's cache key (see specialise)."""
+    here = pathlib.Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("kernel_source.py", "matvec.py", "quants.py", "intrinsics.py"):
+        digest.update((here / name).read_bytes())
+    return int.from_bytes(digest.digest()[:4], "little")
+
+
+SOURCE_STAMP = _source_stamp()
+
+
+def specialise(template_fn, constants: dict, functions: dict):
+    """template_fn(**constants) with `functions` bound as its globals.
+
+    Numba's disk cache keys a kernel by its bytecode and its closure values, and only watches
+    the template's own file. So every compile-time number (type id and source stamp included)
+    is a closure value, and the per-type device functions are globals: pickling those into the
+    key would not be reproducible across processes, and the stamp already covers their source.
+    """
+    fn = template_fn(**constants)
+    namespace = dict(fn.__globals__, **functions)
+    return pytypes.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
