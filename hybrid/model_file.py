@@ -197,7 +197,7 @@ def _check_layout(raw: dict[str, RawTensorInfo], types: dict[str, GGMLType],
             if spec.required:
                 raise ModelError(f"{where}: missing required tensor {name}")
             continue
-        if r.ne != spec.ne:
+        if canonical_ne(r.ne) != canonical_ne(spec.ne):
             raise ModelError(f"{where}: {name} has ne={r.ne}, expected ne={spec.ne} from the model's config")
         if spec.f32_only and types[name] is not gt.F32:
             raise ModelError(f"{where}: {name} has type {types[name].name}; this tensor must be F32")
@@ -208,10 +208,20 @@ def _check_layout(raw: dict[str, RawTensorInfo], types: dict[str, GGMLType],
                              f"{t.name} block size {t.block_elems}")
 
 
+def canonical_ne(ne) -> tuple[int, ...]:
+    """The shape without its trailing unit dimensions (at least one dimension kept): the same
+    tensor however many trailing 1s a writer stored, as llama.cpp compares them. The HF→GGUF
+    converter writes the shared-expert gate (a Linear D→1) as (D, 1), llama-quantize as (D,)."""
+    ne = tuple(ne)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne = ne[:-1]
+    return ne
+
+
 def _tensor_info(g: GGUFFile, r: RawTensorInfo, t: GGMLType, specs: dict[str, TensorSpec]) -> TensorInfo:
     spec = specs.get(r.name)
     nbytes = t.row_bytes(r.ne[0]) * math.prod(r.ne[1:])
-    return TensorInfo(r.name, t, r.ne, g.data_offset + r.rel_offset, nbytes,
+    return TensorInfo(r.name, t, canonical_ne(r.ne), g.data_offset + r.rel_offset, nbytes,
                       spec.role if spec else OTHER_ROLE, g)
 
 

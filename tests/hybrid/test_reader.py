@@ -394,3 +394,22 @@ def test_tensor_info_is_frozen():
         assert isinstance(t, TensorInfo)
         with pytest.raises(AttributeError):
             t.offset = 0  # type: ignore[misc]
+
+
+def test_trailing_unit_dimensions_are_the_same_tensor(tmp_path):
+    """The HF→GGUF converter writes the shared-expert gate (a Linear D→1) as ne=(D, 1) where
+    llama-quantize writes (D,): both load (as llama.cpp's shape check allows) and compute alike."""
+    from hybrid.forward import Forward
+    from hybrid.model_file import canonical_ne
+    assert canonical_ne((64, 1)) == (64,) and canonical_ne((64, 1, 1)) == (64,) and canonical_ne((1,)) == (1,)
+    assert canonical_ne((64, 32, 4)) == (64, 32, 4) and canonical_ne((1, 64)) == (1, 64)
+    logits = []
+    for name, reshape in (("quantized-shape.gguf", None), ("converter-shape.gguf", (64, 1))):
+        path = tmp_path / name
+        written = write_tiny_model(path, "qwen35moe", reshape=(
+            {f"blk.{i}.ffn_gate_inp_shexp.weight": reshape for i in range(4)} if reshape else None))
+        with open_model(path) as m:
+            assert m.tensors["blk.0.ffn_gate_inp_shexp.weight"].ne == (64,)
+            fw = Forward(m)
+            logits.append(fw.forward(fw.new_state(16), [1, 2, 3], logits="all")[0])
+    np.testing.assert_array_equal(logits[0], logits[1])

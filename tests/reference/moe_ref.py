@@ -88,7 +88,8 @@ def moe_ffn(m: Weights, x: np.ndarray, prefix: str, n_expert_used: int) -> np.nd
         return out  # no shared expert
     shared = _swiglu(m.linear(x, prefix + "ffn_gate_shexp.weight"), m.linear(x, prefix + "ffn_up_shexp.weight"))
     shared = m.linear(shared, prefix + "ffn_down_shexp.weight")
-    scalar_gate = _sigmoid(x @ m.weights[prefix + "ffn_gate_inp_shexp.weight"])  # F32 {D}: one per row
+    # F32 {D} (or {D, 1} as the HF converter writes it): one gate per row
+    scalar_gate = _sigmoid(x @ m.weights[prefix + "ffn_gate_inp_shexp.weight"].reshape(-1))
     return out + scalar_gate[:, None] * shared
 
 
