@@ -19,16 +19,17 @@ MAX_SLOTS = 8
 MAX_ROWS_X_SLOTS = 16
 
 
-def _source_stamp() -> int:
-    """Hash of the kernel sources: part of every kernel's cache key (see specialise)."""
+def source_stamp(*names: str) -> int:
+    """Hash of these gpu/ source files: part of the cache key of the kernels built from them
+    (see specialise), so a change to any of them compiles the kernels anew."""
     here = pathlib.Path(__file__).parent
     digest = hashlib.sha256()
-    for name in ("kernel_source.py", "matvec.py", "quants.py", "intrinsics.py"):
+    for name in names:
         digest.update((here / name).read_bytes())
     return int.from_bytes(digest.digest()[:4], "little")
 
 
-SOURCE_STAMP = _source_stamp()
+SOURCE_STAMP = source_stamp("kernel_source.py", "matvec.py", "quants.py", "intrinsics.py")
 
 
 def specialise(template_fn, constants: dict, functions: dict):

@@ -30,8 +30,6 @@ its block of 32; the K-quants' min term uses the exact float sum of x.
 from __future__ import annotations
 
 import functools
-import hashlib
-import pathlib
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
@@ -39,7 +37,7 @@ from numba import cuda, float32, int32, uint32
 from . import memory
 from .device import simulated
 from .intrinsics import device_function, group_reduce, round_to_int
-from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS
+from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, source_stamp
 from .kernel_source import specialise as _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
 
@@ -49,16 +47,7 @@ QUANTIZE_THREADS = 32 if simulated() else 128
 LANES_PER_X_BLOCK = 8    # quantiser: each lane takes 4 elements (one packed int8 word)
 
 
-def _source_stamp() -> int:
-    """Hash of every source the kernels are built from: part of their cache key (_specialise)."""
-    here = pathlib.Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in ("matvec_q8.py", "quants_q8.py", "quants.py", "intrinsics.py"):
-        digest.update((here / name).read_bytes())
-    return int.from_bytes(digest.digest()[:4], "little")
-
-
-SOURCE_STAMP = _source_stamp()
+SOURCE_STAMP = source_stamp("kernel_source.py", "matvec_q8.py", "quants_q8.py", "quants.py", "intrinsics.py")
 
 # Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
 load = prepare = load_x = dot = add_unit = None
