@@ -21,6 +21,7 @@ from .config import ARCHITECTURES, ModelConfig, config_from_metadata
 from .errors import ModelError
 from .ggml_types import GGMLType
 from .gguf_file import GGUFFile, RawTensorInfo, read_gguf
+from .metadata import safe_text, shown
 from .layout import ROLES, LayoutOptions, TensorSpec, expected_tensors, options_from_names
 
 OTHER_ROLE = "other"   # tensors a file may carry that the layout does not name (ignored by the engine)
@@ -158,7 +159,7 @@ def _unique_by_name(infos: list[RawTensorInfo], where: str) -> dict[str, RawTens
     out: dict[str, RawTensorInfo] = {}
     for r in infos:
         if r.name in out:
-            raise ModelError(f"{where}: tensor {r.name} appears twice in the file")
+            raise ModelError(f"{where}: tensor {safe_text(r.name)} appears twice in the file")
         out[r.name] = r
     return out
 
@@ -166,14 +167,17 @@ def _unique_by_name(infos: list[RawTensorInfo], where: str) -> dict[str, RawTens
 def _config(kv: dict[str, Any], raw: dict[str, RawTensorInfo], where: str) -> ModelConfig:
     arch = kv.get("general.architecture")
     if arch is not None and arch not in ARCHITECTURES:   # say this before any tensor complaint
-        raise ModelError(f"{where}: unsupported architecture '{arch}'; hybrid runs: {', '.join(ARCHITECTURES)}")
+        raise ModelError(f"{where}: unsupported architecture {shown(arch)}; hybrid runs: {', '.join(ARCHITECTURES)}")
     embd = raw.get("token_embd.weight")
     if embd is not None and len(embd.ne) != 2:
         raise ModelError(f"{where}: token_embd.weight has ne={embd.ne}; expected 2 dims (n_embd, n_vocab)")
     # A missing token_embd is reported by the layout check below; n_vocab=0 only gets us there.
     n_vocab = embd.ne[1] if embd is not None else 0
     try:
-        return config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw)
+        # Every block has tensors of its own, so a block_count above the file's tensor count is
+        # wrong: refusing it here keeps a crafted count from building per-layer lists first.
+        return config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw,
+                                    max_blocks=len(raw))
     except ModelError as e:
         raise ModelError(f"{where}: {e}") from None
 
@@ -183,7 +187,7 @@ def _types(raw: dict[str, RawTensorInfo], where: str) -> dict[str, GGMLType]:
     for name, r in raw.items():
         t = gt.SUPPORTED.get(r.type_id)
         if t is None:
-            raise ModelError(f"{where}: {name} has type {gt.type_name(r.type_id)}; "
+            raise ModelError(f"{where}: {safe_text(name)} has type {gt.type_name(r.type_id)}; "
                              f"supported: {', '.join(gt.BY_NAME)}")
         out[name] = t
     return out
@@ -204,7 +208,7 @@ def _check_layout(raw: dict[str, RawTensorInfo], types: dict[str, GGMLType],
     for name, r in raw.items():
         t = types[name]
         if r.ne[0] % t.block_elems:
-            raise ModelError(f"{where}: {name} has rows of {r.ne[0]} elements, not a multiple of the "
+            raise ModelError(f"{where}: {safe_text(name)} has rows of {r.ne[0]} elements, not a multiple of the "
                              f"{t.name} block size {t.block_elems}")
 
 
@@ -218,10 +222,10 @@ def _tensor_info(g: GGUFFile, r: RawTensorInfo, t: GGMLType, specs: dict[str, Te
 def _check_in_file(g: GGUFFile, tensors: dict[str, TensorInfo], where: str) -> None:
     for t in sorted(tensors.values(), key=lambda t: t.offset):
         if (t.offset - g.data_offset) % g.alignment:
-            raise ModelError(f"{where}: tensor {t.name} starts at data offset {t.offset - g.data_offset:,}, "
+            raise ModelError(f"{where}: tensor {safe_text(t.name)} starts at data offset {t.offset - g.data_offset:,}, "
                              f"not a multiple of the alignment {g.alignment}")
         if t.offset + t.nbytes > g.file_size:
-            raise ModelError(f"{where} is truncated: tensor {t.name} needs bytes up to "
+            raise ModelError(f"{where} is truncated: tensor {safe_text(t.name)} needs bytes up to "
                              f"{t.offset + t.nbytes:,} but the file has {g.file_size:,}")
 
 
