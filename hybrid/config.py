@@ -95,13 +95,12 @@ def layer_kinds_from(kv: Mapping[str, Any], arch: str, n_layer: int, n_layer_all
     return tuple(ATTN if (i + 1) % interval == 0 else GDN for i in range(n_layer))
 
 
-def config_from_metadata(kv: Mapping[str, Any], *, n_vocab: int, tied_output: bool,
-                         max_blocks: int = MAX_BLOCKS) -> ModelConfig:
+def config_from_metadata(kv: Mapping[str, Any], *, n_vocab: int, tied_output: bool) -> ModelConfig:
     """Build the config from a plain dict of GGUF key → python value.
 
     `n_vocab` comes from the token embedding's shape (the authoritative count);
-    `tied_output` from whether `output.weight` exists. `max_blocks` bounds block_count before
-    anything per layer is built (a file's tensor count: every block has tensors of its own).
+    `tied_output` from whether `output.weight` exists. block_count is bounded by MAX_BLOCKS before anything
+    per layer is built (the caller also bounds it by the file's tensor count).
     """
     arch = Meta(kv).str("general.architecture", None)
     if arch is None:
@@ -110,7 +109,7 @@ def config_from_metadata(kv: Mapping[str, Any], *, n_vocab: int, tied_output: bo
         raise ModelError(
             f"unsupported architecture {shown(arch)}; hybrid runs: {', '.join(ARCHITECTURES)}")
     m = Meta(kv, f"{arch}.")
-    n_all = m.int("block_count", lo=1, hi=max(1, min(max_blocks, MAX_BLOCKS)))
+    n_all = m.int("block_count", lo=1, hi=MAX_BLOCKS)
     n_nextn = m.int("nextn_predict_layers", 0)
     if n_nextn not in (0, 1):
         raise ModelError(f"'{arch}.nextn_predict_layers' is {n_nextn}; only 0 or 1 MTP block is supported")

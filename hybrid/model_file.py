@@ -8,6 +8,7 @@ through a forward. Tensor bytes are not read here: `TensorInfo.data` is a zero-c
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from .metadata import safe_text, shown
 from .layout import ROLES, LayoutOptions, TensorSpec, expected_tensors, options_from_names
 
 OTHER_ROLE = "other"   # tensors a file may carry that the layout does not name (ignored by the engine)
+IDENTITY_SAMPLES, IDENTITY_SAMPLE_BYTES = 64, 4096
 DEFAULT_MODEL_NAME = "tiny-qwen35-mtp-Q4_K_M.gguf"
 
 
@@ -95,6 +97,23 @@ class ModelFile:
         self.file_bytes: int = g.file_size
         self.data_offset: int = g.data_offset
         self.alignment: int = g.alignment
+        self._identity: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """Which file this is, for tying saved states to it: the size and a hash of the header
+        (metadata and tensor table) plus samples spread over the tensor data. Two files of the
+        same architecture and shape (same header, other weights) differ in the samples; reading
+        a few pages keeps it cheap for a file of any size."""
+        if self._identity is None:
+            buf = self._file.buf
+            h = hashlib.sha256(memoryview(buf[:self._file.header_end]))
+            start, end = self.data_offset, self.file_bytes
+            for k in range(IDENTITY_SAMPLES):
+                at = start + (end - start) * k // IDENTITY_SAMPLES
+                h.update(memoryview(buf[at:at + IDENTITY_SAMPLE_BYTES]))
+            self._identity = f"{self.file_bytes}:{h.hexdigest()[:32]}"
+        return self._identity
 
     def bytes_by_type(self) -> dict[str, int]:
         """Tensor bytes per ggml type name, largest first."""
@@ -174,12 +193,15 @@ def _config(kv: dict[str, Any], raw: dict[str, RawTensorInfo], where: str) -> Mo
     # A missing token_embd is reported by the layout check below; n_vocab=0 only gets us there.
     n_vocab = embd.ne[1] if embd is not None else 0
     try:
-        # Every block has tensors of its own, so a block_count above the file's tensor count is
-        # wrong: refusing it here keeps a crafted count from building per-layer lists first.
-        return config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw,
-                                    max_blocks=len(raw))
+        config = config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw)
     except ModelError as e:
         raise ModelError(f"{where}: {e}") from None
+    # Every block has tensors of its own, so a block_count above the file's tensor count is
+    # wrong: refusing it here keeps a crafted count from building per-layer tensor lists first.
+    if config.n_layer_all > len(raw):
+        raise ModelError(f"{where}: '{config.arch}.block_count' is {config.n_layer_all} but the file holds "
+                         f"only {len(raw)} tensors (every block needs its own): missing required tensors")
+    return config
 
 
 def _types(raw: dict[str, RawTensorInfo], where: str) -> dict[str, GGMLType]:
