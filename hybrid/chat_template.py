@@ -181,6 +181,9 @@ class ChatTemplate:
                               f"(line {e.lineno})") from None
         except RecursionError:      # a template nested thousands deep
             raise HybridError("the chat template does not parse: it nests too deep") from None
+        except Exception as e:      # compiling is code too: Python refuses e.g. 100 nested blocks
+            raise HybridError(f"the chat template does not compile: {type(e).__name__}: "
+                              f"{safe_text(str(e))}") from None
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "ChatTemplate":
