@@ -104,7 +104,7 @@ def chat(
         except HybridError as e:
             # one bad turn (a line too long for the context) is reported and the conversation
             # goes on with the next line; a script still sees the failure in the exit status
-            err.print(Text.assemble(("error: ", "bold red"), safe_text(str(e), 2000)))
+            err.print(Text.assemble(("error: ", "bold red"), safe_text(str(e), 2000)), soft_wrap=True)
             failed += 1
             continue
         except KeyboardInterrupt:     # landed outside the generation loop: the turn is dropped
