@@ -211,10 +211,19 @@ class Tokenizer:
             if isinstance(fragment, int):
                 ids.append(fragment)
             else:
-                ids.extend(self._bpe.encode(fragment, add_special_tokens=False).ids)
+                ids.extend(self._encode_fragment(fragment))
         if want_eos:
             ids.append(self.eos_id)
         return ids
+
+    def _encode_fragment(self, fragment: str) -> list[int]:
+        try:
+            return self._bpe.encode(fragment, add_special_tokens=False).ids
+        except BaseException as e:
+            # a Rust panic (PanicException, a BaseException) on a malformed vocabulary
+            if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+                raise
+            raise HybridError(f"the model's tokenizer failed on this text: {shown(str(e))}") from None
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The words the pre-tokenizer regex cuts `text` into before BPE (special tokens are not
@@ -332,9 +341,17 @@ def _build_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str):
         vocab = {t: i for t, i in vocab.items() if _utf8_clean(t)}
     if not _utf8_clean("".join(a + b for a, b in merges)):
         merges = [(a, b) for a, b in merges if _utf8_clean(a + b)]
+    # A merge whose parts or result are not in the vocabulary can never apply (llama.cpp finds
+    # no id for it either); the library rejects some such merges and panics on others.
+    merges = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
     try:
         bpe = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    except Exception as e:  # the library reports e.g. a merge whose parts are not in the vocab
+    except BaseException as e:
+        # The library reports e.g. a merge whose parts are not in the vocab; on some malformed
+        # vocabularies its Rust code panics, which reaches Python as pyo3's PanicException, a
+        # BaseException: that is the file's fault too. Interrupts and exits pass through.
+        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+            raise
         raise ModelError(f"the tokenizer vocabulary/merges are inconsistent: {shown(str(e))}") from None
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEX[pre]), behavior="isolated", invert=False),

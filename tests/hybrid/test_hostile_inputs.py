@@ -160,6 +160,14 @@ def test_vocab_entries_that_are_not_utf8_keep_their_bytes(seeds, tmp_path):
     assert tok.decode(tok.encode("hello")) == "hello"
 
 
+def test_a_vocab_entry_a_merge_needs_can_be_missing(seeds, tmp_path):
+    """Emptying a token that merges produce made the tokenizers library panic (a Rust
+    PanicException, which is no Exception): found by tools/fuzz_gguf.py."""
+    tokens = list(seeds["qwen35"]["metadata"]["tokenizer.ggml.tokens"])
+    tokens[287] = ""
+    build_all(variant(seeds, tmp_path, **{"tokenizer.ggml.tokens": tokens}))
+
+
 # --- item 3: counts bounded before allocating ---------------------------------------------------
 
 def test_huge_block_count_fails_before_building_layer_lists(seeds, tmp_path):
