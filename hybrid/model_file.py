@@ -22,7 +22,7 @@ from .config import ARCHITECTURES, ModelConfig, config_from_metadata
 from .errors import ModelError
 from .ggml_types import GGMLType
 from .gguf_file import GGUFFile, RawTensorInfo, read_gguf
-from .metadata import safe_text, shown
+from .metadata import Meta, safe_text, shown
 from .layout import ROLES, LayoutOptions, TensorSpec, expected_tensors, options_from_names
 
 OTHER_ROLE = "other"   # tensors a file may carry that the layout does not name (ignored by the engine)
@@ -184,7 +184,10 @@ def _unique_by_name(infos: list[RawTensorInfo], where: str) -> dict[str, RawTens
 
 
 def _config(kv: dict[str, Any], raw: dict[str, RawTensorInfo], where: str) -> ModelConfig:
-    arch = kv.get("general.architecture")
+    try:
+        arch = Meta(kv).str("general.architecture", None)
+    except ModelError as e:
+        raise ModelError(f"{where}: {e}") from None
     if arch is not None and arch not in ARCHITECTURES:   # say this before any tensor complaint
         raise ModelError(f"{where}: unsupported architecture {shown(arch)}; hybrid runs: {', '.join(ARCHITECTURES)}")
     embd = raw.get("token_embd.weight")
