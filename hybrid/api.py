@@ -75,6 +75,16 @@ class Model:
     def new_state(self, n_ctx: int | None = None):
         return self.forward.new_state(n_ctx or self.n_ctx)
 
+    def save_state(self, state, path) -> None:
+        """Write `state` to `path`, tied to this model file (see `load_state`)."""
+        state.save(path, model_id=self.file.identity)
+
+    def load_state(self, path, n_ctx: int | None = None):
+        """A state saved by `save_state` with this same model file (another file of the same
+        shape is refused), checked and read with bounded memory."""
+        from .state import SessionState
+        return SessionState.load(path, self.config, n_ctx, 0, self.forward.backend, model_id=self.file.identity)
+
     def warmup(self, max_rows: int | None = None, progress=None) -> int:
         """Compile (or load from the on-disk cache) the kernels of a prompt chunk and of a decode
         step, so the first real prompt does not stall on compilation.

@@ -9,9 +9,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from .errors import ModelError
+from .metadata import Meta, shown
 
 ARCHITECTURES = ("qwen35", "qwen35moe", "qwen3next")
 GDN, ATTN = "gdn", "attn"
+# Upper bounds for counts and dimensions read from a file, far above any real model, so that a
+# crafted value fails as a bad key instead of as a huge allocation further on.
+MAX_BLOCKS = 4096
+MAX_DIM = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -76,38 +81,17 @@ class ModelConfig:
 
 # --- parsing ---------------------------------------------------------------------------------
 
-class _Meta:
-    """Typed access to `{arch}.*` keys with one clear error per missing or bad key."""
-
-    def __init__(self, kv: Mapping[str, Any], arch: str):
-        self.kv, self.arch = kv, arch
-
-    def get(self, key: str, default: Any = ..., *, kind: type = int) -> Any:
-        full = f"{self.arch}.{key}"
-        if full not in self.kv:
-            if default is ...:
-                raise ModelError(f"GGUF metadata key '{full}' is missing (required for {self.arch})")
-            return default
-        value = self.kv[full]
-        try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise ModelError(f"GGUF metadata key '{full}' has value {value!r}, expected {kind.__name__}") from None
-
-
 def layer_kinds_from(kv: Mapping[str, Any], arch: str, n_layer: int, n_layer_all: int) -> tuple[str, ...]:
     """Per trunk layer: the explicit `attention.recurrent_layers` flags, else the interval rule."""
-    flags = kv.get(f"{arch}.attention.recurrent_layers")
+    m = Meta(kv, f"{arch}.")
+    flags = m.ints("attention.recurrent_layers", None, lo=0, hi=1, max_len=n_layer_all)
     if flags is not None:
-        flags = list(flags)
         if len(flags) not in (n_layer, n_layer_all):
             raise ModelError(
                 f"'{arch}.attention.recurrent_layers' has {len(flags)} entries; expected {n_layer_all} "
                 f"(one per block, MTP included)")
-        return tuple(GDN if bool(f) else ATTN for f in flags[:n_layer])
-    interval = int(kv.get(f"{arch}.full_attention_interval", 4))
-    if interval < 1:
-        raise ModelError(f"'{arch}.full_attention_interval' is {interval}; it must be ≥ 1")
+        return tuple(GDN if f else ATTN for f in flags[:n_layer])
+    interval = m.int("full_attention_interval", 4, lo=1)
     return tuple(ATTN if (i + 1) % interval == 0 else GDN for i in range(n_layer))
 
 
@@ -115,52 +99,57 @@ def config_from_metadata(kv: Mapping[str, Any], *, n_vocab: int, tied_output: bo
     """Build the config from a plain dict of GGUF key → python value.
 
     `n_vocab` comes from the token embedding's shape (the authoritative count);
-    `tied_output` from whether `output.weight` exists.
+    `tied_output` from whether `output.weight` exists. block_count is bounded by MAX_BLOCKS before anything
+    per layer is built (the caller also bounds it by the file's tensor count).
     """
-    arch = kv.get("general.architecture")
+    arch = Meta(kv).str("general.architecture", None)
     if arch is None:
         raise ModelError("GGUF metadata has no 'general.architecture'")
     if arch not in ARCHITECTURES:
         raise ModelError(
-            f"unsupported architecture '{arch}'; hybrid runs: {', '.join(ARCHITECTURES)}")
-    m = _Meta(kv, arch)
-    n_all = m.get("block_count")
-    n_nextn = m.get("nextn_predict_layers", 0)
+            f"unsupported architecture {shown(arch)}; hybrid runs: {', '.join(ARCHITECTURES)}")
+    m = Meta(kv, f"{arch}.")
+    n_all = m.int("block_count", lo=1, hi=MAX_BLOCKS)
+    n_nextn = m.int("nextn_predict_layers", 0)
     if n_nextn not in (0, 1):
         raise ModelError(f"'{arch}.nextn_predict_layers' is {n_nextn}; only 0 or 1 MTP block is supported")
     n_layer = n_all - n_nextn
     if n_layer < 1:
         raise ModelError(f"'{arch}.block_count' is {n_all}: no trunk layers left after {n_nextn} MTP block(s)")
-    head_dim = m.get("attention.key_length")
-    if m.get("attention.value_length", head_dim) != head_dim:
+    head_dim = m.int("attention.key_length", lo=1, hi=MAX_DIM)
+    if m.int("attention.value_length", head_dim, hi=MAX_DIM) != head_dim:
         raise ModelError(f"'{arch}.attention.key_length' and 'value_length' differ; they must be equal")
     moe = arch in ("qwen35moe", "qwen3next")
+
+    def dim(key: str, default: Any = ...) -> int:
+        return m.int(key, hi=MAX_DIM) if default is ... else m.int(key, default, hi=MAX_DIM)
+
     cfg = ModelConfig(
         arch=arch,
         n_layer=n_layer,
         n_nextn=n_nextn,
-        n_embd=m.get("embedding_length"),
+        n_embd=dim("embedding_length"),
         n_vocab=n_vocab,
-        n_head=m.get("attention.head_count"),
-        n_head_kv=m.get("attention.head_count_kv"),
+        n_head=dim("attention.head_count"),
+        n_head_kv=dim("attention.head_count_kv"),
         head_dim=head_dim,
-        n_rot=m.get("rope.dimension_count", head_dim),
-        rope_theta=m.get("rope.freq_base", 10000.0, kind=float),
-        rms_eps=m.get("attention.layer_norm_rms_epsilon", kind=float),
-        context_length=m.get("context_length", 4096),
+        n_rot=dim("rope.dimension_count", head_dim),
+        rope_theta=m.float("rope.freq_base", 10000.0, positive=True),
+        rms_eps=m.float("attention.layer_norm_rms_epsilon", positive=True),
+        context_length=m.int("context_length", 4096, lo=1),
         layer_kinds=layer_kinds_from(kv, arch, n_layer, n_all),
-        ssm_conv_kernel=m.get("ssm.conv_kernel"),
-        ssm_d_state=m.get("ssm.state_size"),
-        ssm_n_k_heads=m.get("ssm.group_count"),
-        ssm_n_v_heads=m.get("ssm.time_step_rank"),
-        ssm_d_inner=m.get("ssm.inner_size"),
-        n_ff=m.get("feed_forward_length", 0) if moe else m.get("feed_forward_length"),
-        n_expert=m.get("expert_count") if moe else 0,
-        n_expert_used=m.get("expert_used_count") if moe else 0,
-        n_ff_exp=m.get("expert_feed_forward_length") if moe else 0,
-        n_ff_shexp=m.get("expert_shared_feed_forward_length", 0) if moe else 0,
+        ssm_conv_kernel=dim("ssm.conv_kernel"),
+        ssm_d_state=dim("ssm.state_size"),
+        ssm_n_k_heads=dim("ssm.group_count"),
+        ssm_n_v_heads=dim("ssm.time_step_rank"),
+        ssm_d_inner=dim("ssm.inner_size"),
+        n_ff=dim("feed_forward_length", 0) if moe else dim("feed_forward_length"),
+        n_expert=dim("expert_count") if moe else 0,
+        n_expert_used=dim("expert_used_count") if moe else 0,
+        n_ff_exp=dim("expert_feed_forward_length") if moe else 0,
+        n_ff_shexp=dim("expert_shared_feed_forward_length", 0) if moe else 0,
         tied_output=tied_output,
-        rope_sections=tuple(int(s) for s in kv.get(f"{arch}.rope.dimension_sections", ())),
+        rope_sections=tuple(m.ints("rope.dimension_sections", [], hi=MAX_DIM, max_len=8)),
     )
     _check_consistent(cfg)
     return cfg

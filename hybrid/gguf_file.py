@@ -25,11 +25,15 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelError
+from .metadata import safe_text
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
+# Arrays of arrays: llama.cpp writes none, gguf-py reads them recursively. A bound keeps a
+# crafted file from nesting deeper than the Python stack.
+MAX_ARRAY_NESTING = 8
 
 # GGUF value type id → (struct format, numpy dtype) for fixed-size scalars.
 _STRING, _ARRAY, _BOOL = 8, 9, 7
@@ -153,12 +157,14 @@ class _Parser:
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = self.string("a metadata key")
-            vtype = self.scalar("<I", f"the type of '{key}'")
-            metadata[key] = self.value(vtype, key)
+            shown = safe_text(key)      # keys are file text: messages carry them escaped and cut
+            vtype = self.scalar("<I", f"the type of '{shown}'")
+            metadata[key] = self.value(vtype, shown)
         infos = [self.tensor_info() for _ in range(n_tensors)]
         alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-            raise ModelError(f"{self.path}: 'general.alignment' is {alignment!r}; it must be a power of two")
+            raise ModelError(f"{self.path}: 'general.alignment' is {safe_text(repr(alignment))}; "
+                             "it must be a power of two")
         data_offset = -(-self.pos // alignment) * alignment
         if data_offset > self.size:
             raise ModelError(
@@ -167,7 +173,7 @@ class _Parser:
         return GGUFFile(self.path, version, metadata, infos, alignment, self.pos, data_offset, self.size,
                         np.frombuffer(self.mm, dtype=np.uint8), self.mm)
 
-    def value(self, vtype: int, key: str) -> Any:
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             v = self.scalar(_SCALARS[vtype][0], f"the value of '{key}'")
             return bool(v) if vtype == _BOOL else v
@@ -176,10 +182,10 @@ class _Parser:
         if vtype == _ARRAY:
             etype = self.scalar("<I", f"the element type of '{key}'")
             count = self.scalar("<Q", f"the length of '{key}'")
-            return self.array(etype, count, key)
+            return self.array(etype, count, key, depth)
         raise ModelError(f"{self.path}: metadata key '{key}' has unknown value type {vtype}")
 
-    def array(self, etype: int, count: int, key: str) -> list[Any]:
+    def array(self, etype: int, count: int, key: str, depth: int) -> list[Any]:
         what = f"the array '{key}' ({count:,} entries)"
         if etype in _SCALARS:
             dtype = np.dtype(_SCALARS[etype][1])
@@ -191,7 +197,11 @@ class _Parser:
             self.need(count * 8, what)  # every string costs at least its length field
             return self._strings(count, what)
         if etype == _ARRAY:
-            return [self.value(_ARRAY, key) for _ in range(count)]
+            if depth >= MAX_ARRAY_NESTING:
+                raise ModelError(f"{self.path}: metadata array '{key}' nests arrays more than "
+                                 f"{MAX_ARRAY_NESTING} deep")
+            self.need(count * 12, what)  # every inner array costs at least its type and length
+            return [self.value(_ARRAY, key, depth + 1) for _ in range(count)]
         raise ModelError(f"{self.path}: metadata array '{key}' has unknown element type {etype}")
 
     def _strings(self, count: int, what: str) -> list[str]:
@@ -216,12 +226,13 @@ class _Parser:
 
     def tensor_info(self) -> RawTensorInfo:
         name = self.string("a tensor name")
-        n_dims = self.scalar("<I", f"the dimension count of {name}")
+        shown = safe_text(name)
+        n_dims = self.scalar("<I", f"the dimension count of {shown}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise ModelError(f"{self.path}: tensor {name} has {n_dims} dimensions; ggml allows 1..{MAX_DIMS}")
-        self.need(8 * n_dims, f"the shape of {name}")
+            raise ModelError(f"{self.path}: tensor {shown} has {n_dims} dimensions; ggml allows 1..{MAX_DIMS}")
+        self.need(8 * n_dims, f"the shape of {shown}")
         ne = struct.unpack_from(f"<{n_dims}Q", self.mm, self.pos)
         self.pos += 8 * n_dims
-        type_id = self.scalar("<I", f"the type of {name}")
-        offset = self.scalar("<Q", f"the offset of {name}")
+        type_id = self.scalar("<I", f"the type of {shown}")
+        offset = self.scalar("<Q", f"the offset of {shown}")
         return RawTensorInfo(name, tuple(int(n) for n in ne), type_id, offset)

@@ -8,6 +8,7 @@ through a forward. Tensor bytes are not read here: `TensorInfo.data` is a zero-c
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from .config import ARCHITECTURES, ModelConfig, config_from_metadata
 from .errors import ModelError
 from cpu.ggml_types import GGMLType
 from .gguf_file import GGUFFile, RawTensorInfo, read_gguf
+from .metadata import Meta, safe_text, shown
 from .layout import ROLES, LayoutOptions, TensorSpec, expected_tensors, options_from_names
 
 OTHER_ROLE = "other"   # tensors a file may carry that the layout does not name (ignored by the engine)
+IDENTITY_SAMPLES, IDENTITY_SAMPLE_BYTES = 64, 4096
 DEFAULT_MODEL_NAME = "tiny-qwen35-mtp-Q4_K_M.gguf"
 
 
@@ -94,6 +97,23 @@ class ModelFile:
         self.file_bytes: int = g.file_size
         self.data_offset: int = g.data_offset
         self.alignment: int = g.alignment
+        self._identity: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """Which file this is, for tying saved states to it: the size and a hash of the header
+        (metadata and tensor table) plus samples spread over the tensor data. Two files of the
+        same architecture and shape (same header, other weights) differ in the samples; reading
+        a few pages keeps it cheap for a file of any size."""
+        if self._identity is None:
+            buf = self._file.buf
+            h = hashlib.sha256(memoryview(buf[:self._file.header_end]))
+            start, end = self.data_offset, self.file_bytes
+            for k in range(IDENTITY_SAMPLES):
+                at = start + (end - start) * k // IDENTITY_SAMPLES
+                h.update(memoryview(buf[at:at + IDENTITY_SAMPLE_BYTES]))
+            self._identity = f"{self.file_bytes}:{h.hexdigest()[:32]}"
+        return self._identity
 
     def bytes_by_type(self) -> dict[str, int]:
         """Tensor bytes per ggml type name, largest first."""
@@ -158,24 +178,33 @@ def _unique_by_name(infos: list[RawTensorInfo], where: str) -> dict[str, RawTens
     out: dict[str, RawTensorInfo] = {}
     for r in infos:
         if r.name in out:
-            raise ModelError(f"{where}: tensor {r.name} appears twice in the file")
+            raise ModelError(f"{where}: tensor {safe_text(r.name)} appears twice in the file")
         out[r.name] = r
     return out
 
 
 def _config(kv: dict[str, Any], raw: dict[str, RawTensorInfo], where: str) -> ModelConfig:
-    arch = kv.get("general.architecture")
+    try:
+        arch = Meta(kv).str("general.architecture", None)
+    except ModelError as e:
+        raise ModelError(f"{where}: {e}") from None
     if arch is not None and arch not in ARCHITECTURES:   # say this before any tensor complaint
-        raise ModelError(f"{where}: unsupported architecture '{arch}'; hybrid runs: {', '.join(ARCHITECTURES)}")
+        raise ModelError(f"{where}: unsupported architecture {shown(arch)}; hybrid runs: {', '.join(ARCHITECTURES)}")
     embd = raw.get("token_embd.weight")
     if embd is not None and len(embd.ne) != 2:
         raise ModelError(f"{where}: token_embd.weight has ne={embd.ne}; expected 2 dims (n_embd, n_vocab)")
     # A missing token_embd is reported by the layout check below; n_vocab=0 only gets us there.
     n_vocab = embd.ne[1] if embd is not None else 0
     try:
-        return config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw)
+        config = config_from_metadata(kv, n_vocab=n_vocab, tied_output="output.weight" not in raw)
     except ModelError as e:
         raise ModelError(f"{where}: {e}") from None
+    # Every block has tensors of its own, so a block_count above the file's tensor count is
+    # wrong: refusing it here keeps a crafted count from building per-layer tensor lists first.
+    if config.n_layer_all > len(raw):
+        raise ModelError(f"{where}: '{config.arch}.block_count' is {config.n_layer_all} but the file holds "
+                         f"only {len(raw)} tensors (every block needs its own): missing required tensors")
+    return config
 
 
 def _types(raw: dict[str, RawTensorInfo], where: str) -> dict[str, GGMLType]:
@@ -183,7 +212,7 @@ def _types(raw: dict[str, RawTensorInfo], where: str) -> dict[str, GGMLType]:
     for name, r in raw.items():
         t = gt.SUPPORTED.get(r.type_id)
         if t is None:
-            raise ModelError(f"{where}: {name} has type {gt.type_name(r.type_id)}; "
+            raise ModelError(f"{where}: {safe_text(name)} has type {gt.type_name(r.type_id)}; "
                              f"supported: {', '.join(gt.BY_NAME)}")
         out[name] = t
     return out
@@ -204,7 +233,7 @@ def _check_layout(raw: dict[str, RawTensorInfo], types: dict[str, GGMLType],
     for name, r in raw.items():
         t = types[name]
         if r.ne[0] % t.block_elems:
-            raise ModelError(f"{where}: {name} has rows of {r.ne[0]} elements, not a multiple of the "
+            raise ModelError(f"{where}: {safe_text(name)} has rows of {r.ne[0]} elements, not a multiple of the "
                              f"{t.name} block size {t.block_elems}")
 
 
@@ -228,10 +257,10 @@ def _tensor_info(g: GGUFFile, r: RawTensorInfo, t: GGMLType, specs: dict[str, Te
 def _check_in_file(g: GGUFFile, tensors: dict[str, TensorInfo], where: str) -> None:
     for t in sorted(tensors.values(), key=lambda t: t.offset):
         if (t.offset - g.data_offset) % g.alignment:
-            raise ModelError(f"{where}: tensor {t.name} starts at data offset {t.offset - g.data_offset:,}, "
+            raise ModelError(f"{where}: tensor {safe_text(t.name)} starts at data offset {t.offset - g.data_offset:,}, "
                              f"not a multiple of the alignment {g.alignment}")
         if t.offset + t.nbytes > g.file_size:
-            raise ModelError(f"{where} is truncated: tensor {t.name} needs bytes up to "
+            raise ModelError(f"{where} is truncated: tensor {safe_text(t.name)} needs bytes up to "
                              f"{t.offset + t.nbytes:,} but the file has {g.file_size:,}")
 
 

@@ -83,8 +83,8 @@ def prefill_with_mtp(forward, mtp, state, prompt: Sequence[int], stats: Stats) -
         mtp.forward(state, chunk, np.concatenate([h_last, hidden[:-1]]), logits="none")
         h_last = hidden[-1:]
         stats.prefill_seconds = time.perf_counter() - t0
+        stats.prompt_tokens = start + len(chunk)    # per chunk: a Ctrl-C reports what was done
         yield Prefill(start + len(chunk), len(ids), stats.prefill_seconds)
-    stats.prompt_tokens = len(ids)
     yield logits[-1], h_last
 
 

@@ -18,11 +18,14 @@ import itertools
 import json
 import os
 import zipfile
+import zlib
+
 import numpy as np
 
 from .backend import CPUBackend
 from .config import ModelConfig
 from .errors import HybridError
+from .metadata import safe_text, shown
 
 DEFAULT_N_CTX = 4096
 STATE_FORMAT = 1                # bump when the saved layout changes
@@ -123,10 +126,11 @@ class SessionState:
                 copy(dst_kv[i][1][:, :used], v[:, :used])
         return new
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write an .npz: recurrent states plus only the used KV positions (the ring is not kept)."""
+    def save(self, path: str | os.PathLike[str], model_id: str | None = None) -> None:
+        """Write an .npz: recurrent states plus only the used KV positions (the ring is not kept).
+        `model_id` (ModelFile.identity) ties the state to the exact file it was computed with."""
         meta = {"format": STATE_FORMAT, "config": _fingerprint(self.config), "n_ctx": self.n_ctx,
-                "n_past": self.n_past, "mtp_n_past": self.mtp_n_past}
+                "n_past": self.n_past, "mtp_n_past": self.mtp_n_past, "model": model_id}
         arrays = {"meta": np.array(json.dumps(meta))}
         host = self.backend.to_host
         for i in self.ssm:
@@ -142,41 +146,131 @@ class SessionState:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], config: ModelConfig,
-             n_ctx: int | None = None, n_ring: int = 0, backend=None) -> "SessionState":
+             n_ctx: int | None = None, n_ring: int = 0, backend=None,
+             model_id: str | None = None) -> "SessionState":
         """Read a state saved by `save` for the same model (on `backend`, default the CPU);
-        n_ctx defaults to the saved one."""
+        n_ctx defaults to the saved one. With `model_id`, a state saved with another id is refused.
+
+        The file is untrusted: only the members this config implies are read, each one's name,
+        dtype and shape are checked against the model before its data, and no more bytes than
+        that shape holds are decompressed (a zip bomb costs what a real state would). Pickled
+        objects are never loaded.
+        """
         try:
-            with np.load(path, allow_pickle=False) as z:
-                files = {name: z[name] for name in z.files}
+            f = open(path, "rb")
         except FileNotFoundError:
             raise HybridError(f"state file {path} does not exist") from None
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise HybridError(f"{path} is not a hybrid state file ({e})") from None
+        except OSError as e:
+            raise HybridError(f"cannot read state file {path}: {e.strerror or e}") from None
         try:
-            meta = json.loads(str(files.pop("meta")))
-        except (KeyError, ValueError):
-            raise HybridError(f"{path} is not a hybrid state file (no metadata)") from None
+            with f, zipfile.ZipFile(f) as z:
+                return cls._load_zip(z, path, config, n_ctx, n_ring, backend, model_id)
+        except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError, zlib.error) as e:
+            # RuntimeError/NotImplementedError: an encrypted or oddly compressed member
+            raise HybridError(f"{path} is not a hybrid state file ({safe_text(str(e))})") from None
+
+    @classmethod
+    def _load_zip(cls, z: zipfile.ZipFile, path, config: ModelConfig, n_ctx: int | None, n_ring: int,
+                  backend, model_id: str | None) -> "SessionState":
+        def damaged(why: str) -> HybridError:
+            return HybridError(f"{path} is not a usable hybrid state file: {why}")
+
+        members = {info.filename: info for info in z.infolist()}
+        if "meta.npy" not in members:
+            raise damaged("it has no metadata")
+        meta_text = _read_member(z, members["meta.npy"], None, damaged)
+        try:
+            meta = json.loads(str(meta_text))
+        except ValueError:
+            raise damaged("its metadata is not JSON") from None
+        if not isinstance(meta, dict):
+            raise damaged("its metadata is not an object")
         if meta.get("format") != STATE_FORMAT:
-            raise HybridError(f"{path} has state format {meta.get('format')}; this version reads {STATE_FORMAT}")
+            raise HybridError(f"{path} has state format {shown(meta.get('format'))}; "
+                              f"this version reads {STATE_FORMAT}")
         if meta.get("config") != _fingerprint(config):
             raise HybridError(f"{path} was saved for a different model; it cannot be used with this one")
-        n_ctx = int(meta["n_ctx"] if n_ctx is None else n_ctx)
+        saved_id = meta.get("model")
+        if model_id is not None and saved_id is not None and saved_id != model_id:
+            raise HybridError(f"{path} was saved with another model file of the same shape "
+                              f"({shown(saved_id)}, this one is {model_id}); it cannot be used with this one")
+
+        def count(key: str, hi: int) -> int:
+            value = meta.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+                raise damaged(f"'{key}' is {shown(value)}; expected an integer in 0..{hi:,}")
+            return value
+
+        # The saved context is bounded by the model's own before anything is allocated for it.
+        saved_ctx = count("n_ctx", config.context_length)
+        n_ctx = int(saved_ctx if n_ctx is None else n_ctx)
+        n_past, mtp_n_past = count("n_past", config.context_length), count("mtp_n_past", config.context_length)
+        if max(n_past, mtp_n_past) > n_ctx:
+            raise HybridError(f"{path} holds {n_past} positions; they do not fit the context of {n_ctx}")
+        if n_ctx < 1:
+            raise damaged("its context size is 0")
+
+        c = config
+        ssm_shape = (c.ssm_n_v_heads, c.ssm_d_state, c.ssm_d_state)
+        conv_shape = (c.ssm_conv_kernel - 1, c.ssm_conv_channels)
+        expected: dict[str, tuple[int, ...]] = {}
+        for i in range(c.n_layer):
+            if c.is_recurrent(i):
+                expected[f"ssm_{i}"], expected[f"conv_{i}"] = ssm_shape, conv_shape
+            else:
+                for kv in "kv":
+                    expected[f"kv_{kv}_{i}"] = (c.n_head_kv, n_past, c.head_dim)
+        for i in range(c.n_layer, c.n_layer_all):
+            for kv in "kv":
+                expected[f"mtp_kv_{kv}_{i}"] = (c.n_head_kv, mtp_n_past, c.head_dim)
+        names = {name[:-4] for name in members if name.endswith(".npy")} - {"meta"}
+        extra = sorted(set(members) - {f"{n}.npy" for n in expected} - {"meta.npy"})
+        if extra:
+            raise damaged(f"it holds members this model has no place for ({shown(extra)})")
+        missing = sorted(set(expected) - names)
+        if missing:
+            raise damaged(f"it lacks {shown(missing)}")
+
         state = cls(config, n_ctx, n_ring, backend)
+        state.n_past, state.mtp_n_past = n_past, mtp_n_past
         copy = state.backend.copy
-        state.n_past, state.mtp_n_past = int(meta["n_past"]), int(meta["mtp_n_past"])
-        if max(state.n_past, state.mtp_n_past) > n_ctx:
-            raise HybridError(f"{path} holds {state.n_past} positions; they do not fit the context of {n_ctx}")
-        try:
-            for i in state.ssm:
-                copy(state.ssm[i], files[f"ssm_{i}"])
-                copy(state.conv[i], files[f"conv_{i}"])
-            for prefix, kv, used in (("kv", state.kv, state.n_past), ("mtp_kv", state.mtp_kv, state.mtp_n_past)):
-                for i, (k, v) in kv.items():
-                    copy(k[:, :used], files[f"{prefix}_k_{i}"])
-                    copy(v[:, :used], files[f"{prefix}_v_{i}"])
-        except (KeyError, ValueError) as e:
-            raise HybridError(f"{path} is damaged: {e}") from None
+        for i in state.ssm:
+            copy(state.ssm[i], _read_member(z, members[f"ssm_{i}.npy"], ssm_shape, damaged))
+            copy(state.conv[i], _read_member(z, members[f"conv_{i}.npy"], conv_shape, damaged))
+        for prefix, kv, used in (("kv", state.kv, n_past), ("mtp_kv", state.mtp_kv, mtp_n_past)):
+            for i, (k, v) in kv.items():
+                shape = (c.n_head_kv, used, c.head_dim)
+                copy(k[:, :used], _read_member(z, members[f"{prefix}_k_{i}.npy"], shape, damaged))
+                copy(v[:, :used], _read_member(z, members[f"{prefix}_v_{i}.npy"], shape, damaged))
         return state
+
+
+MAX_META_CHARS = 1 << 16      # the JSON metadata of a state is a few hundred characters
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, shape: tuple[int, ...] | None, damaged) -> np.ndarray:
+    """One .npy member: its header checked (float32 of `shape`, or a short string when shape is
+    None) before exactly the bytes that header promises are decompressed."""
+    name = info.filename
+    with z.open(info) as fp:
+        try:
+            version = np.lib.format.read_magic(fp)
+            header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)(fp)
+        except (ValueError, SyntaxError, TypeError) as e:
+            raise damaged(f"{safe_text(name)} is not a numpy array ({safe_text(str(e))})") from None
+        got_shape, fortran, dtype = header
+        if shape is None:
+            if dtype.kind != "U" or got_shape != () or dtype.itemsize > 4 * MAX_META_CHARS:
+                raise damaged(f"{safe_text(name)} is not a short text")
+        elif dtype != np.dtype("<f4") or tuple(got_shape) != shape or fortran:
+            raise damaged(f"{safe_text(name)} is {dtype} {tuple(got_shape)}; this model needs float32 {shape}")
+        nbytes = dtype.itemsize * int(np.prod(got_shape, dtype=np.int64))
+        data = fp.read(nbytes)
+        if len(data) != nbytes:
+            raise damaged(f"{safe_text(name)} is cut short")
+    array = np.frombuffer(data, dtype=dtype).reshape(got_shape)
+    return array[()] if shape is None else array
 
 
 def _fingerprint(config: ModelConfig) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import ATTN, GDN, ModelConfig
+from .metadata import Meta
 from .model_file import ModelFile
 from .placement import CPU, GPU, Plan
 
@@ -24,10 +25,10 @@ def summarize(m: ModelFile) -> dict[str, Any]:
     bytes_by_role = m.bytes_by_role()
     return {
         "path": str(m.path),
-        "name": m.metadata.get("general.name"),
+        "name": Meta(m.metadata).str("general.name", None),
         "architecture": c.arch,
         "gguf_version": m.version,
-        "file_type": m.metadata.get("general.file_type"),
+        "file_type": Meta(m.metadata).int("general.file_type", None),
         "n_layer": c.n_layer,
         "n_nextn": c.n_nextn,
         "mtp_block": f"blk.{c.n_layer}" if c.n_nextn else None,

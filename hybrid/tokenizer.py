@@ -12,6 +12,7 @@ import codecs
 from typing import Any, Iterable, Mapping, Sequence
 
 from .errors import HybridError, ModelError
+from .metadata import Meta, shown
 
 # llama.cpp's forms (src/llama-vocab.cpp): `(?i:'s|...)` spelled out as character classes.
 PRE_TOKENIZER_REGEX = {
@@ -73,7 +74,7 @@ def _byte_level_to_bytes(piece: str) -> bytes:
     except UnicodeEncodeError:
         # A char outside the byte-level alphabet (a malformed vocab entry): keep it as UTF-8.
         return b"".join(bytes([_UNICODE_TO_LATIN1[ord(c)]]) if ord(c) in _UNICODE_TO_LATIN1
-                        else c.encode("utf-8") for c in piece)
+                        else c.encode("utf-8", "surrogateescape") for c in piece)
 
 
 def _token_piece(text: str, kind: int) -> bytes:
@@ -81,7 +82,9 @@ def _token_piece(text: str, kind: int) -> bytes:
     if kind == NORMAL:
         return _byte_level_to_bytes(text)
     if kind in (CONTROL, USER_DEFINED, UNKNOWN):
-        return text.encode("utf-8")  # stored as plain text, not byte-level encoded
+        # stored as plain text, not byte-level encoded; a text that was not UTF-8 in the file
+        # was read with surrogateescape and gives back its own bytes
+        return text.encode("utf-8", "surrogateescape")
     if kind == BYTE and len(text) == 6 and text.startswith("<0x"):
         return bytes([int(text[3:5], 16)])
     return b""  # unused/undefined tokens print nothing in llama.cpp
@@ -94,7 +97,7 @@ class Tokenizer:
                  pre: str, *, bos_id: int | None, eos_id: int | None, pad_id: int | None,
                  add_bos: bool, add_eos: bool, eog_ids: Iterable[int]):
         if pre not in PRE_TOKENIZER_REGEX:
-            raise ModelError(f"pre-tokenizer {pre!r} is not supported "
+            raise ModelError(f"pre-tokenizer {shown(pre)} is not supported "
                              f"(supported: {', '.join(PRE_TOKENIZER_REGEX)})")
         self.pre = pre
         self.n_vocab = len(tokens)
@@ -109,56 +112,52 @@ class Tokenizer:
         self._special = sorted(
             ((i, t) for i, (t, k) in enumerate(zip(self._texts, self._kinds))
              if k in (CONTROL, USER_DEFINED, UNKNOWN)),
-            key=lambda it: (-len(it[1].encode("utf-8")), it[0]))
+            key=lambda it: (-len(it[1].encode("utf-8", "surrogateescape")), it[0]))
         self._bpe = _build_bpe(self._text_to_id, merges, pre)
 
     # --- construction -------------------------------------------------------------------
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
         """Build from GGUF key/value metadata (`tokenizer.ggml.*`)."""
-        model = meta.get("tokenizer.ggml.model")
+        m = Meta(meta)      # every value type-checked, the key named in any error
+        model = m.str("tokenizer.ggml.model", None)
         if model is None:
             raise ModelError("the model file has no tokenizer (tokenizer.ggml.model is missing)")
         if model != "gpt2":
             kind = {"llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram",
-                    "rwkv": "RWKV"}.get(str(model), "unknown")
-            raise ModelError(f"tokenizer model {model!r} ({kind}) is not supported: "
+                    "rwkv": "RWKV"}.get(model, "unknown")
+            raise ModelError(f"tokenizer model {shown(model)} ({kind}) is not supported: "
                              "only byte-level BPE ('gpt2') tokenizers are")
-        pre = meta.get("tokenizer.ggml.pre")
+        pre = m.str("tokenizer.ggml.pre", None)
         if pre is None:
             raise ModelError("tokenizer.ggml.pre is missing: cannot tell which pre-tokenizer the "
                              f"model needs (supported: {', '.join(PRE_TOKENIZER_REGEX)})")
         if pre not in PRE_TOKENIZER_REGEX:
-            raise ModelError(f"pre-tokenizer {pre!r} is not supported "
+            raise ModelError(f"pre-tokenizer {shown(pre)} is not supported "
                              f"(supported: {', '.join(PRE_TOKENIZER_REGEX)})")
 
-        tokens = meta.get("tokenizer.ggml.tokens")
+        tokens = m.strs("tokenizer.ggml.tokens", None)
         if tokens is None or len(tokens) == 0:
             raise ModelError("tokenizer.ggml.tokens is missing or empty")
         # llama.cpp renames empty entries so that every text maps to one id.
-        tokens = [str(t) if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         n = len(tokens)
-        kinds = meta.get("tokenizer.ggml.token_type")
+        kinds = m.ints("tokenizer.ggml.token_type", None, lo=-2**31)
         if kinds is None:
             kinds = [NORMAL] * n
         elif len(kinds) < n:
             raise ModelError(f"tokenizer.ggml.token_type has {len(kinds)} entries for {n} tokens")
-        kinds = [int(k) for k in kinds[:n]]
-        merges = _parse_merges(meta.get("tokenizer.ggml.merges"))
+        kinds = kinds[:n]
+        merges = _parse_merges(m.strs("tokenizer.ggml.merges", None))
 
         def token_id(key: str) -> int | None:
-            value = meta.get(key)
-            if value is None:
-                return None
-            if not 0 <= int(value) < n:
-                raise ModelError(f"{key} = {value} is outside the vocabulary of {n} tokens")
-            return int(value)
+            return m.int(key, None, lo=0, hi=n - 1)
 
         bos_id = token_id("tokenizer.ggml.bos_token_id")
         eos_id = token_id("tokenizer.ggml.eos_token_id")
         pad_id = token_id("tokenizer.ggml.padding_token_id")
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        add_bos = m.bool("tokenizer.ggml.add_bos_token", False)
+        add_eos = m.bool("tokenizer.ggml.add_eos_token", False)
         if add_bos and bos_id is None:
             raise ModelError("tokenizer.ggml.add_bos_token is true but there is no bos_token_id")
         if add_eos and eos_id is None:
@@ -212,10 +211,19 @@ class Tokenizer:
             if isinstance(fragment, int):
                 ids.append(fragment)
             else:
-                ids.extend(self._bpe.encode(fragment, add_special_tokens=False).ids)
+                ids.extend(self._encode_fragment(fragment))
         if want_eos:
             ids.append(self.eos_id)
         return ids
+
+    def _encode_fragment(self, fragment: str) -> list[int]:
+        try:
+            return self._bpe.encode(fragment, add_special_tokens=False).ids
+        except BaseException as e:
+            # a Rust panic (PanicException, a BaseException) on a malformed vocabulary
+            if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+                raise
+            raise HybridError(f"the model's tokenizer failed on this text: {shown(str(e))}") from None
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The words the pre-tokenizer regex cuts `text` into before BPE (special tokens are not
@@ -311,18 +319,40 @@ def _parse_merges(merges: Sequence[str] | None) -> list[tuple[str, str]]:
         # Split at the first space after position 0, as llama.cpp does.
         pos = merge.find(" ", 1)
         if pos < 0:
-            raise ModelError(f"tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'")
+            raise ModelError(f"tokenizer.ggml.merges[{rank}] = {shown(merge)} is not 'left right'")
         pairs.append((merge[:pos], merge[pos + 1:]))
     return pairs
+
+
+def _utf8_clean(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def _build_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str):
     from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
 
+    # Entries that are not valid UTF-8 (kept with surrogateescape) cannot cross into the Rust
+    # library and can never come out of the byte-level pre-tokenizer either: BPE goes without them.
+    if not _utf8_clean("".join(vocab)):
+        vocab = {t: i for t, i in vocab.items() if _utf8_clean(t)}
+    if not _utf8_clean("".join(a + b for a, b in merges)):
+        merges = [(a, b) for a, b in merges if _utf8_clean(a + b)]
+    # A merge whose parts or result are not in the vocabulary can never apply (llama.cpp finds
+    # no id for it either); the library rejects some such merges and panics on others.
+    merges = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
     try:
         bpe = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    except Exception as e:  # the library reports e.g. a merge whose parts are not in the vocab
-        raise ModelError(f"the tokenizer vocabulary/merges are inconsistent: {e}") from None
+    except BaseException as e:
+        # The library reports e.g. a merge whose parts are not in the vocab; on some malformed
+        # vocabularies its Rust code panics, which reaches Python as pyo3's PanicException, a
+        # BaseException: that is the file's fault too. Interrupts and exits pass through.
+        if isinstance(e, (KeyboardInterrupt, SystemExit, MemoryError)):
+            raise
+        raise ModelError(f"the tokenizer vocabulary/merges are inconsistent: {shown(str(e))}") from None
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEX[pre]), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),

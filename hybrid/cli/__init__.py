@@ -18,6 +18,9 @@ app = typer.Typer(
 from . import info, make_model, bench_kernels, decode, bench, chat  # noqa: E402,F401  (each adds its command)
 
 
+MAX_ERROR_CHARS = 2000
+
+
 def main() -> None:
     """Console entry point: user errors print one clear line and exit 1, never a traceback."""
     try:
@@ -25,8 +28,12 @@ def main() -> None:
     except HybridError as e:
         from rich.console import Console
         from rich.text import Text
-        # a Text, not markup: messages quote shapes like [512, 1024] that markup would eat
-        Console(stderr=True, soft_wrap=True).print(Text.assemble(("error: ", "bold red"), str(e)))
+        from ..metadata import safe_text
+        # a Text, not markup: messages quote shapes like [512, 1024] that markup would eat; and
+        # escaped and cut, since messages quote file-derived text (the last line of defence:
+        # readers already pass such text through safe_text)
+        Console(stderr=True, soft_wrap=True).print(
+            Text.assemble(("error: ", "bold red"), safe_text(str(e), MAX_ERROR_CHARS)))
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -23,8 +23,8 @@ FORMATS = ("md", "csv", "json")
 def bench(
     model: Optional[Path] = ModelArg,
     model_opt: Optional[Path] = ModelOpt,
-    n_prompt: List[int] = typer.Option([512], "-p", "--n-prompt", help="Prompt lengths to time (repeatable; 0 skips)."),
-    n_gen: List[int] = typer.Option([128], "-n", "--n-gen", help="Generation lengths to time (repeatable; 0 skips)."),
+    n_prompt: List[int] = typer.Option([512], "-p", "--n-prompt", min=0, help="Prompt lengths to time (repeatable; 0 skips)."),
+    n_gen: List[int] = typer.Option([128], "-n", "--n-gen", min=0, help="Generation lengths to time (repeatable; 0 skips)."),
     draft: List[str] = typer.Option([], "-d", "--draft", help="Also time greedy generation with MTP drafting "
                                     "at this depth (repeatable: -d 1 -d 3 -d auto; 0 = plain, from a code prompt)."),
     reps: int = typer.Option(3, "-r", "--repetitions", help="Repetitions of each test."),
@@ -50,7 +50,16 @@ def bench(
     path = pick_model(model, model_opt)
     for d in draft:
         parse_depth(d)                      # reject bad depths before loading anything
+    if not any(n > 0 for n in (*n_prompt, *n_gen)):
+        raise HybridError("nothing to time: give a positive -p or -n")
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
+    # the model's context bounds every test; read it from the header before loading anything
+    from ..model_file import default_model_path, open_model
+    with open_model(path or default_model_path()) as f:
+        model_ctx = f.config.context_length
+    if n_ctx > model_ctx:
+        raise HybridError(f"-p/-n of {max(*n_prompt, *n_gen):,} tokens (plus 64) do not fit the model's "
+                          f"context of {model_ctx:,} tokens")
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
                    expert_cache=expert_cache, pcie_share=pcie_share)

@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import HybridError
+from ..metadata import safe_text
 from . import app
 from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, PcieShareOpt, MinPOpt,
                      ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
-                     load_model, pick_model)
+                     check_sampling, load_model, pick_model)
 from .decode import pick_draft
 from .display import LiveStream
 
@@ -76,6 +77,8 @@ def chat(
     """
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed)
+    pick_draft(draft, True)                 # a bad --draft fails before loading too
     err = Console(stderr=True)
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
@@ -87,6 +90,7 @@ def chat(
     out = Console()
     if interactive:
         err.print(f"[dim]{m.path.name} · " + " · ".join(f"{c} {h}" for c, h in COMMANDS.items()) + "[/]")
+    failed = 0
     for message in read_messages(err, interactive):
         command = message.strip().lower()
         if command in ("/exit", "/quit"):
@@ -98,11 +102,14 @@ def chat(
         try:
             stats = LiveStream(out).run(session.send(message, **sampling))
         except HybridError as e:
-            if not interactive:
-                raise
-            err.print(Text.assemble(("error: ", "bold red"), str(e)))
+            # one bad turn (a line too long for the context) is reported and the conversation
+            # goes on with the next line; a script still sees the failure in the exit status
+            err.print(Text.assemble(("error: ", "bold red"), safe_text(str(e), 2000)), soft_wrap=True)
+            failed += 1
             continue
         except KeyboardInterrupt:     # landed outside the generation loop: the turn is dropped
             err.print("[dim](interrupted)[/]")
             continue
         (out if out.is_terminal else err).print(turn_line(stats))    # under that turn's summary
+    if failed and not interactive:
+        raise typer.Exit(1)

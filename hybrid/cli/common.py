@@ -28,12 +28,12 @@ TopKOpt = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = o
 TopPOpt = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off).")
 MinPOpt = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off).")
 RepeatPenaltyOpt = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off).")
-SeedOpt = typer.Option(-1, "--seed", help="Random seed (-1 = random).")
+SeedOpt = typer.Option(-1, "--seed", min=-1, help="Random seed (-1 = random).")
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",
     help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
          "cost). Default: auto when the model has an MTP head, else 0.")
-DraftPMinOpt = typer.Option(0.0, "--spec-draft-p-min",
+DraftPMinOpt = typer.Option(0.0, "--spec-draft-p-min", min=0.0, max=1.0,
                             help="Stop a draft when the MTP head's top probability falls below this (0 = never).")
 VramOpt = typer.Option(None, "--vram", help="GPU memory budget, e.g. 12GiB, 8G, 500MiB "
                        "(default: the GPU's free memory).", show_default=False)
@@ -55,6 +55,15 @@ OverrideTensorOpt = typer.Option(
     [], "-ot", "--override-tensor",
     help="Pin tensors whose name matches REGEX to a side: REGEX=CPU or REGEX=GPU (repeatable, "
          "first match wins; like llama.cpp's -ot), e.g. -ot 'blk\\.[0-9]\\.ffn_.*=GPU'.")
+
+
+def check_sampling(*, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
+                   seed: int, repeat_last_n: int = 64) -> None:
+    """Every sampling option checked before the model loads (a bad --top-p should not cost a
+    minute of loading first): SamplerConfig holds the rules."""
+    from ..sampling import SamplerConfig
+    SamplerConfig(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                  repeat_last_n=repeat_last_n, seed=None if seed < 0 else seed)
 
 
 def pick_model(arg: Optional[Path], opt: Optional[Path]) -> Optional[Path]:

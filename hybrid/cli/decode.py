@@ -15,7 +15,7 @@ from ..events import Done, Token
 from . import app
 from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt, PcieShareOpt, MinPOpt,
                      ModelArg, ModelOpt, OverrideTensorOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt,
-                     load_model, pick_model)
+                     check_sampling, load_model, pick_model)
 from .display import LiveStream, drive
 
 DEMO_PROMPT = "def fibonacci(n):"
@@ -82,6 +82,9 @@ def decode(
     text = read_prompt(prompt, file, path is not None)
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                   seed=seed, repeat_last_n=repeat_last_n)
+    DraftPolicy.parse(draft, True)          # a bad --draft fails before loading too
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,

@@ -9,9 +9,11 @@ from typing import Annotated, Any, List, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import app
 from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
+from ..metadata import safe_text
 from ..model_file import default_model_path, open_model
 from ..state import DEFAULT_N_CTX
 from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides, ring_for_draft
@@ -77,7 +79,9 @@ def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share):
 
 def render(s: dict[str, Any], out: Console) -> None:
     c = s["config"]
-    out.print(f"[bold]{s['name'] or Path(s['path']).name}[/]  ({s['path']}, GGUF v{s['gguf_version']})",
+    # The name is file text: a rich Text (never markup) of the escaped, cut value.
+    name = s["name"] if isinstance(s["name"], str) and s["name"] else Path(s["path"]).name
+    out.print(Text.assemble((safe_text(name), "bold"), f"  ({safe_text(s['path'], 1000)}, GGUF v{s['gguf_version']})"),
               soft_wrap=True)
     out.print(_model_table(s, c))
     out.print(_bytes_table("bytes by tensor type", s["bytes_by_type"], s["tensor_bytes"], s["tensor_types"]))

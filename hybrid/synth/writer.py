@@ -8,11 +8,15 @@ Two ways to fill a quantised tensor (`method`):
 "auto" picks "quantize" up to `AUTO_QUANTIZE_ELEMENTS`. F32/F16/BF16 tensors always hold the
 drawn floats (norms ≈ 1 and a negative `ssm_a` matter more than speed there).
 The file appears under its name only when complete (written as `<name>.partial`, then renamed).
+Only a new path or a regular file is ever replaced: renaming over a device node, a folder or a
+symlink would destroy something that is not ours (as root, `make-model /dev/full --force`
+replaced the device).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -32,7 +36,7 @@ Progress = Callable[[int, int, str], None]      # (bytes done, bytes total, tens
 METHODS = ("auto", "quantize", "codes")
 AUTO_QUANTIZE_ELEMENTS = 64 << 20
 CHUNK_BYTES = 32 << 20                             # float32 bytes generated per step
-DISK_MARGIN_BYTES = 64 << 20
+DISK_MARGIN_BYTES = 64 << 20                      # kept free beside a big model (at most a tenth of it)
 
 
 def write_model(path: str | os.PathLike, spec: SynthSpec, types: str = "Q4_K_M", seed: int = 0,
@@ -45,11 +49,16 @@ def write_model(path: str | os.PathLike, spec: SynthSpec, types: str = "Q4_K_M",
     header = encode_header(model_metadata(spec, plan),
                            ((t.name, t.ne, t.type.id, t.nbytes) for t in plan), plan.alignment)
     total = len(header) + plan.total_bytes
-    check_free_space(path, total)
+    check_replaceable(path)
     partial = path.with_name(path.name + ".partial")
+    check_replaceable(partial)
+    check_free_space(path, total)
     done = len(header)
     try:
-        with open(partial, "wb") as f:
+        partial.unlink(missing_ok=True)          # a regular file left by an interrupted run
+        # O_EXCL|O_NOFOLLOW: never write through a link or into something created meanwhile
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(header)
             for t in plan:
                 for chunk in tensor_chunks(spec, t, seed, method):
@@ -78,18 +87,40 @@ def _resolve_method(method: str, plan: ModelPlan) -> str:
     return method
 
 
+def check_replaceable(path: Path) -> None:
+    """`path` is new or a regular file (not followed if it is a link); anything else is refused."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise HybridError(f"cannot write {path}: {path.absolute().parent} is not a folder") from None
+    except OSError as e:
+        raise HybridError(f"cannot write {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise HybridError(f"{path} is {kind}; hybrid only writes new files or replaces regular files")
+
+
 def check_free_space(path: Path, nbytes: int) -> None:
-    folder = path.resolve().parent
-    if not folder.is_dir():
+    folder = path.absolute().parent
+    if not folder.exists():
         raise HybridError(f"folder {folder} does not exist")
+    if not folder.is_dir():
+        raise HybridError(f"{folder} is not a folder")
     free = shutil.disk_usage(folder).free
-    if free < nbytes + DISK_MARGIN_BYTES:
-        raise HybridError(f"not enough disk space in {folder}: the model needs {_gib(nbytes)}, "
-                          f"{_gib(free)} is free")
+    margin = min(DISK_MARGIN_BYTES, nbytes // 10)
+    if free < nbytes + margin:
+        raise HybridError(f"not enough disk space in {folder}: the model needs {_size(nbytes)} "
+                          f"(plus {_size(margin)} kept free), {_size(free)} is free")
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
 
 
 def _row_chunks(n_rows: int, n: int) -> Iterator[int]:

@@ -133,7 +133,7 @@ def test_trained_model_pattern_from_readme():
     ({"attention.recurrent_layers": [True, False]}, "has 2 entries; expected 5"),
     ({"attention.value_length": 64}, "differ"),
     ({"ssm.inner_size": 48}, "inner_size 48"),
-    ({"embedding_length": "wide"}, "expected int"),
+    ({"embedding_length": "wide"}, "is a string .wide.; expected an integer"),
 ])
 def test_bad_metadata(change, message):
     with pytest.raises(ModelError, match=message):
