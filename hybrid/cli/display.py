@@ -121,6 +121,7 @@ class LiveStream:
         final = [Stats()]
         echoed = [False]
         err = stderr_console()
+        open_line = [False]       # reasoning left on stderr without its newline yet
 
         def handle(ev):
             if not echoed[0]:
@@ -130,6 +131,7 @@ class LiveStream:
                 if ev.reasoning:
                     sys.stderr.write(visible(ev.text))
                     sys.stderr.flush()
+                    open_line[0] = not ev.text.endswith("\n")
                 else:
                     sys.stdout.write(visible(ev.text))
                     sys.stdout.flush()
@@ -138,5 +140,7 @@ class LiveStream:
         drive(events, handle)
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if open_line[0]:
+            sys.stderr.write("\n")
         err.print(summary_text(final[0]), style="dim", highlight=False)
         return final[0]
