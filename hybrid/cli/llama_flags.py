@@ -103,6 +103,16 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
                 i += 1
             note(f"{name} is ignored: {why}")
             continue
+        if name == "--reasoning-budget":
+            budget = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            if budget.strip() in ("0", "-1"):
+                # llama.cpp: 0 turns thinking off, -1 leaves it unrestricted (the template's default)
+                out += ["--reasoning", "off" if budget.strip() == "0" else "auto"]
+            else:
+                note(f"--reasoning-budget {budget} is ignored: only 0 (--reasoning off) and -1 (auto) mean "
+                     "something here")
+            continue
         if name in CONVERSATION:
             if command == "decode":
                 raise HybridError(f"{name}: conversation mode is its own command here; run `hybrid chat` "

@@ -161,6 +161,14 @@ def test_rewrite_leaves_other_commands_alone():
     assert rewrite(["decode", "-ngl", "9", "-r", "x", "--", "-fa"], notes.append) == \
         ["decode", "--n-gpu-layers", "9", "--stop", "x", "--", "-fa"]
     assert notes == []
+    assert rewrite(["chat", "--reasoning-budget", "0"], notes.append) == ["chat", "--reasoning", "off"]
+    assert rewrite(["chat", "--reasoning-budget=-1"], notes.append) == ["chat", "--reasoning", "auto"]
+    assert rewrite(["chat", "--reasoning-budget", "100"], notes.append) == ["chat"] and len(notes) == 1
+
+
+def test_events_are_exported_from_the_package():
+    from hybrid import Done as D, Token as T
+    assert D is Done and T is Token
 
 
 # --- 2. output hygiene -------------------------------------------------------------------------
