@@ -135,7 +135,7 @@ class Model:
                  stop: Sequence[str] = (), chat: bool = False, system: str | None = None,
                  draft: int | str | None = None, draft_p_min: float = 0.0, ignore_eos: bool = False,
                  reasoning: bool | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 state=None) -> Iterator[Prefill | Token | Done]:
+                 state=None, **samplers) -> Iterator[Prefill | Token | Done]:
         """Stream a continuation of `prompt` (text, or token ids). Yields `Prefill` progress,
         one `Token` per generated token, and a final `Done` with the stats.
 
@@ -147,6 +147,9 @@ class Model:
         template's default. With chat=True each Token/Done says whether it is reasoning
         (`.reasoning`, `hybrid.reasoning`); raw prompts are never tagged.
         presence_penalty / frequency_penalty: llama.cpp's, over the last repeat_last_n tokens.
+        samplers: llama.cpp's other filters (`sampler_options`): typical_p, xtc_probability,
+        xtc_threshold, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+        dry_sequence_breakers (strings), logit_bias ({token id: bias}).
         """
         from .generate import generate_tokens
         from .speculative import generate_speculative
@@ -164,7 +167,7 @@ class Model:
         sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                                        seed=seed))
+                                        seed=seed, **self.sampler_options(**samplers)))
 
         def tagged(events):
             return ReasoningTagger(events, starts_inside(chat_text)) if chat_text is not None else events
@@ -184,6 +187,25 @@ class Model:
                                         n_ctx=self.n_ctx, ignore_eos=ignore_eos,
                                         controller=self.depth_controller)
         return tagged(run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring))
+
+    def sampler_options(self, *, typical_p: float = 1.0, xtc_probability: float = 0.0, xtc_threshold: float = 0.1,
+                        dry_multiplier: float = 0.0, dry_base: float = 1.75, dry_allowed_length: int = 2,
+                        dry_penalty_last_n: int = -1, dry_sequence_breakers: Sequence[str] = ("\n", ":", "\"", "*"),
+                        logit_bias=None) -> dict:
+        """SamplerConfig fields for llama.cpp's typical-p, XTC, DRY and logit bias (its defaults).
+        DRY's sequence breakers are text: a run cannot cross a token that is one of them."""
+        breakers = ()
+        if dry_multiplier > 0.0:
+            found = set()
+            for text in dry_sequence_breakers:
+                ids = self.tokenizer.encode(text, add_special=False)
+                if len(ids) == 1:
+                    found.add(int(ids[0]))
+            breakers = tuple(sorted(found))
+        bias = tuple(sorted((int(t), float(b)) for t, b in dict(logit_bias or {}).items()))
+        return dict(typical_p=typical_p, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                    dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                    dry_penalty_last_n=dry_penalty_last_n, dry_breakers=breakers, logit_bias=bias)
 
     @property
     def depth_controller(self):

@@ -25,6 +25,8 @@ from .sampling import Sampler, SamplerConfig
 SAMPLING_DEFAULTS = dict(max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                          repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
                          seed=None, stop=(), ignore_eos=False)
+SAMPLER_EXTRAS = ("typical_p", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "logit_bias")   # Model.sampler_options
 
 
 class ChatSession:
@@ -107,6 +109,7 @@ class ChatSession:
     # --- the shared turn ----------------------------------------------------------------------
     def _turn(self, wanted: list[int], sampling: dict, on_reply) -> Iterator[Prefill | Token | Done]:
         """Checks (now, not at the first event), then the generator that runs the turn."""
+        extras = {k: sampling.pop(k) for k in list(sampling) if k in SAMPLER_EXTRAS}
         unknown = set(sampling) - set(SAMPLING_DEFAULTS)
         if unknown:
             raise HybridError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
@@ -119,7 +122,8 @@ class ChatSession:
         sampler = Sampler(SamplerConfig(temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
                                         min_p=opts["min_p"], repeat_penalty=opts["repeat_penalty"],
                                         repeat_last_n=opts["repeat_last_n"], presence_penalty=opts["presence_penalty"],
-                                        frequency_penalty=opts["frequency_penalty"], seed=opts["seed"]))
+                                        frequency_penalty=opts["frequency_penalty"], seed=opts["seed"],
+                                        **self.model.sampler_options(**extras)))
         run = dict(max_tokens=opts["max_tokens"], sampler=sampler, stop=list(opts["stop"]),
                    n_ctx=self.n_ctx, ignore_eos=opts["ignore_eos"])
         return self._stream(wanted, run, on_reply)

@@ -13,7 +13,8 @@ from rich.text import Text
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
+from .common import (ChatTemplateFileOpt, DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, LogitBiasOpt, TypicalPOpt,
+                     XtcProbabilityOpt, XtcThresholdOpt, sampler_extras, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      ExpertCacheOpt, FrequencyPenaltyOpt, IgnoreEosOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt, RepeatLastNOpt,
                      RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt, load_model,
@@ -155,6 +156,15 @@ def chat(
     repeat_last_n: int = RepeatLastNOpt,
     presence_penalty: float = PresencePenaltyOpt,
     frequency_penalty: float = FrequencyPenaltyOpt,
+    typical_p: float = TypicalPOpt,
+    xtc_probability: float = XtcProbabilityOpt,
+    xtc_threshold: float = XtcThresholdOpt,
+    dry_multiplier: float = DryMultiplierOpt,
+    dry_base: float = DryBaseOpt,
+    dry_allowed_length: int = DryAllowedLengthOpt,
+    dry_penalty_last_n: int = DryLastNOpt,
+    dry_breakers: List[str] = DryBreakerOpt,
+    logit_bias: List[str] = LogitBiasOpt,
     seed: int = SeedOpt,
     stop: List[str] = StopOpt,
     ignore_eos: bool = IgnoreEosOpt,
@@ -182,6 +192,8 @@ def chat(
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
     think = parse_reasoning(reasoning)
+    extras = sampler_extras(typical_p, xtc_probability, xtc_threshold, dry_multiplier, dry_base, dry_allowed_length,
+                            dry_penalty_last_n, dry_breakers, logit_bias)
     err = stderr_console()
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
@@ -193,7 +205,7 @@ def chat(
     sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, stop=stop,
-                    ignore_eos=ignore_eos)
+                    ignore_eos=ignore_eos, **extras)
     out = Console()
     if interactive:
         err.print(f"[dim]{m.path.name} · /help for commands · Ctrl-D quits[/]", highlight=False)

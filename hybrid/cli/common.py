@@ -31,6 +31,18 @@ RepeatLastNOpt = typer.Option(64, "--repeat-last-n", help="How many recent token
 PresencePenaltyOpt = typer.Option(0.0, "--presence-penalty", help="Subtract this from every token seen in the window (0 = off).")
 FrequencyPenaltyOpt = typer.Option(0.0, "--frequency-penalty",
                                    help="Subtract this × its count in the window from each token (0 = off).")
+TypicalPOpt = typer.Option(1.0, "--typical-p", "--typical", help="Locally typical sampling mass (1.0 = off).")
+XtcProbabilityOpt = typer.Option(0.0, "--xtc-probability", help="XTC: chance per token of cutting the likeliest tokens (0 = off).")
+XtcThresholdOpt = typer.Option(0.1, "--xtc-threshold", help="XTC: tokens at or above this probability, but the least likely, are cut.")
+DryMultiplierOpt = typer.Option(0.0, "--dry-multiplier", help="DRY: penalty for extending a repeated run (0 = off).")
+DryBaseOpt = typer.Option(1.75, "--dry-base", help="DRY: the penalty grows by this factor per token of the run.")
+DryAllowedLengthOpt = typer.Option(2, "--dry-allowed-length", help="DRY: runs this long go unpunished.")
+DryLastNOpt = typer.Option(-1, "--dry-penalty-last-n", help="DRY: how many recent tokens it looks at (-1 = all).")
+DryBreakerOpt = typer.Option([], "--dry-sequence-breaker",
+                             help="DRY: text a repeated run cannot cross (repeatable; default \\n : \" *).")
+LogitBiasOpt = typer.Option([], "--logit-bias", "-l",
+                            help="TOKEN_ID+BIAS or TOKEN_ID-BIAS added to that token's logit, e.g. 15043+1 or "
+                                 "15043-inf to ban it (repeatable).")
 SeedOpt = typer.Option(-1, "-s", "--seed", help="Random seed (-1 = random).")
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",
@@ -74,6 +86,30 @@ ReasoningOpt = typer.Option(
     "auto", "--reasoning",
     help="Thinking models: on, off, or auto (the chat template's default). Reasoning is shown dim on a "
          "terminal and kept out of --json's text (its own 'reasoning' field).")
+
+
+def sampler_extras(typical_p: float, xtc_probability: float, xtc_threshold: float, dry_multiplier: float,
+                   dry_base: float, dry_allowed_length: int, dry_penalty_last_n: int, dry_breakers: Sequence[str],
+                   logit_bias: Sequence[str]) -> dict:
+    """The llama.cpp sampler options as `Model.generate` keyword arguments."""
+    extras = dict(typical_p=typical_p, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                  dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                  dry_penalty_last_n=dry_penalty_last_n, logit_bias=parse_logit_bias(logit_bias))
+    if dry_breakers:
+        extras["dry_sequence_breakers"] = tuple(dry_breakers)
+    return extras
+
+
+def parse_logit_bias(items: Sequence[str]) -> dict[int, float]:
+    """llama.cpp's --logit-bias TOKEN_ID(+|-)BIAS."""
+    import re
+    out: dict[int, float] = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", str(item), flags=re.I)
+        if m is None:
+            raise HybridError(f"--logit-bias {item!r}: write TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf")
+        out[int(m.group(1))] = float(m.group(2).replace(" ", ""))
+    return out
 
 
 def parse_reasoning(value: str) -> bool | None:

@@ -16,7 +16,8 @@ from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
+from .common import (ChatTemplateFileOpt, DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, LogitBiasOpt, TypicalPOpt,
+                     XtcProbabilityOpt, XtcThresholdOpt, sampler_extras, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      ExpertCacheOpt, FrequencyPenaltyOpt, IgnoreEosOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt, RepeatLastNOpt,
                      RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt, load_model,
@@ -95,6 +96,23 @@ def pick_draft(draft: Optional[str], has_mtp: bool) -> int:
     return DraftPolicy.parse(draft, has_mtp).depth
 
 
+def token_probs(m, prompt_ids: list[int], tokens: list[int], n: int) -> list[dict]:
+    """Per generated token: its probability and the n likeliest tokens at its position, from
+    the teacher-forced logits of prompt + generated text (what the model saw when sampling)."""
+    import numpy as np
+    if not tokens:
+        return []
+    logits = m.logits(list(prompt_ids) + tokens[:-1])[len(prompt_ids) - 1:]
+    out = []
+    for row, tok in zip(logits, tokens):
+        p = np.exp(row.astype(np.float64) - row.max())
+        p /= p.sum()
+        top = np.argsort(-p, kind="stable")[:n]
+        out.append({"id": tok, "text": m.tokenizer.decode([tok]), "prob": float(p[tok]),
+                    "top": [{"id": int(i), "text": m.tokenizer.decode([int(i)]), "prob": float(p[i])} for i in top]})
+    return out
+
+
 @app.command("decode")
 def decode(
     model: Optional[Path] = ModelArg,
@@ -112,6 +130,15 @@ def decode(
     repeat_last_n: int = RepeatLastNOpt,
     presence_penalty: float = PresencePenaltyOpt,
     frequency_penalty: float = FrequencyPenaltyOpt,
+    typical_p: float = TypicalPOpt,
+    xtc_probability: float = XtcProbabilityOpt,
+    xtc_threshold: float = XtcThresholdOpt,
+    dry_multiplier: float = DryMultiplierOpt,
+    dry_base: float = DryBaseOpt,
+    dry_allowed_length: int = DryAllowedLengthOpt,
+    dry_penalty_last_n: int = DryLastNOpt,
+    dry_breakers: List[str] = DryBreakerOpt,
+    logit_bias: List[str] = LogitBiasOpt,
     seed: int = SeedOpt,
     threads: Optional[int] = ThreadsOpt,
     ctx_size: int = CtxOpt,
@@ -135,6 +162,8 @@ def decode(
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
+    n_probs: int = typer.Option(0, "--n-probs", help="--json: for each generated token, the N most likely tokens "
+                                "there and their probabilities (the model's softmax, before sampling)."),
 ) -> None:
     """Generate text from a prompt, streaming it with live prefill and decode speed.
 
@@ -150,6 +179,10 @@ def decode(
     # A system message only exists inside a chat template: --system (llama.cpp's -sys) turns it on.
     chat = chat or system is not None
     think = parse_reasoning(reasoning)
+    extras = sampler_extras(typical_p, xtc_probability, xtc_threshold, dry_multiplier, dry_base, dry_allowed_length,
+                            dry_penalty_last_n, dry_breakers, logit_bias)
+    if n_probs < 0:
+        raise HybridError(f"--n-probs must be ≥ 0, got {n_probs}")
     if think is not None and not chat:
         raise HybridError("--reasoning applies to chat prompts: add --chat (a raw prompt has no template)")
     err = stderr_console()
@@ -163,7 +196,8 @@ def decode(
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system, reasoning=think,
-                        ignore_eos=ignore_eos, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min)
+                        ignore_eos=ignore_eos, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,
+                        **extras)
     if as_json:
         tokens, pieces, thoughts, final = [], [], [], {}
 
@@ -178,6 +212,9 @@ def decode(
         out = {"model": str(m.path), "tokens": tokens, "text": "".join(pieces), **final["stats"].to_dict()}
         if chat:
             out["reasoning"] = "".join(thoughts)
+        if n_probs:
+            out["probs"] = token_probs(m, m.encode_prompt(text, chat=chat, system=system, reasoning=think),
+                                       tokens, n_probs)
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
         stats = final["stats"]
     else:

@@ -30,7 +30,9 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
                "--seed", "--override-tensor", "--vram", "--device", "--draft", "--spec-draft-n-max",
                "--chat-template-file", "--n-gpu-layers", "--n-cpu-moe", "--repeat-penalty", "--repeat-last-n",
                "--reasoning", "--presence-penalty", "--frequency-penalty", "--n-probs", "--pcie-share",
-               "--spec-draft-p-min"}
+               "--spec-draft-p-min", "--typical-p", "--typical", "--xtc-probability", "--xtc-threshold",
+               "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
+               "--dry-sequence-breaker", "--logit-bias", "-l"}
 
 # llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
 # Values in ON_OFF are optional (older llama.cpp took -fa without one).
