@@ -325,3 +325,15 @@ def test_frequency_penalty_reaches_the_sampler():
                                "--repeat-last-n", "-1")
     assert len(set(plain["tokens"])) < len(plain["tokens"])              # greedy repeats itself here
     assert len(set(penalised["tokens"])) == len(penalised["tokens"])      # a huge penalty forbids repeats
+
+
+def test_n_probs_and_logit_bias_from_the_cli(model):
+    out, _ = decode_json("-p", "def add(a, b):", "--n-probs", "3", "--ignore-eos")
+    assert len(out["probs"]) == len(out["tokens"]) == 4
+    first = out["probs"][0]
+    assert first["id"] == out["tokens"][0] == first["top"][0]["id"]        # greedy: the likeliest
+    assert len(first["top"]) == 3 and first["top"][0]["prob"] >= first["top"][1]["prob"]
+    banned, _ = decode_json("-p", "def add(a, b):", "--ignore-eos", "-l", f"{out['tokens'][0]}-inf")
+    assert banned["tokens"][0] == first["top"][1]["id"]                     # the runner-up, once the best is banned
+    r = run("decode", "-p", "hi", "-l", "nonsense")
+    assert r.returncode == 1 and "--logit-bias" in r.stderr
