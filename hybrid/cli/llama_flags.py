@@ -86,6 +86,10 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             i += 1
             continue
         name, eq, value = a.partition("=") if a.startswith("--") else (a, "", "")
+        if name == "-s" and i + 1 < len(args) and not args[i + 1].lstrip("-").isdigit():
+            # chat's -s used to be its system message; llama.cpp's -s, and ours now, is the seed
+            raise HybridError(f"-s is the seed (llama.cpp's --seed), not {args[i + 1]!r}: "
+                              "give a system message with --system or -sys")
         if name in RENAMES:
             name = RENAMES[name]
             a = name + eq + value

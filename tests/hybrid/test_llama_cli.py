@@ -107,6 +107,11 @@ def test_s_is_the_seed_in_chat_and_decode():
     assert json.loads(a.stdout)["prompt_tokens"] == json.loads(b.stdout)["prompt_tokens"]   # -s is not a system message
 
 
+def test_s_with_text_points_to_system():
+    r = run("chat", "-s", "You are terse.", stdin="hi\n")
+    assert r.returncode == 1 and "-sys" in r.stderr and "seed" in r.stderr
+
+
 def test_temperature_is_temp():
     a, _ = decode_json("-p", "def f(x):", "--temperature", "0", "--ignore-eos")
     b, _ = decode_json("-p", "def f(x):", "--temp", "0", "--ignore-eos")
