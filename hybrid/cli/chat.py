@@ -13,12 +13,13 @@ from rich.text import Text
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (ChatTemplateFileOpt, DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, LogitBiasOpt, TypicalPOpt,
-                     XtcProbabilityOpt, XtcThresholdOpt, sampler_extras, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
-                     ExpertCacheOpt, FrequencyPenaltyOpt, IgnoreEosOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
-                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt, RepeatLastNOpt,
-                     RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt, load_model,
-                     parse_reasoning, pick_model)
+from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
+                     DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
+                     FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
+                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt,
+                     RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
+                     TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
+                     pick_model, sampler_extras)
 from .decode import pick_draft
 from .display import LiveStream, drive, stderr_console
 

@@ -16,12 +16,13 @@ from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..events import Done, Token
 from . import app
-from .common import (ChatTemplateFileOpt, DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, LogitBiasOpt, TypicalPOpt,
-                     XtcProbabilityOpt, XtcThresholdOpt, sampler_extras, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
-                     ExpertCacheOpt, FrequencyPenaltyOpt, IgnoreEosOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
-                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt, RepeatLastNOpt,
-                     RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, VramOpt, load_model,
-                     parse_reasoning, pick_model)
+from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
+                     DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
+                     FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
+                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt,
+                     RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
+                     TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
+                     pick_model, sampler_extras)
 from .display import LiveStream, drive, stderr_console
 
 INTERRUPTED = 130    # the shell's code for a run ended by Ctrl-C (128 + SIGINT)

@@ -342,3 +342,26 @@ def test_n_probs_and_logit_bias_from_the_cli(model):
     assert banned["tokens"][0] == first["top"][1]["id"]                     # the runner-up, once the best is banned
     r = run("decode", "-p", "hi", "-l", "nonsense")
     assert r.returncode == 1 and "--logit-bias" in r.stderr
+
+
+def test_terminal_display_dims_reasoning_and_escapes_control_bytes():
+    import io
+    from rich.console import Console
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=60, color_system="standard")
+    events = [Token(1, "<think>", reasoning=True), Token(2, "hmm", reasoning=True), Token(3, "</think>", reasoning=True),
+              Token(4, "Answer\x1b[2J"), Done(Stats(generated_tokens=4, stop_reason="eog"))]
+    LiveStream(console).run(iter(events), prompt="Q: ")
+    out = buf.getvalue()
+    assert "\x1b[2mhmm" in out or "\x1b[2m<think>hmm" in out          # reasoning in dim
+    assert "Answer\\x1b[2J" in out and "\x1b[2J" not in out            # the model's escape is shown, not obeyed
+    assert "Q: " in out and "stop: eog" in out
+
+
+def test_nothing_is_echoed_when_generation_fails_before_its_first_event(capsys):
+    def failing():
+        raise HybridError("the prompt does not fit the context")
+        yield
+    with pytest.raises(HybridError):
+        LiveStream(__import__("rich.console").console.Console(file=open(os.devnull, "w"))).run(failing(), prompt="PROMPT")
+    assert "PROMPT" not in capsys.readouterr().out
