@@ -5,6 +5,7 @@ Importing this package needs neither a GPU nor a CUDA toolkit.
 __version__ = "0.1.0"
 
 from .errors import HybridError, ModelError  # noqa: F401
+from .events import Done, Prefill, Stats, Token  # noqa: F401  (what generate() yields)
 
 
 def load(path=None, device="auto", threads=None, n_ctx=None, **placement):

@@ -125,28 +125,42 @@ class Model:
 
     # --- generation -----------------------------------------------------------------------
     def encode_prompt(self, prompt: str | Sequence[int], *, chat: bool = False,
-                      system: str | None = None) -> list[int]:
+                      system: str | None = None, reasoning: bool | None = None) -> list[int]:
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]          # the forward rejects ids outside the vocabulary
         if chat:
-            messages = ([{"role": "system", "content": system}] if system else []) + \
-                       [{"role": "user", "content": prompt}]
-            text = self.chat_template.render(messages, add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special=False, parse_special=True)
+            return self.tokenizer.encode(self.chat_prompt(prompt, system, reasoning),
+                                         add_special=False, parse_special=True)
         return self.tokenizer.encode(prompt)
+
+    def chat_prompt(self, prompt: str, system: str | None = None, reasoning: bool | None = None) -> str:
+        """The chat template's text for one user turn (and a system message). reasoning: the
+        template's enable_thinking (None leaves the template's default)."""
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+                   [{"role": "user", "content": prompt}]
+        return self.chat_template.render(messages, add_generation_prompt=True, enable_thinking=reasoning)
 
     def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 128,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
                  stop: Sequence[str] = (), chat: bool = False, system: str | None = None,
                  draft: int | str | None = None, draft_p_min: float = 0.0, ignore_eos: bool = False,
-                 state=None) -> Iterator[Prefill | Token | Done]:
+                 reasoning: bool | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 state=None, **samplers) -> Iterator[Prefill | Token | Done]:
         """Stream a continuation of `prompt` (text, or token ids). Yields `Prefill` progress,
         one `Token` per generated token, and a final `Done` with the stats.
 
         draft: MTP draft depth per step (0 = plain decoding, "auto" = chosen from measured
         acceptance and step cost; None, the default, = auto when the model has an MTP head, as
         the CLI); draft_p_min stops a draft below that confidence.
+
+        reasoning (chat only): a thinking model's enable_thinking — True, False, or None for the
+        template's default. With chat=True each Token/Done says whether it is reasoning
+        (`.reasoning`, `hybrid.reasoning`); raw prompts are never tagged.
+        presence_penalty / frequency_penalty: llama.cpp's, over the last repeat_last_n tokens.
+        samplers: llama.cpp's other filters (`sampler_options`): typical_p, xtc_probability,
+        xtc_threshold, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+        dry_sequence_breakers (strings), logit_bias ({token id: bias}).
         """
         from .generate import generate_tokens
         from .speculative import generate_speculative
@@ -154,15 +168,25 @@ class Model:
         if max_tokens < 0:
             raise HybridError(f"max_tokens must be ≥ 0, got {max_tokens}")
         policy = DraftPolicy.parse(draft, self.has_mtp)
-        ids = self.encode_prompt(prompt, chat=chat, system=system)
+        if reasoning is not None and not chat:
+            raise HybridError("reasoning= applies to chat prompts (chat=True): a raw prompt has no template")
+        if system is not None and not chat:
+            raise HybridError("system= applies to chat prompts (chat=True): a raw prompt has no template")
+        from .reasoning import ReasoningTagger, starts_inside
+        chat_text = self.chat_prompt(prompt, system, reasoning) if chat and isinstance(prompt, str) else None
+        ids = self.encode_prompt(prompt, chat=chat, system=system, reasoning=reasoning)
         sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                        seed=seed))
+                                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                        seed=seed, **self.sampler_options(**samplers)))
+
+        def tagged(events):
+            return ReasoningTagger(events, starts_inside(chat_text)) if chat_text is not None else events
         if policy.depth == 0:
             def run(state):
                 return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
-            return run(state) if state is not None else self.with_fresh_state(run)
+            return tagged(run(state) if state is not None else self.with_fresh_state(run))
         ring = policy.ring
         if state is not None and state.n_ring < ring:
             raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
@@ -173,7 +197,26 @@ class Model:
                                         sampler=sampler, depth=policy.depth, p_min=draft_p_min, stop=stop,
                                         n_ctx=self.n_ctx, ignore_eos=ignore_eos,
                                         controller=self.depth_controller)
-        return run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring)
+        return tagged(run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring))
+
+    def sampler_options(self, *, typical_p: float = 1.0, xtc_probability: float = 0.0, xtc_threshold: float = 0.1,
+                        dry_multiplier: float = 0.0, dry_base: float = 1.75, dry_allowed_length: int = 2,
+                        dry_penalty_last_n: int = -1, dry_sequence_breakers: Sequence[str] = ("\n", ":", "\"", "*"),
+                        logit_bias=None) -> dict:
+        """SamplerConfig fields for llama.cpp's typical-p, XTC, DRY and logit bias (its defaults).
+        DRY's sequence breakers are text: a run cannot cross a token that is one of them."""
+        breakers = ()
+        if dry_multiplier > 0.0:
+            found = set()
+            for text in dry_sequence_breakers:
+                ids = self.tokenizer.encode(text, add_special=False)
+                if len(ids) == 1:
+                    found.add(int(ids[0]))
+            breakers = tuple(sorted(found))
+        bias = tuple(sorted((int(t), float(b)) for t, b in dict(logit_bias or {}).items()))
+        return dict(typical_p=typical_p, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                    dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                    dry_penalty_last_n=dry_penalty_last_n, dry_breakers=breakers, logit_bias=bias)
 
     @property
     def depth_controller(self):
@@ -201,11 +244,12 @@ class Model:
             self._idle_state = state
 
     def session(self, system: str | None = None, n_ctx: int | None = None, draft: int | str | None = None,
-                draft_p_min: float = 0.0):
+                draft_p_min: float = 0.0, reasoning: bool | None = None):
         """A multi-turn chat that keeps its state between turns, so each `send` prefills only the
-        new tokens (a `hybrid.session.ChatSession`). draft/draft_p_min as for `generate`."""
+        new tokens (a `hybrid.session.ChatSession`). draft/draft_p_min/reasoning as for `generate`."""
         from .session import ChatSession
-        return ChatSession(self, system=system, n_ctx=n_ctx, draft=draft, draft_p_min=draft_p_min)
+        return ChatSession(self, system=system, n_ctx=n_ctx, draft=draft, draft_p_min=draft_p_min,
+                           reasoning=reasoning)
 
     @property
     def has_mtp(self) -> bool:

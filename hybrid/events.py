@@ -57,6 +57,7 @@ class Token:
     id: int
     text: str
     stats: Stats = field(repr=False, default_factory=Stats)   # running totals, for live displays
+    reasoning: bool = False   # part of a thinking model's reasoning (chat prompts only; see hybrid.reasoning)
 
 
 @dataclass
@@ -64,3 +65,4 @@ class Done:
     """Generation finished; `text` holds any text held back until the end (a pending stop-string prefix)."""
     stats: Stats
     text: str = ""
+    reasoning: bool = False   # `text` is the end of the reasoning (generation stopped inside it)

@@ -1,8 +1,8 @@
 """Next-token sampling as llama.cpp's default chain, and stop-string handling for streamed text.
 
-Order (llama.cpp common sampler): penalties -> top-k -> top-p -> min-p -> temperature -> draw.
-Top-p and min-p therefore see the untempered logits, and top-p's mass is taken over the top-k
-survivors only. `probs` returns the distribution the draw uses, so speculative decoding can
+Order (llama.cpp common sampler): logit bias -> penalties -> DRY -> top-k -> typical-p -> top-p ->
+min-p -> XTC -> temperature -> draw. Typical-p, top-p, min-p and XTC therefore see the untempered
+logits, and their probabilities are taken over the top-k survivors only. `probs` returns the distribution the draw uses, so speculative decoding can
 compare a draft against exactly what `sample` would do.
 
 The draw is seeded by position: the token at position n (n tokens before it: context, prompt and
@@ -39,6 +39,15 @@ class SamplerConfig:
     frequency_penalty: float = 0.0   # llama.cpp's, off by default: minus count * this
     presence_penalty: float = 0.0    # minus this once for any token seen
     seed: int | None = None
+    typical_p: float = 1.0           # locally typical sampling (1.0 = off)
+    xtc_probability: float = 0.0     # XTC: chance of cutting the most likely tokens (0 = off)
+    xtc_threshold: float = 0.1       # XTC: the tokens at or above this probability, all but the least likely
+    dry_multiplier: float = 0.0      # DRY: penalty scale for tokens that extend a repeated run (0 = off)
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2      # runs up to this long go unpunished
+    dry_penalty_last_n: int = -1     # how far back DRY looks (-1 = the whole history)
+    dry_breakers: tuple = ()         # token ids a repeated run cannot cross
+    logit_bias: tuple = ()           # ((token id, added to its logit), …); -inf bans a token
 
     def __post_init__(self):
         problems = []
@@ -54,6 +63,12 @@ class SamplerConfig:
             problems.append(f"repeat_last_n must be -1 (all), 0 (off) or positive, not {self.repeat_last_n}")
         if self.seed is not None and self.seed < 0:
             problems.append(f"seed must be >= 0, not {self.seed}")
+        if not 0.0 <= self.typical_p <= 1.0:
+            problems.append(f"typical_p must be in [0, 1], not {self.typical_p}")
+        if not 0.0 <= self.xtc_probability <= 1.0:
+            problems.append(f"xtc_probability must be in [0, 1], not {self.xtc_probability}")
+        if self.dry_multiplier < 0 or self.dry_base < 1.0 or self.dry_allowed_length < 1 or self.dry_penalty_last_n < -1:
+            problems.append("DRY needs multiplier ≥ 0, base ≥ 1, allowed length ≥ 1 and last-n ≥ -1")
         if problems:
             raise HybridError("bad sampling settings: " + "; ".join(problems))
 
@@ -65,7 +80,12 @@ class SamplerConfig:
     def argmax_only(self) -> bool:
         """Greedy with no penalty: the sample is the first maximum of the raw logits, so the
         forward's on-device picks (`Picks`) serve and the logits need not come to the host."""
-        return self.greedy and not self.penalizes
+        return self.greedy and not self.penalizes and not self.rewrites_logits
+
+    @property
+    def rewrites_logits(self) -> bool:
+        """Logit bias or DRY: they may move any token's logit, so the whole row matters."""
+        return bool(self.logit_bias) or self.dry_multiplier > 0.0
 
     @property
     def penalizes(self) -> bool:
@@ -83,7 +103,7 @@ class SamplerConfig:
         Without top-k, or with a penalty that may raise a logit or spans the whole history,
         any token may win."""
         keep = 1 if self.greedy else self.top_k
-        if keep <= 0:
+        if keep <= 0 or self.rewrites_logits:
             return None
         if self.penalizes:
             lowers_only = (self.repeat_penalty >= 1.0 and self.frequency_penalty >= 0.0
@@ -166,7 +186,7 @@ class Sampler:
         ids, x = self._penalized(logits, history)
         if self.config.greedy:
             return _id(ids, int(np.argmax(x)))  # first maximum: lowest id on ties
-        ids, p = self._distribution(ids, x)
+        ids, p = self._distribution(ids, x, len(history))
         cdf = np.cumsum(p)
         u = position_uniform(self.seed, len(history))
         k = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
@@ -178,7 +198,7 @@ class Sampler:
         ids, x = self._penalized(logits, history)
         if self.config.greedy:
             return np.array([_id(ids, int(np.argmax(x)))]), np.ones(1)
-        return self._distribution(ids, x)
+        return self._distribution(ids, x, len(history))
 
     def probs(self, logits, history: Sequence[int] = ()) -> np.ndarray:
         """float32[n_vocab]: `distribution` spread over the vocabulary."""
@@ -205,6 +225,20 @@ class Sampler:
         if np.isneginf(x).all():
             raise HybridError("every token is masked out (all logits are -inf)")
         c = self.config
+        if c.logit_bias:
+            for tok, bias in c.logit_bias:
+                if not 0 <= tok < n_vocab:
+                    raise HybridError(f"logit bias for token {tok}, outside the vocabulary of {n_vocab}")
+                at = tok if ids is None else int(np.searchsorted(ids, tok))
+                if ids is None or (at < ids.size and ids[at] == tok):
+                    x[at] += bias
+            if np.isneginf(x).all():
+                raise HybridError("every token is masked out (the logit bias bans them all)")
+        if c.dry_multiplier > 0.0 and len(history) > 0:
+            for tok, penalty in dry_penalties(history, c).items():
+                at = tok if ids is None else int(np.searchsorted(ids, tok))
+                if 0 <= tok < n_vocab and (ids is None or (at < ids.size and ids[at] == tok)):
+                    x[at] -= penalty
         if len(history) == 0 or not c.penalizes:        # penalizes: a window of at least one token
             return ids, x
         n_last = len(history) if c.repeat_last_n == -1 else c.repeat_last_n
@@ -222,11 +256,17 @@ class Sampler:
         x[at] = v - counts * c.frequency_penalty - c.presence_penalty
         return ids, x
 
-    def _distribution(self, ids: np.ndarray | None, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, probabilities) after top-k, top-p, min-p and temperature, ids by falling logit."""
+    def _distribution(self, ids: np.ndarray | None, x: np.ndarray,
+                      position: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, probabilities) after top-k, typical-p, top-p, min-p, XTC and temperature, ids by
+        falling logit. XTC's coin is drawn from (seed, position), apart from the token's own draw."""
         c = self.config
         at = _top_k(x, c.top_k)
+        at = at[:max(1, int(np.count_nonzero(x[at] > -np.inf)))]   # banned (-inf) tokens: last, and out
         v = x[at]
+        if c.typical_p < 1.0 and v.size > 1:
+            keep = _typical(v, c.typical_p)
+            at, v = at[keep], v[keep]
         if c.top_p < 1.0:
             cum = np.cumsum(_softmax(v))
             # The smallest prefix whose mass reaches top_p (at least one token).
@@ -235,7 +275,60 @@ class Sampler:
             # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p); v is sorted, so a prefix.
             v = v[:max(1, int(np.count_nonzero(v >= v[0] + math.log(c.min_p))))]
         at = at[:v.size]
+        if c.xtc_probability > 0.0 and c.xtc_threshold <= 0.5 and v.size > 1 \
+                and xtc_uniform(self.seed, position) < c.xtc_probability:
+            cut = _xtc_cut(v, c.xtc_threshold)
+            at, v = at[cut:], v[cut:]
         return (at if ids is None else ids[at]), _softmax(v / c.temperature)
+
+
+def xtc_uniform(seed: int, position: int) -> float:
+    """XTC's coin at `position`: a stream apart from the draw's (`position_uniform`)."""
+    word = np.random.SeedSequence(seed, spawn_key=(position, 1)).generate_state(1, np.uint64)[0]
+    return float(word >> np.uint64(11)) * 2.0 ** -53
+
+
+def _typical(v: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling (llama.cpp's typical_p): order the tokens by how far their
+    surprise -log p is from the entropy, keep the closest until their mass exceeds `mass`.
+    Returns the kept indices of v in v's order (falling logit)."""
+    p = _softmax(v)
+    logp = np.log(np.maximum(p, 1e-300))
+    entropy = -np.sum(p * logp)
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    cum = np.cumsum(p[order])
+    n = min(int(np.searchsorted(cum, mass, side="right")) + 1, v.size)
+    return np.sort(order[:n])
+
+
+def _xtc_cut(v: np.ndarray, threshold: float) -> int:
+    """XTC: how many of the most likely tokens to drop: all of those at or above `threshold`
+    probability but the least likely of them (none when fewer than two reach it)."""
+    above = int(np.count_nonzero(_softmax(v) >= threshold))
+    return above - 1 if above >= 2 else 0
+
+
+def dry_penalties(history: Sequence[int], c: SamplerConfig) -> dict[int, float]:
+    """DRY (llama.cpp's "don't repeat yourself"): for each earlier place the text's last tokens
+    already occurred, the token that followed them there would extend the repeat. Its run length
+    is how many tokens before it match the end of the history (not crossing a breaker token); a
+    run at least `dry_allowed_length` long costs multiplier × base^(length − allowed_length),
+    the longest run per token counting."""
+    h = list(history if c.dry_penalty_last_n == -1 else history[-c.dry_penalty_last_n:]) \
+        if c.dry_penalty_last_n != 0 else []
+    n = len(h)
+    breakers = set(c.dry_breakers)
+    if n < 2 or h[-1] in breakers:
+        return {}
+    longest: dict[int, int] = {}
+    for j in range(1, n):            # h[j] followed h[:j]; does h[:j] end like h does?
+        k = 0
+        while k < j and h[j - 1 - k] == h[n - 1 - k] and h[j - 1 - k] not in breakers:
+            k += 1
+        if k and h[j] not in breakers:
+            longest[h[j]] = max(longest.get(h[j], 0), k)
+    return {tok: c.dry_multiplier * c.dry_base ** (k - c.dry_allowed_length)
+            for tok, k in longest.items() if k >= c.dry_allowed_length}
 
 
 def _id(ids: np.ndarray | None, at: int) -> int:

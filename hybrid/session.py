@@ -23,7 +23,10 @@ from .events import Done, Prefill, Token
 from .sampling import Sampler, SamplerConfig
 
 SAMPLING_DEFAULTS = dict(max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-                         repeat_penalty=1.0, repeat_last_n=64, seed=None, stop=(), ignore_eos=False)
+                         repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
+                         seed=None, stop=(), ignore_eos=False)
+SAMPLER_EXTRAS = ("typical_p", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "logit_bias")   # Model.sampler_options
 
 
 class ChatSession:
@@ -36,9 +39,10 @@ class ChatSession:
     """
 
     def __init__(self, model, *, system: str | None = None, n_ctx: int | None = None,
-                 draft: int | str | None = None, draft_p_min: float = 0.0):
+                 draft: int | str | None = None, draft_p_min: float = 0.0, reasoning: bool | None = None):
         self.model = model
         self.system = system
+        self.reasoning = reasoning      # the template's enable_thinking (None: its default)
         policy = DraftPolicy.parse(draft, model.has_mtp)
         self.depth = policy.depth
         self.draft_p_min = draft_p_min
@@ -72,7 +76,8 @@ class ChatSession:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.messages
         if user_text is not None:
             messages = messages + [{"role": "user", "content": user_text}]
-        text = self.model.chat_template.render(messages, add_generation_prompt=True)
+        text = self.model.chat_template.render(messages, add_generation_prompt=True, enable_thinking=self.reasoning)
+        self._rendered = text
         return self.model.tokenizer.encode(text, add_special=False, parse_special=True)
 
     def send(self, user_text: str, **sampling) -> Iterator[Prefill | Token | Done]:
@@ -83,7 +88,9 @@ class ChatSession:
 
         def add_turn(reply: str) -> None:
             self.messages += [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply}]
-        return self._turn(self.render(user_text), sampling, add_turn)
+        from .reasoning import ReasoningTagger, starts_inside
+        wanted = self.render(user_text)
+        return ReasoningTagger(self._turn(wanted, sampling, add_turn), starts_inside(self._rendered))
 
     def generate(self, prompt: str | Sequence[int], **sampling) -> Iterator[Prefill | Token | Done]:
         """Continue the session's token sequence with `prompt` (raw text, or token ids) and stream
@@ -102,6 +109,7 @@ class ChatSession:
     # --- the shared turn ----------------------------------------------------------------------
     def _turn(self, wanted: list[int], sampling: dict, on_reply) -> Iterator[Prefill | Token | Done]:
         """Checks (now, not at the first event), then the generator that runs the turn."""
+        extras = {k: sampling.pop(k) for k in list(sampling) if k in SAMPLER_EXTRAS}
         unknown = set(sampling) - set(SAMPLING_DEFAULTS)
         if unknown:
             raise HybridError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
@@ -113,7 +121,9 @@ class ChatSession:
                               f"{self.n_ctx}: start over (/reset) or use a larger context")
         sampler = Sampler(SamplerConfig(temperature=opts["temperature"], top_k=opts["top_k"], top_p=opts["top_p"],
                                         min_p=opts["min_p"], repeat_penalty=opts["repeat_penalty"],
-                                        repeat_last_n=opts["repeat_last_n"], seed=opts["seed"]))
+                                        repeat_last_n=opts["repeat_last_n"], presence_penalty=opts["presence_penalty"],
+                                        frequency_penalty=opts["frequency_penalty"], seed=opts["seed"],
+                                        **self.model.sampler_options(**extras)))
         run = dict(max_tokens=opts["max_tokens"], sampler=sampler, stop=list(opts["stop"]),
                    n_ctx=self.n_ctx, ignore_eos=opts["ignore_eos"])
         return self._stream(wanted, run, on_reply)

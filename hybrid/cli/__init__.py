@@ -22,9 +22,18 @@ MAX_ERROR_CHARS = 2000
 
 
 def main() -> None:
-    """Console entry point: user errors print one clear line and exit 1, never a traceback."""
+    """Console entry point: user errors print one clear line and exit 1, never a traceback.
+
+    argv is rewritten first so llama.cpp's spellings (-ngl, -fa, -sys, …) mean what a llama.cpp
+    user expects instead of being read as bundled one-letter options (llama_flags)."""
+    from .. import __version__
+    from .llama_flags import rewrite, stderr_note, version_requested
     try:
-        app()
+        argv = sys.argv[1:]
+        if version_requested(argv):
+            sys.stdout.write(f"hybrid {__version__}\n")
+            return
+        app(args=rewrite(argv, stderr_note), prog_name="hybrid")
     except HybridError as e:
         from rich.console import Console
         from rich.text import Text

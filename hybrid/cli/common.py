@@ -23,12 +23,28 @@ CtxOpt = typer.Option(DEFAULT_N_CTX, "-c", "--ctx-size", help="Context size in t
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda or auto.")
 
 # Sampling and drafting, shared by decode and chat (llama.cpp's spellings and defaults).
-TempOpt = typer.Option(0.8, "--temp", help="Temperature; 0 = greedy.")
+TempOpt = typer.Option(0.8, "--temp", "--temperature", help="Temperature; 0 = greedy.")
 TopKOpt = typer.Option(40, "--top-k", help="Keep the k most likely tokens (0 = off).")
 TopPOpt = typer.Option(0.95, "--top-p", help="Nucleus sampling mass (1.0 = off).")
 MinPOpt = typer.Option(0.05, "--min-p", help="Drop tokens below min_p × the top probability (0 = off).")
 RepeatPenaltyOpt = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens (1.0 = off).")
-SeedOpt = typer.Option(-1, "--seed", min=-1, help="Random seed (-1 = random).")
+RepeatLastNOpt = typer.Option(64, "--repeat-last-n", help="How many recent tokens the penalties look at (-1 = all).")
+PresencePenaltyOpt = typer.Option(0.0, "--presence-penalty", help="Subtract this from every token seen in the window (0 = off).")
+FrequencyPenaltyOpt = typer.Option(0.0, "--frequency-penalty",
+                                   help="Subtract this × its count in the window from each token (0 = off).")
+TypicalPOpt = typer.Option(1.0, "--typical-p", "--typical", help="Locally typical sampling mass (1.0 = off).")
+XtcProbabilityOpt = typer.Option(0.0, "--xtc-probability", help="XTC: chance per token of cutting the likeliest tokens (0 = off).")
+XtcThresholdOpt = typer.Option(0.1, "--xtc-threshold", help="XTC: tokens at or above this probability, but the least likely, are cut.")
+DryMultiplierOpt = typer.Option(0.0, "--dry-multiplier", help="DRY: penalty for extending a repeated run (0 = off).")
+DryBaseOpt = typer.Option(1.75, "--dry-base", help="DRY: the penalty grows by this factor per token of the run.")
+DryAllowedLengthOpt = typer.Option(2, "--dry-allowed-length", help="DRY: runs this long go unpunished.")
+DryLastNOpt = typer.Option(-1, "--dry-penalty-last-n", help="DRY: how many recent tokens it looks at (-1 = all).")
+DryBreakerOpt = typer.Option([], "--dry-sequence-breaker",
+                             help="DRY: text a repeated run cannot cross (repeatable; default \\n : \" *).")
+LogitBiasOpt = typer.Option([], "--logit-bias", "-l",
+                            help="TOKEN_ID+BIAS or TOKEN_ID-BIAS added to that token's logit, e.g. 15043+1 or "
+                                 "15043-inf to ban it (repeatable).")
+SeedOpt = typer.Option(-1, "-s", "--seed", min=-1, help="Random seed (-1 = random).")
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",
     help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
@@ -56,6 +72,90 @@ OverrideTensorOpt = typer.Option(
     help="Pin tensors whose name matches REGEX to a side: REGEX=CPU or REGEX=GPU (repeatable, "
          "first match wins; like llama.cpp's -ot), e.g. -ot 'blk\\.[0-9]\\.ffn_.*=GPU'.")
 
+NGpuLayersOpt = typer.Option(
+    None, "--n-gpu-layers", "-ngl", show_default=False,
+    help="llama.cpp's -ngl: put the first N layers (trunk and FFN) on the GPU; 0 = --cpu-only, "
+         "-1 or 'all' = every layer. The rest is placed as the VRAM budget allows.")
+NCpuMoeOpt = typer.Option(
+    None, "--n-cpu-moe", "-ncmoe", show_default=False,
+    help="llama.cpp's --n-cpu-moe: keep the routed experts of the first N layers on the CPU.")
+StopOpt = typer.Option([], "--stop", "--reverse-prompt", "-r", help="Stop when this text appears (repeatable).")
+IgnoreEosOpt = typer.Option(False, "--ignore-eos", help="Keep going past end-of-generation tokens.")
+ChatTemplateFileOpt = typer.Option(None, "--chat-template-file", show_default=False,
+                                   help="Render chats with this Jinja template instead of the GGUF's.")
+ReasoningOpt = typer.Option(
+    "auto", "--reasoning",
+    help="Thinking models: on, off, or auto (the chat template's default). Reasoning is shown dim on a "
+         "terminal and kept out of --json's text (its own 'reasoning' field).")
+
+
+def sampler_extras(typical_p: float, xtc_probability: float, xtc_threshold: float, dry_multiplier: float,
+                   dry_base: float, dry_allowed_length: int, dry_penalty_last_n: int, dry_breakers: Sequence[str],
+                   logit_bias: Sequence[str]) -> dict:
+    """The llama.cpp sampler options as `Model.generate` keyword arguments."""
+    extras = dict(typical_p=typical_p, xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                  dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                  dry_penalty_last_n=dry_penalty_last_n, logit_bias=parse_logit_bias(logit_bias))
+    if dry_breakers:
+        extras["dry_sequence_breakers"] = tuple(dry_breakers)
+    return extras
+
+
+def parse_logit_bias(items: Sequence[str]) -> dict[int, float]:
+    """llama.cpp's --logit-bias TOKEN_ID(+|-)BIAS."""
+    import re
+    out: dict[int, float] = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", str(item), flags=re.I)
+        if m is None:
+            raise HybridError(f"--logit-bias {item!r}: write TOKEN_ID+BIAS or TOKEN_ID-BIAS, e.g. 15043+1 or 15043-inf")
+        out[int(m.group(1))] = float(m.group(2).replace(" ", ""))
+    return out
+
+
+def parse_reasoning(value: str) -> bool | None:
+    """--reasoning on|off|auto → the template's enable_thinking (None: the template decides)."""
+    v = value.strip().lower()
+    if v in ("on", "true", "1"):
+        return True
+    if v in ("off", "false", "0"):
+        return False
+    if v == "auto":
+        return None
+    raise HybridError(f"--reasoning {value!r}: use on, off or auto")
+
+
+def layer_rules(n_gpu_layers: Optional[str], n_cpu_moe: Optional[int]) -> tuple[list[str], bool]:
+    """-ngl / -ncmoe as override rules (first match wins, so the CPU experts of -ncmoe come first),
+    and whether -ngl 0 asked for the CPU alone."""
+    rules: list[str] = []
+    if n_cpu_moe is not None:
+        if n_cpu_moe < 0:
+            raise HybridError(f"--n-cpu-moe must be ≥ 0, got {n_cpu_moe}")
+        if n_cpu_moe > 0:
+            rules.append(rf"^blk\.{_layers_below(n_cpu_moe)}\.ffn_.*_exps\.=CPU")
+    if n_gpu_layers is None:
+        return rules, False
+    v = str(n_gpu_layers).strip().lower()
+    if v in ("all", "auto", "-1"):
+        return rules + [r"^blk\.\d+\.=GPU"], False
+    try:
+        n = int(v)
+    except ValueError:
+        raise HybridError(f"-ngl {n_gpu_layers!r}: give a layer count, -1 or 'all'") from None
+    if n < 0:
+        raise HybridError(f"-ngl must be ≥ 0, -1 or 'all', got {n}")
+    if n == 0:
+        return rules, True
+    return rules + [rf"^blk\.{_layers_below(n)}\.=GPU"], False
+
+
+def _layers_below(n: int) -> str:
+    """A regex group matching the layer numbers 0 … n-1 (any number, when n covers every model's)."""
+    if n >= 1000:
+        return r"\d+"
+    return "(?:" + "|".join(str(i) for i in range(n)) + ")"
+
 
 def check_sampling(*, temp: float, top_k: int, top_p: float, min_p: float, repeat_penalty: float,
                    seed: int, repeat_last_n: int = 64) -> None:
@@ -80,6 +180,17 @@ def status(console: Console, message: str, enabled: bool = True):
             yield
     else:
         yield
+
+
+def read_template(path: Optional[Path]) -> Optional[str]:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise HybridError(f"cannot read chat template file {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise HybridError(f"chat template file {path} is not UTF-8 text") from None
 
 
 def placement_options(device: str, vram: Optional[str], cpu_only: bool,
@@ -144,15 +255,37 @@ class KernelProgress:
 def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_ctx: int,
                console: Console, quiet: bool = False, vram: Optional[str] = None, cpu_only: bool = False,
                overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True,
-               pcie_share: float = DEFAULT_PCIE_SHARE, max_rows: Optional[Callable] = None):
+               pcie_share: float = DEFAULT_PCIE_SHARE, max_rows: Optional[Callable] = None,
+               n_gpu_layers: Optional[str] = None, n_cpu_moe: Optional[int] = None,
+               chat_template_file: Optional[Path] = None):
     """Load and warm up a model. max_rows(model) → the most token rows one forward call of the
     job takes (its prompt, a draft verify step), when known: the warm-up then compiles only the
     kernels of calls that size (`Model.warmup`)."""
     from ..api import load
-    device, extra = placement_options(device, vram, cpu_only, overrides)
+    rules, ngl_cpu = layer_rules(n_gpu_layers, n_cpu_moe)
+    if rules and device != "cuda" and not cpu_only:
+        from gpu.device import available
+        if not available():
+            rules = []       # nothing to split without a GPU: said below, once the CPU run is loaded
+    template = read_template(chat_template_file)
+    if template is not None:
+        from ..chat_template import ChatTemplate
+        ChatTemplate(template)        # a template that does not parse fails before the model loads
+    device, extra = placement_options(device, vram, cpu_only or ngl_cpu, list(overrides) + rules)
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
                      expert_cache=expert_cache, pcie_share=pcie_share, **extra)
+    if template is not None:
+        from ..chat_template import ChatTemplate
+        model.chat_template = ChatTemplate(template, bos_token=model.chat_template.bos_token,
+                                           eos_token=model.chat_template.eos_token)
+    asked_gpu = [name for name, given in (("--vram", vram is not None), ("-ngl", n_gpu_layers is not None and not ngl_cpu),
+                                          ("--n-cpu-moe", bool(n_cpu_moe)), ("-ot", bool(overrides)))
+                 if given]
+    if asked_gpu and model.device == "cpu" and not (cpu_only or ngl_cpu):
+        # auto found no GPU: the run goes on, on the CPU, but not as if those options had placed anything
+        console.print(f"note: no CUDA GPU found: {', '.join(asked_gpu)} ignored, running on the CPU",
+                      style="yellow", highlight=False, soft_wrap=True)
     rows = max_rows(model) if max_rows is not None else None
     if model.device != "cpu":
         with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):

@@ -56,6 +56,8 @@ def info(
         if plan:
             summary["plan"] = describe_plan(
                 _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share), bandwidth)
+            # A --vram plan is computed on any machine: say when no GPU here would run it.
+            summary["plan"]["hypothetical"] = _hypothetical(summary["plan"])
     if as_json:
         # plain print: rich would wrap long lines and break the JSON
         print(json.dumps(summary))
@@ -64,6 +66,14 @@ def info(
         render(summary, out)
         if plan:
             render_plan(summary["plan"], out)
+
+
+def _hypothetical(plan: dict) -> bool:
+    """A GPU plan on a machine without a CUDA GPU: what would fit such a card, not what runs here."""
+    if plan.get("budget") is None:
+        return False
+    from gpu.device import available
+    return not available()
 
 
 def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share):
@@ -133,7 +143,9 @@ def _bytes_table(title: str, sizes: dict[str, int], total: int, counts: dict[str
 
 def render_plan(p: dict[str, Any], out: Console) -> None:
     budget = f"a VRAM budget of {_size(p['budget'])}" if p["budget"] is not None else "the CPU only"
-    out.print(f"[bold]placement plan[/] for {budget}, context {p['n_ctx']}, "
+    what = "[bold]hypothetical placement plan[/] (no CUDA GPU here; a run here uses the CPU)" \
+        if p.get("hypothetical") else "[bold]placement plan[/]"
+    out.print(f"{what} for {budget}, context {p['n_ctx']}, "
               f"snapshot ring {p['n_ring']}", soft_wrap=True)
     out.print(_placement_table(p))
     if p["budget"] is not None:

@@ -72,7 +72,8 @@ def test_placement_options_reach_the_loader(monkeypatch):
 
 
 def test_cpu_only_chat_replies():
-    r = CliRunner().invoke(app, ["chat", "--cpu-only", "-ot", "ffn_=CPU", "--no-cuda-graphs", "-n", "3",
+    # -n 8: the reply opens with the model's (empty) <think> block, which goes to stderr, not stdout
+    r = CliRunner().invoke(app, ["chat", "--cpu-only", "-ot", "ffn_=CPU", "--no-cuda-graphs", "-n", "8",
                                  "--temp", "0", "-t", "1"], input="def add(a, b):\n")
     assert r.exit_code == 0, r.output
     assert TURN.search(r.stderr) and r.stdout.strip()

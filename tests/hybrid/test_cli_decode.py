@@ -12,7 +12,8 @@ from hybrid.errors import HybridError
 
 def run_cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-c", "from hybrid.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)   # an inherited pipe would be read as the prompt
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,143 @@
+"""llama.cpp's spellings of options, rewritten to ours before Click parses the command line.
+
+Click reads a single-dash token of several letters as bundled one-letter options, so llama.cpp's
+`-ngl 99` would become `-n gl`, `-fa on` `-f a`, `-ctk q8_0` `-c tk`… and fail with a message
+about the wrong option. Rewriting argv first gives each of them its meaning here, or, where
+llama.cpp's option has no counterpart in this engine, a one-line note naming what to use instead.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+from ..errors import HybridError
+
+# Commands that take generation options (decode, chat): the llama-cli / llama-completion spellings.
+RENAMES = {
+    "-ngl": "--n-gpu-layers", "--gpu-layers": "--n-gpu-layers",
+    "-ncmoe": "--n-cpu-moe",
+    "-sys": "--system", "--system-prompt": "--system",
+    "-s": "--seed",
+    "-r": "--stop", "--reverse-prompt": "--stop",
+    "-e": "--escape",
+    "-ot": "--override-tensor",        # ours already; listed so its value is never rewritten
+}
+
+# Options whose value is the next token: that token is left alone even if it looks like a flag
+# (`-p -fa` prompts with the text "-fa").
+TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "--stop", "-n", "--n-predict",
+               "-c", "--ctx-size", "-t", "--threads", "--temp", "--temperature", "--top-k", "--top-p", "--min-p",
+               "--seed", "--override-tensor", "--vram", "--device", "--draft", "--spec-draft-n-max",
+               "--chat-template-file", "--n-gpu-layers", "--n-cpu-moe", "--repeat-penalty", "--repeat-last-n",
+               "--reasoning", "--presence-penalty", "--frequency-penalty", "--n-probs", "--pcie-share",
+               "--spec-draft-p-min", "--typical-p", "--typical", "--xtc-probability", "--xtc-threshold",
+               "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
+               "--dry-sequence-breaker", "--logit-bias", "-l"}
+
+# llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
+# Values in ON_OFF are optional (older llama.cpp took -fa without one).
+ON_OFF = {"on", "off", "auto", "true", "false", "1", "0"}
+IGNORED = {
+    "-fa": ("on_off", "hybrid always runs its own fused attention"),
+    "--flash-attn": ("on_off", "hybrid always runs its own fused attention"),
+    "--jinja": (None, "chat templates are always rendered with Jinja (see --chat-template-file)"),
+    "-tb": ("value", "-t sets the threads for both the prompt and generation"),
+    "--threads-batch": ("value", "-t sets the threads for both the prompt and generation"),
+    "-ctk": ("value", "the KV cache type is fixed here; -c sizes the context"),
+    "-ctv": ("value", "the KV cache type is fixed here; -c sizes the context"),
+    "--cache-type-k": ("value", "the KV cache type is fixed here; -c sizes the context"),
+    "--cache-type-v": ("value", "the KV cache type is fixed here; -c sizes the context"),
+    "-b": ("value", "prompts are processed in one batch here"),
+    "--batch-size": ("value", "prompts are processed in one batch here"),
+    "-ub": ("value", "prompts are processed in one batch here"),
+    "--ubatch-size": ("value", "prompts are processed in one batch here"),
+    "--no-mmap": (None, "the GGUF is always memory-mapped"),
+    "--mlock": (None, "the GGUF is always memory-mapped"),
+}
+
+# Conversation mode is a command of its own here.
+CONVERSATION = {"-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"}
+NO_CONVERSATION = {"-no-cnv", "--no-conversation"}
+
+GENERATION_COMMANDS = ("decode", "chat")
+
+
+def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
+    """argv (without the program name) with llama.cpp spellings mapped to ours; `note` gets a
+    line for each option that is accepted but has no effect. Raises HybridError for an option
+    whose llama.cpp meaning this command cannot honour, naming the command that does."""
+    args = list(argv)
+    out: list[str] = []
+    # -h is --help everywhere (no command uses -h for anything else).
+    command = next((a for a in args if not a.startswith("-")), None)
+    generation = command in GENERATION_COMMANDS
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            out += args[i:]
+            break
+        if a == "-h":
+            out.append("--help")
+            i += 1
+            continue
+        if not generation or a == command:
+            out.append(a)
+            i += 1
+            continue
+        name, eq, value = a.partition("=") if a.startswith("--") else (a, "", "")
+        if name == "-s" and i + 1 < len(args) and not args[i + 1].lstrip("-").isdigit():
+            # chat's -s used to be its system message; llama.cpp's -s, and ours now, is the seed
+            raise HybridError(f"-s is the seed (llama.cpp's --seed), not {args[i + 1]!r}: "
+                              "give a system message with --system or -sys")
+        if name in RENAMES:
+            name = RENAMES[name]
+            a = name + eq + value
+        if name in TAKES_VALUE:
+            out.append(a)
+            if not eq and i + 1 < len(args):
+                out.append(args[i + 1])
+                i += 1
+            i += 1
+            continue
+        if name in IGNORED:
+            kind, why = IGNORED[name]
+            i += 1
+            if kind == "value" and not eq and i < len(args):
+                i += 1
+            elif kind == "on_off" and not eq and i < len(args) and args[i].lower() in ON_OFF:
+                i += 1
+            note(f"{name} is ignored: {why}")
+            continue
+        if name == "--reasoning-budget":
+            budget = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            if budget.strip() in ("0", "-1"):
+                # llama.cpp: 0 turns thinking off, -1 leaves it unrestricted (the template's default)
+                out += ["--reasoning", "off" if budget.strip() == "0" else "auto"]
+            else:
+                note(f"--reasoning-budget {budget} is ignored: only 0 (--reasoning off) and -1 (auto) mean "
+                     "something here")
+            continue
+        if name in CONVERSATION:
+            if command == "decode":
+                raise HybridError(f"{name}: conversation mode is its own command here; run `hybrid chat` "
+                                  "(decode generates once; --chat wraps the prompt in the chat template)")
+            i += 1          # chat is conversation mode already
+            continue
+        if name in NO_CONVERSATION:
+            if command == "chat":
+                raise HybridError(f"{name}: for one generation without a conversation run `hybrid decode`")
+            i += 1          # decode never converses
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def version_requested(argv: Sequence[str]) -> bool:
+    return bool(argv) and argv[0] in ("--version", "-V")
+
+
+def stderr_note(message: str) -> None:
+    sys.stderr.write(f"note: {message}\n")
