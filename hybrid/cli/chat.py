@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from ..errors import HybridError
@@ -89,7 +90,8 @@ def chat(
                     repeat_penalty=repeat_penalty, seed=None if seed < 0 else seed)
     out = Console()
     if interactive:
-        err.print(f"[dim]{m.path.name} · " + " · ".join(f"{c} {h}" for c, h in COMMANDS.items()) + "[/]")
+        err.print(f"[dim]{escape(safe_text(m.path.name))} · "
+                  + " · ".join(f"{c} {h}" for c, h in COMMANDS.items()) + "[/]")
     failed = 0
     for message in read_messages(err, interactive):
         command = message.strip().lower()

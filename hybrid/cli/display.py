@@ -9,6 +9,17 @@ from rich.live import Live
 from rich.text import Text
 
 from ..events import Done, Prefill, Stats, Token
+from ..metadata import safe_text
+
+
+def visible(text: str) -> str:
+    """Generated text for a terminal: its tokens come from the model file, so escape sequences
+    and other control characters are shown escaped (newlines and tabs stay). Piped output is
+    left byte-exact."""
+    if text.isprintable():
+        return text
+    return "\n".join("\t".join(safe_text(part, len(part)) for part in line.split("\t"))
+                     for line in text.split("\n"))
 
 
 def status_text(stats: Stats, prefill: Prefill | None, decoding: bool) -> Text:
@@ -72,12 +83,12 @@ class LiveStream:
                     st["prefill"] = ev
                 elif isinstance(ev, Token):
                     st["decoding"], st["stats"] = True, ev.stats
-                    lines = (st["partial"] + ev.text).split("\n")
+                    lines = (st["partial"] + visible(ev.text)).split("\n")
                     for line in lines[:-1]:
                         live.console.print(line, markup=False, highlight=False, soft_wrap=True)
                     st["partial"] = lines[-1]
                 elif isinstance(ev, Done):
-                    st["stats"], st["partial"] = ev.stats, st["partial"] + ev.text
+                    st["stats"], st["partial"] = ev.stats, st["partial"] + visible(ev.text)
                 live.update(Group(Text(st["partial"]), status_text(st["stats"], st["prefill"], st["decoding"])))
             drive(events, handle)
         if st["partial"]:
