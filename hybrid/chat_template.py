@@ -113,10 +113,35 @@ def _check_args(args: tuple, kwargs: dict) -> None:
             raise _TooMuchWork(f"an argument of {a:,}")
 
 
-def _bounded_range(*args: int):
-    for i in safe_range(*args):
-        _charge()
-        yield i
+class _CountedRange:
+    """`range()` for templates: jinja's safe_range (each range capped), iterated at a cost of
+    one step per element; length, indexing and membership as a range."""
+
+    def __init__(self, *args: int):
+        self._range = safe_range(*args)
+
+    def __iter__(self):
+        for i in self._range:
+            _charge()
+            yield i
+
+    def __reversed__(self):
+        for i in reversed(self._range):
+            _charge()
+            yield i
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index):
+        item = self._range[index]
+        return _CountedRange(item.start, item.stop, item.step) if isinstance(item, range) else item
+
+    def __contains__(self, value) -> bool:
+        return value in self._range
+
+    def __repr__(self) -> str:
+        return repr(self._range)
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -158,7 +183,7 @@ def _environment() -> ImmutableSandboxedEnvironment:
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    env.globals["range"] = _bounded_range
+    env.globals["range"] = _CountedRange
     env.globals["namespace"] = _Namespace
     return env
 
@@ -216,7 +241,11 @@ class ChatTemplate:
         if enable_thinking is not None:
             context["enable_thinking"] = bool(enable_thinking)
         _active.budget = _Budget()
-        on_main = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+        # SIGALRM also stops loops that make no call we could count; used only on the main
+        # thread and only when no one else's timer is running (e.g. a test harness's).
+        on_main = (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+                   and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+                   and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None))
         old_handler = signal.signal(signal.SIGALRM, _alarm) if on_main else None
         try:
             if on_main:

@@ -337,6 +337,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--time-limit", type=float, default=10.0, help="seconds per case")
     ap.add_argument("--mem-limit-mib", type=int, default=1024, help="peak RSS per case")
     ap.add_argument("--keep", type=Path, default=None, help="folder for the files of bad outcomes")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop after this long and report the cases run so far")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))   # encoding 400-deep arrays
@@ -351,7 +353,11 @@ def main(argv=None) -> dict:
         base = seeds(Path(os.environ.get("FUZZ_GGUF_SEEDS", tmp)))
         case = tmp / "case.gguf"
         t0 = time.monotonic()
+        n_run = 0
         for n in range(args.cases):
+            if args.max_seconds is not None and time.monotonic() - t0 > args.max_seconds:
+                break
+            n_run += 1
             data, did = mutate(rng, rng.choice(base))
             case.write_bytes(data)
             res = run_case(str(case), args.time_limit, args.mem_limit_mib << 20)
@@ -367,8 +373,8 @@ def main(argv=None) -> dict:
                     (args.keep / f"case{n}-{res['outcome']}.gguf").write_bytes(data)
             if not args.quiet and (n + 1) % 100 == 0:
                 print(f"{n + 1} cases, {time.monotonic() - t0:.0f} s: {counts}", file=sys.stderr, flush=True)
-    summary = {"cases": args.cases, **counts, "max_seconds": round(worst["seconds"], 2),
-               "max_rss_mib": round(worst["rss_kib"] / 1024, 1)}
+    summary = {"cases": n_run, **counts, "elapsed_s": round(time.monotonic() - t0),
+               "max_seconds": round(worst["seconds"], 2), "max_rss_mib": round(worst["rss_kib"] / 1024, 1)}
     print(json.dumps(summary))
     return summary
 

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from ..errors import HybridError
@@ -213,7 +214,7 @@ def chat(
                     ignore_eos=ignore_eos, **extras)
     out = Console()
     if interactive:
-        err.print(f"[dim]{m.path.name} · /help for commands · Ctrl-D quits[/]", highlight=False)
+        err.print(f"[dim]{escape(safe_text(m.path.name))} · /help for commands · Ctrl-D quits[/]", highlight=False)
     failed = 0
     for message in read_messages(err, interactive):
         try:

@@ -236,6 +236,12 @@ def test_escape_codes_and_huge_keys_never_reach_the_terminal(seeds, tmp_path):
     assert code == 1 and err.count("\n") == 1 and len(err) < 2100 and "\x00" not in err, err[:300]
 
 
+def test_generated_text_on_a_terminal_shows_escape_codes_escaped():
+    from hybrid.cli.display import visible
+    assert visible("a\x1b[2Jb\nc\td\x00") == "a\\x1b[2Jb\nc\td\\x00"
+    assert visible("plain text\n") == "plain text\n"
+
+
 def test_safe_text_escapes_and_cuts():
     from hybrid.metadata import safe_text
     assert safe_text("a\x1b[2Jb\x00\udcff") == "a\\x1b[2Jb\\x00\\udcff"

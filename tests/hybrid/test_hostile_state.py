@@ -132,3 +132,18 @@ def test_model_identity_differs_between_files_of_the_same_shape(tmp_path):
     write_model(b, preset("tiny", "qwen35"), seed=2)
     with open_model(a) as ma, open_model(b) as mb, open_model(a) as ma2:
         assert ma.identity != mb.identity and ma.identity == ma2.identity
+
+
+def test_model_save_and_load_state_tie_the_state_to_its_file(tmp_path):
+    import hybrid
+    from hybrid.synth import preset, write_model
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    write_model(a, preset("tiny", "qwen35"), seed=1)
+    write_model(b, preset("tiny", "qwen35"), seed=2)
+    ma, mb = hybrid.load(a, device="cpu", threads=1), hybrid.load(b, device="cpu", threads=1)
+    state = ma.new_state(64)
+    state.n_past = 3
+    ma.save_state(state, tmp_path / "s.npz")
+    assert ma.load_state(tmp_path / "s.npz").n_past == 3
+    with pytest.raises(HybridError, match="another model file of the same shape"):
+        mb.load_state(tmp_path / "s.npz")
