@@ -57,6 +57,7 @@ class Token:
     id: int
     text: str
     stats: Stats = field(repr=False, default_factory=Stats)   # running totals, for live displays
+    logprobs: tuple | None = None   # (log p, [(id, log p) of the top alternatives]) when asked for
 
 
 @dataclass
