@@ -277,9 +277,11 @@ class Server:
         def chunk(delta, finish=None, logprobs=None):
             return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_id,
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
-        yield chunk({"role": "assistant", "content": ""})
-        n_calls = 0
+        n_calls, first = 0, True
         async for ev in self.events(job, None):
+            if first:     # sent with the first token, not before: its arrival is the time to first token
+                yield chunk({"role": "assistant", "content": ""})
+                first = False
             deltas = parser.push(ev.text) if isinstance(ev, Token) else parser.push(ev.text) + parser.finish()
             lp = {"content": [self.token_logprob(ev, True)]} if isinstance(ev, Token) and ev.logprobs is not None else None
             for d in deltas:

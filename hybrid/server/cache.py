@@ -5,14 +5,18 @@ A GDN layer's recurrent state folds in every token it has seen and cannot be cut
 shorter prefix, so a snapshot serves a request only when its ids are a prefix of the request's
 ids; the longest such snapshot wins and only the rest is prefilled. A snapshot is the session's
 `_Checkpoint`: GDN/conv states and only the KV rows in use, kept where the state keeps its arrays
-(host memory on the CPU backend, device memory on the GPU).
+(host memory on the CPU backend, device memory on the GPU: there the budget is VRAM that the
+placement did not plan for, so keep it within what the GPU has left).
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from typing import Sequence
 
 from ..session import _Checkpoint
+
+log = logging.getLogger("hybrid.server")
 
 
 def _nbytes(ckpt: _Checkpoint) -> int:
@@ -53,7 +57,12 @@ class StateCache:
         if key in self._entries:
             self._entries.move_to_end(key)
             return
-        ckpt = _Checkpoint.take(state, list(key))
+        try:
+            ckpt = _Checkpoint.take(state, list(key))
+        except Exception as e:      # out of (GPU) memory: serving goes on, only slower
+            log.warning("state not cached (%s: %s); emptying the cache", type(e).__name__, e)
+            self.clear()
+            return
         size = _nbytes(ckpt)
         if size > self.budget:
             return
