@@ -78,6 +78,9 @@ def serve(
     except OSError as e:
         raise HybridError(f"cannot listen on {host}:{port}: {e.strerror}") from None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: listening on {host} without --api-key: anyone who can reach it can use it",
+                  style="yellow", highlight=False)
     bound = sock.getsockname()[1]
     # the test harness and scripts read this line to learn the port (with --port 0)
     print(f"hybrid serve: listening on http://{host}:{bound} (model {model_id}, context {m.n_ctx})",
