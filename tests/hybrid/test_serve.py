@@ -312,6 +312,13 @@ def test_a_client_that_disconnects_cancels_its_generation(srv):
     s = wait_idle(srv)
     assert s["last"]["finish"] == "cancelled", s
     assert s["last"]["generated_tokens"] < 3000
+    # not streamed: a client that gives up waiting cancels too
+    body["stream"] = False
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    s = wait_idle(srv)
+    assert s["last"]["finish"] == "cancelled", s
+    assert s["last"]["generated_tokens"] < 3000
     # the server goes on serving
     assert chat(srv, user("Hi"), max_tokens=3, **GREEDY).choices[0].finish_reason in ("stop", "length")
 
