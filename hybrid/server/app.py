@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ..errors import HybridError
 from ..events import Done, Token
+from ..sampling import SamplerConfig
 from .engine import Engine, Job, QueueFull
 from .parse import OutputParser, prepare_messages, prompt_opens_thinking, template_knows_tools
 
@@ -122,8 +123,8 @@ class Server:
                            param="max_tokens")
         if _number(body, "n", 1, 1, 1, integer=True) != 1:
             raise ApiError(400, "'n' must be 1", param="n")
-        seed = body.get("seed")
-        seed = None if seed is None else _number(body, "seed", None, 0, 2**63 - 1, integer=True)
+        seed = _number(body, "seed", -1, -1, 2**63 - 1, integer=True)
+        seed = None if seed == -1 else seed          # -1: random, as llama-server takes it
         sampling = dict(temperature=_number(body, "temperature", 0.8, 0, 2),
                         top_p=_number(body, "top_p", 0.95, 0, 1),
                         top_k=_number(body, "top_k", 40, 0, None, integer=True),
@@ -133,6 +134,10 @@ class Server:
                         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.01, 10),
                         repeat_last_n=_number(body, "repeat_last_n", 64, -1, None, integer=True),
                         seed=seed)
+        try:                 # the sampler's own checks, now: as a 400, not inside a started stream
+            SamplerConfig(**sampling)
+        except HybridError as e:
+            raise ApiError(400, str(e)) from None
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")

@@ -116,9 +116,11 @@ class Engine:
         if self.reuse and live and len(live) < len(wanted) and wanted[:len(live)] == live:
             cached = len(live)
         ckpt = self.cache.longest_prefix(wanted) if self.reuse else None
+        self._source = "live" if cached else "none"
         if ckpt is not None and len(ckpt.ids) > cached:
             ckpt.restore(self.state)
             cached = len(ckpt.ids)
+            self._source = "snapshot"
         elif cached == 0:
             self.state.reset()
         # The MTP head's KV rows must cover every trunk position before it drafts again (as in
@@ -132,8 +134,8 @@ class Engine:
 
         m, wanted = self.model, list(job.ids)
         sampler = Sampler(SamplerConfig(**job.sampling))
-        self._live = None            # until this job ends cleanly, the state's content is not known
         cached = self._start(wanted)
+        self._live = None            # until this job ends cleanly, the state's content is not known
         suffix = wanted[cached:]
         run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
                    ignore_eos=job.ignore_eos, context=wanted[:cached])
@@ -171,7 +173,7 @@ class Engine:
             return
         self.stats["served"] += 1
         self.stats["last"] = {"finish": stats.stop_reason, "generated_tokens": stats.generated_tokens,
-                              "cached_tokens": cached, "prompt_tokens": len(wanted),
+                              "cached_tokens": cached, "prompt_tokens": len(wanted), "cached_from": self._source,
                               "ttft_s": round((first or time.perf_counter()) - t0, 6)}
         history = wanted + generated
         n = self.state.n_past

@@ -373,6 +373,10 @@ def test_completions_continue_from_the_previous_reply(srv, ref):
     p2 = p1 + r1.choices[0].text + "\n\ndef main():"
     r2 = c.completions.create(model=model_id(srv), prompt=p2, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
     assert r2.usage.prompt_tokens_details.cached_tokens > r1.usage.prompt_tokens
+    assert stats(srv)["last"]["cached_from"] == "live"      # the state the reply left, not a copy
+    # the same prompt again: the live state now holds more than it, a snapshot serves
+    r3 = c.completions.create(model=model_id(srv), prompt=p2, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    assert stats(srv)["last"]["cached_from"] == "snapshot" and r3.choices[0].text == r2.choices[0].text
     full = client(ref, KEY).completions.create(model=model_id(ref), prompt=p2, max_tokens=20, temperature=0,
                                                extra_body={"ignore_eos": True})
     assert full.usage.prompt_tokens_details.cached_tokens == 0
