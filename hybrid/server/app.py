@@ -116,7 +116,8 @@ class Server:
             raise ApiError(400, f"the prompt has {len(ids)} tokens, more than the context of {n_ctx} holds "
                                 f"(at most {n_ctx - 1} with room for one generated token)", code="context_length_exceeded")
         limit = self.limits.max_tokens
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = body.get("max_completion_tokens")
+        max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
         max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", limit, 0, None, integer=True)
         if max_tokens > limit:
             raise ApiError(400, f"max_tokens is {max_tokens}; this server generates at most {limit} per request",
