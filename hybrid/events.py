@@ -58,6 +58,7 @@ class Token:
     text: str
     stats: Stats = field(repr=False, default_factory=Stats)   # running totals, for live displays
     reasoning: bool = False   # part of a thinking model's reasoning (chat prompts only; see hybrid.reasoning)
+    logprobs: tuple | None = None   # (log p, [(id, log p) of the top alternatives]) when asked for
 
 
 @dataclass

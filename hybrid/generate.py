@@ -44,9 +44,13 @@ def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Pre
 
 def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                     sampler: Sampler, stop: Sequence[str] = (), n_ctx: int,
-                    ignore_eos: bool = False, context: Sequence[int] = ()) -> Iterator[Prefill | Token | Done]:
+                    ignore_eos: bool = False, context: Sequence[int] = (),
+                    logprobs: int | None = None) -> Iterator[Prefill | Token | Done]:
     """Plain decoding, one token per forward call. `context`: tokens already in the state before
-    `prompt` (a session's cached turns), seen by the repeat penalty as a fresh prefill's would be."""
+    `prompt` (a session's cached turns), seen by the repeat penalty as a fresh prefill's would be.
+    logprobs=K (≥ 0): every Token carries `logprobs` = (its log-probability, its K most likely
+    alternatives as (id, log-probability)) under the model's own distribution (log-softmax of the
+    raw logits, as OpenAI reports them); whole logit rows then come to the host each step."""
     check_fits(len(prompt), n_ctx)
     stats = Stats()
     history = list(context) + list(prompt)
@@ -60,12 +64,15 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
                 logits = item
         t0 = time.perf_counter()
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
+        if logprobs is not None:     # the whole row decides the log-probabilities: no device-side pick
+            argmax_only, candidates = False, 0
         picked = None        # the next token, when the last forward call picked it on the device
         while True:
             if stats.generated_tokens >= max_tokens:
                 stats.stop_reason = "length"
                 break
             tok = sampler.sample(logits, history) if picked is None else picked
+            lp = _logprobs(logits, tok, logprobs) if logprobs is not None else None
             history.append(tok)
             stats.generated_tokens += 1
             if tokenizer.is_eog(tok) and not ignore_eos:
@@ -74,7 +81,7 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
                 break
             step = stopper.push(decoder.push(tok))
             stats.decode_seconds = time.perf_counter() - t0
-            yield Token(tok, step.text, stats)
+            yield Token(tok, step.text, stats, logprobs=lp)
             if step.stopped:
                 stats.stop_reason = "stop_string"
                 break
@@ -93,3 +100,12 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
         stats.stop_reason = "interrupted"
     tail = "" if stats.stop_reason == "stop_string" else stopper.push(decoder.flush()).text + stopper.flush()
     yield Done(stats, tail)
+
+
+def _logprobs(logits, tok: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """(log p(tok), the k most likely tokens with their log p) from a full logit row."""
+    row = np.asarray(logits, dtype=np.float64).reshape(-1)
+    m = row.max()
+    lse = m + np.log(np.exp(row - m).sum())
+    top = np.argsort(-row, kind="stable")[:k] if k > 0 else []
+    return float(row[tok] - lse), [(int(i), float(row[i] - lse)) for i in top]

@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-from . import info, make_model, bench_kernels, decode, bench, chat  # noqa: E402,F401  (each adds its command)
+from . import info, make_model, bench_kernels, decode, bench, chat, serve  # noqa: E402,F401  (each adds its command)
 
 
 MAX_ERROR_CHARS = 2000

@@ -1,0 +1,92 @@
+"""`hybrid serve`: an OpenAI-compatible HTTP server (hybrid/server) over one loaded model."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from ..draft_policy import DraftPolicy
+from ..errors import HybridError
+from . import app
+from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt,
+                     ModelArg, ModelOpt, OverrideTensorOpt, PcieShareOpt, ThreadsOpt, VramOpt, load_model,
+                     pick_model)
+
+
+@app.command("serve")
+def serve(
+    model: Optional[Path] = ModelArg,
+    model_opt: Optional[Path] = ModelOpt,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface; "
+                             "then set --api-key)."),
+    port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' "
+                                          "(every endpoint but /health).", show_default=False),
+    alias: List[str] = typer.Option([], "-a", "--alias", help="Another name clients may give as 'model' "
+                                    "(repeatable)."),
+    cache_mem: str = typer.Option("2GiB", "--cache-mem", help="Memory for saved conversation states (0 = off: "
+                                  "every request prefills its whole prompt)."),
+    max_queue: int = typer.Option(16, "--max-queue", min=0, help="Requests that may wait while one runs; "
+                                  "beyond that the server answers 503."),
+    max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="The most tokens one request may "
+                                   "generate (also the default when it does not say)."),
+    max_body: str = typer.Option("4MiB", "--max-body", help="Largest request body; larger gets 413."),
+    threads: Optional[int] = ThreadsOpt,
+    ctx_size: int = CtxOpt,
+    draft: Optional[str] = DraftOpt,
+    draft_p_min: float = DraftPMinOpt,
+    device: str = DeviceOpt,
+    vram: Optional[str] = VramOpt,
+    cpu_only: bool = CpuOnlyOpt,
+    overrides: List[str] = OverrideTensorOpt,
+    cuda_graphs: bool = CudaGraphsOpt,
+    expert_cache: bool = ExpertCacheOpt,
+    pcie_share: float = PcieShareOpt,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, tools).
+
+    Each conversation's state is kept between requests, so a new turn prefills only its new tokens.
+    """
+    import logging
+    import socket
+
+    import uvicorn
+
+    from ..server.app import Limits, build_app
+    from ..server.engine import Engine
+    from ..units import parse_size
+
+    path = pick_model(model, model_opt)
+    cache_bytes = parse_size(cache_mem, "state cache size (--cache-mem)")
+    body_bytes = parse_size(max_body, "request size limit (--max-body)")
+    err = Console(stderr=True)
+    m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, vram=vram,
+                   cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
+                   pcie_share=pcie_share, max_rows=None)
+    DraftPolicy.parse(draft, m.has_mtp)        # a bad --draft fails before the port opens
+    engine = Engine(m, draft=draft, draft_p_min=draft_p_min, cache_bytes=cache_bytes, max_queue=max_queue)
+    model_id = m.path.name
+    web = build_app(m, engine, Limits(max_body=body_bytes, max_tokens=max_tokens, api_key=api_key),
+                    model_id, aliases=alias)
+    try:                                        # bind here so a taken port is one clear line
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise HybridError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"warning: listening on {host} without --api-key: anyone who can reach it can use it",
+                  style="yellow", highlight=False)
+    bound = sock.getsockname()[1]
+    # the test harness and scripts read this line to learn the port (with --port 0)
+    print(f"hybrid serve: listening on http://{host}:{bound} (model {model_id}, context {m.n_ctx})",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(web, log_level="warning", timeout_graceful_shutdown=2)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        engine.close()

@@ -1,0 +1,183 @@
+"""One worker thread that owns the model and runs queued requests one at a time.
+
+The model and its state are not thread-safe, so a single thread runs every generation; the
+event loop only queues jobs and relays their events. A job's events cross to the loop with
+call_soon_threadsafe. A cancelled job (its client went away) is dropped before it starts, or
+stopped at the next event, i.e. within one forward step.
+
+Each job starts from the longest cached prefix of its token ids: the live state when it holds
+one (the previous request's conversation), else the best snapshot in the `StateCache`. Snapshots
+are taken right after a prompt is prefilled (always exact) and at the end of a reply when the
+state holds a known prefix of prompt + reply: with MTP drafting, a reply can end with the trunk
+having run drafted tokens that were never emitted, and then the end state is not kept.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..draft_policy import DraftPolicy
+from ..errors import HybridError
+from ..events import Done, Prefill, Token
+from ..sampling import Sampler, SamplerConfig
+from .cache import StateCache
+
+log = logging.getLogger("hybrid.server")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    ids: list[int]
+    sampling: dict                 # SamplerConfig fields
+    max_tokens: int
+    stop: list[str]
+    ignore_eos: bool = False
+    logprobs: int | None = None    # top alternatives per token, None = no log-probabilities
+    loop: asyncio.AbstractEventLoop | None = None
+    out: asyncio.Queue | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def emit(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:      # the loop is gone (server shutting down)
+            self.cancel()
+
+
+class Engine:
+    def __init__(self, model, *, draft=None, draft_p_min: float = 0.0, cache_bytes: int = 0,
+                 max_queue: int = 16):
+        self.model = model
+        policy = DraftPolicy.parse(draft, model.has_mtp)
+        self.depth, self.draft_p_min = policy.depth, draft_p_min
+        self.state = model.forward.new_state(model.n_ctx, n_ring=policy.ring)
+        self.cache = StateCache(cache_bytes)
+        self.reuse = cache_bytes > 0     # off: every request prefills from scratch (benchmarks)
+        self._live: list[int] | None = []   # the ids the live state holds; None = not known
+        self.max_queue = max_queue
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self.pending = 0                 # queued + running
+        self.stats = {"served": 0, "cancelled": 0, "last": None}
+        self._thread = threading.Thread(target=self._work, name="hybrid-engine", daemon=True)
+        self._thread.start()
+
+    # --- the loop's side -------------------------------------------------------------------------
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if self.pending >= self.max_queue + 1:      # one running, max_queue waiting
+                raise QueueFull(f"the server is busy: {self.pending - 1} requests are waiting "
+                                f"(the queue holds {self.max_queue}); try again shortly")
+            self.pending += 1
+        job.loop = asyncio.get_running_loop()
+        job.out = asyncio.Queue()
+        self._queue.put(job)
+        return job
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    # --- the worker --------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                if job.cancelled.is_set():
+                    self.stats["cancelled"] += 1
+                    continue
+                self._run(job)
+            except HybridError as e:
+                job.emit(("error", 400, str(e)))
+            except Exception as e:      # logged here; the client gets a one-line 500, never a traceback
+                log.exception("generation failed")
+                job.emit(("error", 500, f"internal error: {type(e).__name__}"))
+            finally:
+                with self._lock:
+                    self.pending -= 1
+
+    def _start(self, wanted: list[int]) -> int:
+        """Put the state at the longest cached prefix of `wanted`; returns its length."""
+        cached = 0
+        live = self._live
+        if self.reuse and live and len(live) < len(wanted) and wanted[:len(live)] == live:
+            cached = len(live)
+        ckpt = self.cache.longest_prefix(wanted) if self.reuse else None
+        self._source = "live" if cached else "none"
+        if ckpt is not None and len(ckpt.ids) > cached:
+            ckpt.restore(self.state)
+            cached = len(ckpt.ids)
+            self._source = "snapshot"
+        elif cached == 0:
+            self.state.reset()
+        # The MTP head's KV rows must cover every trunk position before it drafts again (as in
+        # ChatSession._stream): rows it wrote from its own hiddens only cost acceptance.
+        self.state.mtp_n_past = self.state.n_past
+        return cached
+
+    def _run(self, job: Job) -> None:
+        from ..generate import generate_tokens
+        from ..speculative import generate_speculative
+
+        m, wanted = self.model, list(job.ids)
+        sampler = Sampler(SamplerConfig(**job.sampling))
+        cached = self._start(wanted)
+        self._live = None            # until this job ends cleanly, the state's content is not known
+        suffix = wanted[cached:]
+        run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
+                   ignore_eos=job.ignore_eos, context=wanted[:cached])
+        if self.depth == 0 or job.logprobs is not None:     # log-probabilities need every row: plain decoding
+            events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, logprobs=job.logprobs, **run)
+        else:
+            events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,
+                                          p_min=self.draft_p_min, controller=m.depth_controller, **run)
+        generated: list[int] = []
+        stats, cancelled = None, False
+        t0 = time.perf_counter()
+        first = None
+        try:
+            for ev in events:
+                if job.cancelled.is_set():
+                    cancelled = True
+                    break
+                if isinstance(ev, Prefill):
+                    if ev.done == ev.total and self.state.n_past == len(wanted) and self.reuse:
+                        self.cache.put(self.state, wanted)
+                    continue
+                if isinstance(ev, Token):
+                    generated.append(ev.id)
+                    first = first or time.perf_counter()
+                ev.stats.cached_tokens = cached
+                if isinstance(ev, Done):
+                    stats = ev.stats
+                job.emit(("token", ev) if isinstance(ev, Token) else ("done", ev))
+        finally:
+            events.close()
+        if cancelled or stats is None:
+            self.stats["cancelled"] += 1
+            self.stats["last"] = {"finish": "cancelled", "generated_tokens": len(generated),
+                                  "cached_tokens": cached, "prompt_tokens": len(wanted)}
+            return
+        self.stats["served"] += 1
+        self.stats["last"] = {"finish": stats.stop_reason, "generated_tokens": stats.generated_tokens,
+                              "cached_tokens": cached, "prompt_tokens": len(wanted), "cached_from": self._source,
+                              "ttft_s": round((first or time.perf_counter()) - t0, 6)}
+        history = wanted + generated
+        n = self.state.n_past
+        if n <= len(history):
+            self._live = history[:n]
+            if self.reuse and n > len(wanted):
+                self.cache.put(self.state, self._live)

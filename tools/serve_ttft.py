@@ -1,0 +1,108 @@
+"""Time to first token of each turn of a multi-turn chat against `hybrid serve`, with the state
+cache on and off: with it, turn N prefills only its new tokens; without it, the whole conversation.
+
+    python tools/serve_ttft.py                      # the bundled tiny model
+    python tools/serve_ttft.py model.gguf --turns 8 --system-words 4000 -- --ctx-size 32768
+
+Starts one server per mode on 127.0.0.1 (a free port) and stops it after; arguments after `--` go
+to `hybrid serve`. Greedy replies, so both modes must say the same (checked, and reported).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+QUESTIONS = ["Explain what a hash map is.", "Now show one in Python.", "How does it resize?",
+             "What is the cost of a lookup?", "Compare it with a balanced tree.", "Which one should I use for a cache?",
+             "Write a short summary.", "Thanks, one last tip?"]
+
+
+def start(model: str | None, extra: list[str], timeout: float = 900.0):
+    cmd = [sys.executable, "-c", "from hybrid.cli import main; main()", "serve", "--port", "0", *extra]
+    if model:
+        cmd.insert(4, model)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        sys.stderr.write(line)
+        if "listening on http://" in line:
+            return proc, line.split("listening on ")[1].split()[0]
+    proc.terminate()
+    raise SystemExit("hybrid serve did not start")
+
+
+def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, int]:
+    """(seconds to the first streamed chunk, reply content, prompt tokens, cached tokens)."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft, content, usage = None, [], {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise SystemExit(f"server error: {chunk['error']}")
+            usage = chunk.get("usage") or usage
+            for c in chunk.get("choices", []):
+                content.append(c["delta"].get("content") or "")
+    return ttft or 0.0, "".join(content), usage.get("prompt_tokens", 0), \
+        (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def conversation(url: str, turns: int, max_tokens: int, system: str) -> list[tuple]:
+    messages = [{"role": "system", "content": system}]
+    out = []
+    for i in range(turns):
+        messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
+        ttft, reply, prompt, cached = turn(url, messages, max_tokens)
+        messages.append({"role": "assistant", "content": reply})
+        out.append((ttft, reply, prompt, cached))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", help="GGUF file (default: the bundled tiny model)")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--system-words", type=int, default=600, help="length of a synthetic system prompt")
+    ap.add_argument("serve_args", nargs="*", help="after --: flags for hybrid serve")
+    a = ap.parse_args()
+    system = "You are a helpful assistant. " + " ".join(f"rule{i % 97} applies" for i in range(a.system_words // 2))
+    results = {}
+    for mode, flags in (("cache on", []), ("cache off", ["--cache-mem", "0"])):
+        proc, url = start(a.model, [*flags, *a.serve_args])
+        try:
+            # first-request costs (kernels of long prompts) out of the timings; a different first
+            # word, so nothing of it is reused
+            conversation(url, 1, 2, "Warm-up. " + system)
+            results[mode] = conversation(url, a.turns, a.max_tokens, system)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    on, off = results["cache on"], results["cache off"]
+    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT on (ms)':>13} {'TTFT off (ms)':>14} {'speed-up':>9}  same reply")
+    for i, (a_on, a_off) in enumerate(zip(on, off), 1):
+        print(f"{i:>4} {a_on[2]:>7} {a_on[3]:>7} {a_on[0] * 1e3:>13.1f} {a_off[0] * 1e3:>14.1f} "
+              f"{a_off[0] / max(a_on[0], 1e-9):>8.1f}x  {'yes' if a_on[1] == a_off[1] else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
