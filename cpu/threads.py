@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 SMALL_STEP_BYTES = 64 << 20    # CPU weight bytes per token below which a step runs on one thread
-STEP_ROWS = 16                 # calls of at most this many rows are steps: bandwidth-bound
+STEP_ROWS = 16                 # calls of at most this many rows are steps (decode, verify, MTP): bandwidth-bound
 
 
 def available_cores() -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cpu.argmax import PICK_COLUMNS
-from cpu.threads import ThreadPolicy
+from cpu.threads import STEP_ROWS, ThreadPolicy
 from cpu.moe_kernel import expert_ids
 
 from . import compiles
@@ -39,11 +39,10 @@ from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, 
 
 LOGITS_MODES = ("last", "all", "none")
 _identities = itertools.count()
-# Scratch of step-sized calls (decode, every verify size, the MTP head's calls) is kept for the
-# forward's lifetime: its buffers are part of each captured step's key, so freeing one would make
-# every later step of that size run eagerly and be captured again. Larger calls (prompt chunks)
-# keep only the latest few sizes.
-STEP_ROWS_KEPT = 16
+# Scratch of step-sized calls (≤ STEP_ROWS rows: decode, every verify size, the MTP head's calls)
+# is kept for the forward's lifetime: its buffers are part of each captured step's key, so freeing
+# one would make every later step of that size run eagerly and be captured again. Larger calls
+# (prompt chunks) keep only the latest few sizes.
 _CHUNK_SIZES_KEPT = 2
 
 
@@ -264,7 +263,7 @@ class Forward:
         if s is None:
             s = self._scratch[n] = _Scratch.allocate(self.config, n, self.backend.zeros)
             self._allocations += 1
-            chunks = [size for size in self._scratch if size > STEP_ROWS_KEPT]
+            chunks = [size for size in self._scratch if size > STEP_ROWS]
             for size in chunks[:max(0, len(chunks) - _CHUNK_SIZES_KEPT)]:
                 del self._scratch[size]
         else:
