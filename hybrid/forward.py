@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cpu.argmax import PICK_COLUMNS
-from cpu.threads import STEP_ROWS, ThreadPolicy
 from cpu.moe_kernel import expert_ids
+from cpu.threads import STEP_ROWS, ThreadPolicy
 
 from . import compiles
 from .backend import make_backend

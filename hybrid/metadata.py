@@ -81,8 +81,10 @@ class Meta:
             return False, default
         return True, self.kv[full]
 
-    def bad(self, key: str, value: Any, expected: str) -> ModelError:
-        return ModelError(f"GGUF metadata key '{safe_text(self.key(key))}' is {_type_name(value)} "
+    def bad(self, key: str, value: Any, expected: str, entry: int | None = None) -> ModelError:
+        """The error for a value (or, with `entry`, one entry of an array value) of the wrong kind."""
+        where = "" if entry is None else f" entry {entry}"
+        return ModelError(f"GGUF metadata key '{safe_text(self.key(key))}'{where} is {_type_name(value)} "
                           f"{shown(value)}; expected {expected}")
 
     def int(self, key: str, default: Any = _MISSING, *, lo: int = 0, hi: int = 2**31 - 1) -> Any:
@@ -140,8 +142,7 @@ class Meta:
             if isinstance(v, bool):
                 v = int(v)
             if not isinstance(v, int) or not lo <= v <= hi:
-                raise ModelError(f"GGUF metadata key '{safe_text(self.key(key))}' entry {i} is "
-                                 f"{_type_name(v)} {shown(v)}; expected an integer in {lo:,}..{hi:,}")
+                raise self.bad(key, v, f"an integer in {lo:,}..{hi:,}", entry=i)
         return [int(v) for v in value]
 
     def strs(self, key: str, default: Any = _MISSING) -> Any:
@@ -153,6 +154,5 @@ class Meta:
             raise self.bad(key, value, "an array of strings")
         for i, v in enumerate(value):
             if not isinstance(v, str):
-                raise ModelError(f"GGUF metadata key '{safe_text(self.key(key))}' entry {i} is "
-                                 f"{_type_name(v)} {shown(v)}; expected a string")
+                raise self.bad(key, v, "a string", entry=i)
         return value

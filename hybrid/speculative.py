@@ -33,7 +33,6 @@ from .sampling import Sampler, StopChecker
 PENDING_MAX = 8     # MTP rows left waiting by steps that draft nothing (flush_pending)
 
 
-
 @dataclass
 class DraftStats:
     depth: int | str = 0
