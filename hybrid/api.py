@@ -129,9 +129,12 @@ class Model:
         if not isinstance(prompt, str):
             return [int(t) for t in prompt]          # the forward rejects ids outside the vocabulary
         if chat:
-            return self.tokenizer.encode(self.chat_prompt(prompt, system, reasoning),
-                                         add_special=False, parse_special=True)
+            return self.encode_chat_text(self.chat_prompt(prompt, system, reasoning))
         return self.tokenizer.encode(prompt)
+
+    def encode_chat_text(self, text: str) -> list[int]:
+        """Ids of a rendered chat template (its special tokens written as text)."""
+        return self.tokenizer.encode(text, add_special=False, parse_special=True)
 
     def chat_prompt(self, prompt: str, system: str | None = None, reasoning: bool | None = None) -> str:
         """The chat template's text for one user turn (and a system message). reasoning: the
@@ -173,8 +176,11 @@ class Model:
         if system is not None and not chat:
             raise HybridError("system= applies to chat prompts (chat=True): a raw prompt has no template")
         from .reasoning import ReasoningTagger, starts_inside
-        chat_text = self.chat_prompt(prompt, system, reasoning) if chat and isinstance(prompt, str) else None
-        ids = self.encode_prompt(prompt, chat=chat, system=system, reasoning=reasoning)
+        if chat and isinstance(prompt, str):      # rendered once: the ids and the reasoning tagger use it
+            chat_text = self.chat_prompt(prompt, system, reasoning)
+            ids = self.encode_chat_text(chat_text)
+        else:
+            chat_text, ids = None, self.encode_prompt(prompt)
         sampler = Sampler(SamplerConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,

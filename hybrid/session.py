@@ -78,7 +78,7 @@ class ChatSession:
             messages = messages + [{"role": "user", "content": user_text}]
         text = self.model.chat_template.render(messages, add_generation_prompt=True, enable_thinking=self.reasoning)
         self._rendered = text
-        return self.model.tokenizer.encode(text, add_special=False, parse_special=True)
+        return self.model.encode_chat_text(text)
 
     def send(self, user_text: str, **sampling) -> Iterator[Prefill | Token | Done]:
         """Add a user turn and stream the assistant's reply (prefilling only the new tokens).

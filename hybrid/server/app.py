@@ -243,7 +243,7 @@ class Server:
             text = self.model.chat_template.render(msgs, add_generation_prompt=True, enable_thinking=thinking, **extra)
         except HybridError as e:
             raise ApiError(400, str(e), param="messages") from None
-        ids = self.model.tokenizer.encode(text, add_special=False, parse_special=True)
+        ids = self.model.encode_chat_text(text)
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(400, "'logprobs' must be true or false", param="logprobs")

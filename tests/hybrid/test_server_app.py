@@ -41,7 +41,7 @@ class ScriptedEngine:
 def api():
     tok = SimpleNamespace(encode=lambda text, **kw: list(range(len(text))))
     model = SimpleNamespace(chat_template=ChatTemplate(None), tokenizer=tok, n_ctx=100_000, path="m.gguf",
-                            config=SimpleNamespace(n_vocab=1000))
+                            config=SimpleNamespace(n_vocab=1000), encode_chat_text=tok.encode)
     engine = ScriptedEngine()
     app = build_app(model, engine, Limits(), "m.gguf")
     with TestClient(app) as http:
