@@ -539,11 +539,3 @@ def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cp
         budget = free
     return plan_placement(model_file, budget, n_ctx=n_ctx, n_ring=n_ring, overrides=rules,
                           expert_cache=expert_cache, pcie_share=pcie_share, notes=notes)
-
-
-
-def ring_for_draft(draft: int | str | None, has_mtp: bool) -> int:
-    """Snapshot ring slots a draft depth needs (as Model.generate sizes them): depth + 1, the
-    auto depth's maximum + 1, or 0 without drafting. None means auto when the model can draft."""
-    from .draft_policy import DraftPolicy
-    return DraftPolicy.parse(draft, has_mtp).ring

@@ -16,7 +16,8 @@ from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
 from ..metadata import safe_text
 from ..model_file import default_model_path, open_model
 from ..state import DEFAULT_N_CTX
-from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides, ring_for_draft
+from ..draft_policy import DraftPolicy
+from ..placement import CPU, GPU, GROUPS, plan_for, plan_placement, parse_overrides
 from ..summary import describe_plan, summarize
 from ..units import format_bandwidth, parse_bandwidth, parse_size
 
@@ -79,7 +80,7 @@ def _hypothetical(plan: dict) -> bool:
 def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share):
     """An explicit --vram plans for that budget on any machine (no GPU needed: 'what would fit
     on a 12 GiB card?'); without it, the plan a run here would use (free VRAM, or the CPU)."""
-    n_ring = ring_for_draft(draft, m.config.n_nextn > 0)
+    n_ring = DraftPolicy.parse(draft, m.config.n_nextn > 0).ring
     if vram is not None and not cpu_only:
         return plan_placement(m, parse_size(vram, "VRAM budget (--vram)"), n_ctx=ctx_size, n_ring=n_ring,
                               overrides=rules, expert_cache=expert_cache, pcie_share=pcie_share)

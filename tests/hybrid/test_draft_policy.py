@@ -27,6 +27,16 @@ def test_parse_limits_and_ring():
     assert DraftPolicy.parse("0", has_mtp=False).depth == 0
 
 
+def test_ring_for_a_draft_setting():
+    def ring(draft, has_mtp):
+        return DraftPolicy.parse(draft, has_mtp).ring
+    assert ring(None, True) == 5          # auto drafts up to 4: ring of 5 slots
+    assert ring("2", True) == 3 and ring(0, True) == 0
+    assert ring(None, False) == 0
+    with pytest.raises(HybridError, match="no MTP head"):
+        ring("2", False)
+
+
 @pytest.mark.parametrize("has_mtp", [True, False])
 def test_library_and_cli_defaults_agree(has_mtp):
     default = DraftPolicy.parse(None, has_mtp).depth

@@ -18,7 +18,7 @@ from hybrid.cli import app
 from hybrid.errors import HybridError
 from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
 from hybrid.placement import (CPU, GPU, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
-                              plan_for, plan_placement, ring_for_draft)
+                              plan_for, plan_placement)
 from hybrid.synth import plan_model, preset
 from hybrid.synth.types import synth_layout
 
@@ -205,14 +205,6 @@ def test_budget_defaults_to_free_vram_and_is_capped_by_it(m27b, monkeypatch):
     assert plan_for(m27b, "auto", vram="12GiB", n_ring=5).budget == 12 * GiB
     capped = plan_for(m27b, "auto", vram="20GiB", n_ring=5)
     assert capped.budget == 14 * GiB and "more than the GPU's free" in capped.notes[0]
-
-
-def test_ring_for_draft():
-    assert ring_for_draft(None, True) == 5          # auto drafts up to 4: ring of 5 slots
-    assert ring_for_draft("2", True) == 3 and ring_for_draft(0, True) == 0
-    assert ring_for_draft(None, False) == 0
-    with pytest.raises(HybridError, match="no MTP head"):
-        ring_for_draft("2", False)
 
 
 # --- MoE --------------------------------------------------------------------------------------
