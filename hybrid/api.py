@@ -10,11 +10,13 @@ import numpy as np
 from cpu import threads as cpu_threads
 from cpu.threads import ThreadPolicy
 
+from .draft_depth import DepthController
 from .draft_policy import MAX_AUTO_DEPTH, DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .model_file import default_model_path, open_model
 from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share
+from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
 from .state import DEFAULT_N_CTX
 
@@ -175,7 +177,6 @@ class Model:
             raise HybridError("reasoning= applies to chat prompts (chat=True): a raw prompt has no template")
         if system is not None and not chat:
             raise HybridError("system= applies to chat prompts (chat=True): a raw prompt has no template")
-        from .reasoning import ReasoningTagger, starts_inside
         if chat and isinstance(prompt, str):      # rendered once: the ids and the reasoning tagger use it
             chat_text = self.chat_prompt(prompt, system, reasoning)
             ids = self.encode_chat_text(chat_text)
@@ -229,7 +230,6 @@ class Model:
         """The auto depth's controller, kept for the model's lifetime: step costs and acceptance
         learnt in one generation carry to the next (a chat, a server, a benchmark's rounds)."""
         if self._depth_controller is None:
-            from .draft_depth import DepthController
             self._depth_controller = DepthController(MAX_AUTO_DEPTH)
         return self._depth_controller
 

@@ -1,6 +1,7 @@
 """Options and helpers shared by the commands that load a model."""
 from __future__ import annotations
 
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,7 +104,6 @@ def sampler_extras(typical_p: float, xtc_probability: float, xtc_threshold: floa
 
 def parse_logit_bias(items: Sequence[str]) -> dict[int, float]:
     """llama.cpp's --logit-bias TOKEN_ID(+|-)BIAS."""
-    import re
     out: dict[int, float] = {}
     for item in items:
         m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", str(item), flags=re.I)
