@@ -8,7 +8,6 @@ are the same float32 weights the matvec multiplies with.
 """
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 from numba import cuda, float32, uint32
@@ -16,6 +15,7 @@ from numba import cuda, float32, uint32
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
 
+from .kernel_source import kernel_factory
 from .matvec import SOURCE_STAMP, _specialise
 from .memory import stream
 from .quants import UNITS, LaneUnit
@@ -57,7 +57,7 @@ def _build_kernel(unit: LaneUnit):
     return fn
 
 
-@functools.cache
+@kernel_factory
 def kernel(type_id: int):
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id]))
 

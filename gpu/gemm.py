@@ -49,6 +49,7 @@ from .device import simulated
 from .gemm_mma import MmaTile
 from .gemm_units import BK, GEMM_STAMP, UNITS, GemmUnit
 from .intrinsics import device_function, fma
+from .kernel_source import kernel_factory
 from .kernel_source import specialise as _specialise
 from .quants import check_matvec as _check
 
@@ -275,7 +276,7 @@ def _build_kernel(unit: GemmUnit, tile: Tile | MmaTile):
     return _build_fp32_kernel(unit, tile)
 
 
-@functools.cache
+@kernel_factory
 def kernel(type_id: int, tile: Tile | MmaTile):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
     bounds = getattr(tile, "launch_bounds", None)       # the simulator takes none
@@ -351,12 +352,12 @@ def _launch_elementwise(fn, count: int, stream, *args) -> None:
     fn[-(-count // memory.THREADS), memory.THREADS, stream](*args)
 
 
-@functools.cache
+@kernel_factory
 def _to_fp16_fragments():
     return cuda.jit(cache=True)(gemm_mma.build_to_fp16_fragments())
 
 
-@functools.cache
+@kernel_factory
 def _sum_splits():
     return cuda.jit(cache=True)(gemm_mma.build_sum_splits())
 

@@ -4,6 +4,7 @@ into a kernel function. The family's modules (matvec, matvec_q8, gemm, gemm_mma,
 import this one and not each other's internals, so they form no import cycle."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import pathlib
 import types as pytypes
@@ -43,3 +44,26 @@ def specialise(template_fn, constants: dict, functions: dict):
     fn = template_fn(**constants)
     namespace = dict(fn.__globals__, **functions)
     return pytypes.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+_made: dict[int, tuple] = {}      # id(kernel) → (module, factory name, args) of the call that made it
+
+
+def kernel_factory(make):
+    """`functools.cache` for a function that builds a kernel from hashable arguments, recording
+    which call made each kernel: `made_by` names it, so that another process can make the same
+    kernel and compile it into the shared disk cache (hybrid/kernel_prep.py compiles a cold
+    start's kernels in parallel processes that way)."""
+    cached = functools.cache(make)
+
+    @functools.wraps(make)
+    def factory(*args):
+        kernel = cached(*args)
+        _made.setdefault(id(kernel), (make.__module__, make.__name__, args))
+        return kernel
+    return factory
+
+
+def made_by(kernel) -> tuple | None:
+    """(module, factory name, args) of the `kernel_factory` call that made `kernel`, if one did."""
+    return _made.get(id(kernel))

@@ -33,7 +33,7 @@ from numba import cuda, float32, int32, uint32
 from . import gemm, matvec_q8, memory
 from .device import simulated
 from .intrinsics import device_function, fma, warp_reduce
-from .kernel_source import BLOCK_THREADS, MAX_ROWS_X_SLOTS, MAX_SLOTS, SOURCE_STAMP, WARPS
+from .kernel_source import BLOCK_THREADS, MAX_ROWS_X_SLOTS, MAX_SLOTS, SOURCE_STAMP, WARPS, kernel_factory
 from .kernel_source import specialise as _specialise
 from .quants import UNITS, LaneUnit, check_matvec as _check
 
@@ -157,7 +157,7 @@ def lanes_per_row(type_id: int, cols: int) -> int:
     return 32
 
 
-@functools.cache
+@kernel_factory
 def float_kernel(type_id: int, n_slots: int, rows_per_warp: int):
     """The float-decoding kernel of any supported type."""
     pyfunc = _build_kernel(UNITS[type_id], n_slots, rows_per_warp)

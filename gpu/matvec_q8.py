@@ -37,7 +37,7 @@ from numba import cuda, float32, int32, uint32
 from . import memory
 from .device import simulated
 from .intrinsics import device_function, group_reduce, round_to_int
-from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, source_stamp
+from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, kernel_factory, source_stamp
 from .kernel_source import specialise as _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
 
@@ -124,7 +124,7 @@ def _quantize_template(STAMP, LAYOUT):
     return quantize_kernel
 
 
-@functools.cache
+@kernel_factory
 def quantize_kernel(layout: int = NATURAL):
     fn = _specialise(_quantize_template, dict(STAMP=SOURCE_STAMP, LAYOUT=layout), {})
     return cuda.jit(cache=True)(fn)
@@ -306,18 +306,18 @@ def _build_kernel(unit: Dp4aUnit, n_slots: int, rows_per_warp: int, lanes: int =
     return kernel_fn
 
 
-@functools.cache
+@kernel_factory
 def kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int = 32):
     """The compiled-on-first-launch kernel (cached on disk by Numba)."""
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes))
 
 
-@functools.cache
+@kernel_factory
 def group_kernel(type_id: int, n_slots: int, rows_per_warp: int, lanes: int):
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], n_slots, rows_per_warp, lanes, _group_template))
 
 
-@functools.cache
+@kernel_factory
 def experts_kernel(type_id: int, rows_per_warp: int, lanes: int):
     return cuda.jit(cache=True)(_build_kernel(UNITS[type_id], 1, rows_per_warp, lanes, _experts_template))
 

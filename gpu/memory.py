@@ -324,6 +324,10 @@ def copy_raw(dst, src, up: bool) -> None:
 # The CUDA-graph capture in progress, set by gpu/graphs.py while it records a step: host_call
 # then records into it instead of running (kept here so that this module needs not import graphs).
 capturing = None
+# Set while a warm-up only looks for the kernels it would compile (hybrid/kernel_prep.py): the
+# kernels it skips leave garbage in device buffers, which a host call must not read (the CPU
+# would index with garbage expert ids), so host calls are skipped too.
+skip_host_calls = False
 
 
 def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
@@ -343,6 +347,8 @@ def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     if given, is fn's faster form for replays: bind(*inputs_host, *outputs_host) is called once
     at capture (with the staging buffers a replay's copies fill) and returns what each replay
     calls, with no arguments."""
+    if skip_host_calls:
+        return
     recorder = capturing
     if recorder is not None:
         recorder.host_call(inputs, outputs, fn, meanwhile, bind)

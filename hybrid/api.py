@@ -87,33 +87,57 @@ class Model:
         from .state import SessionState
         return SessionState.load(path, self.config, n_ctx, 0, self.forward.backend, model_id=self.file.identity)
 
-    def warmup(self, max_rows: int | None = None, progress=None) -> int:
+    def warmup(self, max_rows: int | None = None, progress=None, draft_depth: int = 0) -> int:
         """Compile (or load from the on-disk cache) the kernels of a prompt chunk and of a decode
         step, so the first real prompt does not stall on compilation.
 
         max_rows: the most token rows one forward call of the job will take (its prompt, a draft
         verify step), when known: a job below 16 never meets the many-row prompt kernels
         (`cpu.matmul`), so they are not compiled for it (None: not known yet, e.g. a chat's
-        prompts; a chunk of 16 rows). On the CPU the kernels missing from the disk cache
-        compile first, spread over the cores, calling progress(done, total) as they do
-        (`hybrid.kernel_prep`; never when none is missing). Returns the number of CPU kernels
-        compiled (0 on the GPU backend)."""
+        prompts; a chunk of 16 rows). draft_depth: the deepest draft the job may verify; the GPU
+        builds kernels per call size, so each verify and MTP size is warmed too (an auto depth
+        would otherwise compile mid-run as it tries each depth). The kernels missing from the
+        disk cache compile first, spread over worker processes, calling progress(done, total)
+        as they do (`hybrid.kernel_prep`; never when none is missing). Returns the number of
+        kernels compiled."""
         from .generate import PREFILL_CHUNK
+        from .kernel_prep import prepare
+        from .speculative import PENDING_MAX
         chunk = min(16, PREFILL_CHUNK)           # long enough for the multi-threaded prompt kernels
         if max_rows is not None:
             chunk = max(1, min(chunk, max_rows))
+        gpu = self.device != "cpu"
+        depth = draft_depth if gpu and self.has_mtp else 0
+        forward, zeros = self.forward.forward, np.zeros
 
         def run():
-            state = self.new_state(chunk + 2)
+            state = self.forward.new_state(chunk + 2 * depth + 2 * PENDING_MAX + 4, n_ring=depth + 1 if depth else 0)
             if chunk > 1:
-                self.forward.forward(state, np.zeros(chunk, dtype=np.int32), logits="last")
-            self.forward.forward(state, np.zeros(1, dtype=np.int32), logits="last")
+                forward(state, zeros(chunk, np.int32), logits="last")
+            forward(state, zeros(1, np.int32), logits="last")
+            if not depth:
+                return
+            # the calls of a drafting run (hybrid/speculative.py): verify steps of 1..depth+1
+            # rows, picked greedily or as top logits for a sampler, and MTP calls of 1..PENDING_MAX
+            # rows and of a prompt chunk
+            hidden = zeros((max(chunk, PENDING_MAX), self.config.n_embd), np.float32)
+            for how in ({"pick": True}, {"top": SamplerConfig().candidates or 1}):
+                for n in range(1, depth + 2):
+                    forward(state, zeros(n, np.int32), logits="all", snapshot=n > 1, **how)
+                    if n > 1:
+                        state.rollback(1)
+            for n in range(1, PENDING_MAX + 1):
+                self.mtp.forward(state, zeros(n, np.int32), hidden[:n], logits="last", pick=True)
+            for n in (PENDING_MAX - 1, chunk):
+                self.mtp.forward(state, zeros(n, np.int32), hidden[:n], logits="none")
 
-        if self.device != "cpu":
-            run()
-            return 0
-        from .kernel_prep import prepare
-        return prepare(run, progress)
+        if not gpu:
+            return prepare(run, progress)
+        # GPU: its kernels first (host calls skipped, see GPUBackend.planning), then the CPU
+        # kernels of host calls, which need real device data to run on
+        backend = self.forward.backend
+        done = prepare(run, progress, cuda=True, plan_context=backend.planning)
+        return done + prepare(run, progress, done_before=done)
 
     # --- evaluation -----------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -238,10 +262,14 @@ class Model:
         the next call once the iteration ends (reset, not reallocated): its device buffers stay
         put, so the steps the GPU backend captured as CUDA graphs in one generation replay in
         the next instead of being launched and captured again. A state still in use by an
-        unfinished iteration is never handed out twice."""
+        unfinished iteration is never handed out twice. A kept state with a larger snapshot ring
+        than asked serves too (a depth-0 run after a drafting one keeps the same buffers)."""
         state, self._idle_state = self._idle_state, None
-        if state is None or state.n_ring != n_ring:
-            state = self.forward.new_state(self.n_ctx, n_ring=n_ring)
+        if state is None or state.n_ring < n_ring:
+            # a drafting state gets the ring the plan made room for (the default depth's), so
+            # runs at other depths reuse it and the steps captured with it
+            planned = DraftPolicy.parse(None, self.has_mtp).ring
+            state = self.forward.new_state(self.n_ctx, n_ring=max(n_ring, planned) if n_ring else 0)
         else:
             state.reset()
         try:

@@ -18,6 +18,7 @@ FFN matrices (role "ffn" in `hybrid.layout`) goes to the GPU. Small vectors
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
 
@@ -68,6 +69,10 @@ class CPUBackend:
 
     def run_step(self, key, body) -> None:
         body()
+
+    def planning(self):
+        """What a warm-up's plan pass runs in (hybrid/kernel_prep.py): nothing to change here."""
+        return contextlib.nullcontext()
 
     @property
     def one_offs(self) -> int:
@@ -161,6 +166,18 @@ class GPUBackend:
     def run_step(self, key, body) -> None:
         """Run body (GPU work and host calls); a step seen before replays as a CUDA graph."""
         self.graphs.run(key, body)
+
+    @contextlib.contextmanager
+    def planning(self):
+        """What a warm-up's plan pass runs in (hybrid/kernel_prep.py), whose skipped kernels leave
+        garbage: steps run eagerly and count as not seen (a capture would keep the skipped
+        launches), and host calls are skipped (gpu.memory.skip_host_calls)."""
+        graphs, self.graphs.enabled = self.graphs.enabled, False
+        self.memory.skip_host_calls = True
+        try:
+            yield
+        finally:
+            self.graphs.enabled, self.memory.skip_host_calls = graphs, False
 
     @property
     def one_offs(self) -> int:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import base64
 import collections
+import contextlib
 import importlib
 import inspect
 import os
@@ -55,6 +56,9 @@ from numba.core.dispatcher import Dispatcher
 
 Progress = Callable[[int, "int | None"], None]   # progress(done, total); total None: not known yet
 
+# Processes compiling CUDA kernels at once: each holds a CUDA context (a few hundred MB of the
+# GPU's memory, which the loaded model may leave little of).
+CUDA_WORKERS = 8
 # below this many kernels a worker process's start (~0.5-1 s: Python, NumPy, Numba, our modules)
 # costs more than it saves
 MIN_PARALLEL_KERNELS = 4
@@ -139,6 +143,40 @@ def _skipped(*args, **kws) -> None:
     return None
 
 
+class _SkippedLaunch:
+    """What a plan pass gives numba-cuda in place of a kernel missing from the disk cache: its
+    launch does nothing (a CUDA kernel returns no value, so any launch may be skipped)."""
+    launch_config_sensitive = False
+
+    def launch(self, *args, **kws) -> None:
+        pass
+
+
+_SKIPPED_LAUNCH = _SkippedLaunch()
+
+
+def _cuda_compile_for_args(original):
+    """CUDADispatcher._compile_for_args during a plan pass. numba-cuda fires no compile event, so
+    the pass forbids compiling for the call: a signature in memory or in the disk cache loads
+    as usual, a missing one raises numba-cuda's "Compilation disabled", and is recorded."""
+    def compile_for_args(self, *args, **kws):
+        plan = _active
+        if plan is None or threading.get_ident() != plan.thread or isinstance(self._cache, NullCache):
+            return original(self, *args, **kws)
+        could, self._can_compile = self._can_compile, False
+        try:
+            return original(self, *args, **kws)
+        except RuntimeError as e:
+            if "Compilation disabled" not in str(e):
+                raise
+            sig = tuple(self.typeof_pyval(a) for a in args)
+            plan._missing.setdefault((id(self), sig), (self, sig))
+            return _SKIPPED_LAUNCH
+        finally:
+            self._can_compile = could
+    return compile_for_args
+
+
 _returns: dict[int, bool] = {}
 
 
@@ -155,9 +193,11 @@ def _returns_value(dispatcher) -> bool:
     return _returns[key]
 
 
-def find_missing(run: Callable[[], object], progress: Progress | None = None, done_before: int = 0) -> "Plan":
+def find_missing(run: Callable[[], object], progress: Progress | None = None, done_before: int = 0,
+                 cuda: bool = False) -> "Plan":
     """Run `run` with deferral on (step 1) and return what it found; progress(done_before + i,
-    None) as the i-th kernel that cannot be skipped starts compiling."""
+    None) as the i-th kernel that cannot be skipped starts compiling. cuda: CUDA kernels are
+    deferred too."""
     global _active
     if _active is not None:
         raise RuntimeError("kernel_prep: one plan pass at a time")
@@ -165,6 +205,11 @@ def find_missing(run: Callable[[], object], progress: Progress | None = None, do
     _active = plan
     event.register("numba:compile", plan)
     Dispatcher._compile_for_args = _compile_for_args
+    if cuda:
+        # numba.cuda is imported only when a GPU model warms up: a CPU run never loads it
+        from numba.cuda.dispatcher import CUDADispatcher
+        cuda_original = CUDADispatcher._compile_for_args
+        CUDADispatcher._compile_for_args = _cuda_compile_for_args(cuda_original)
     try:
         with np.errstate(all="ignore"):         # skipped kernels leave garbage in their outputs
             run()
@@ -174,6 +219,8 @@ def find_missing(run: Callable[[], object], progress: Progress | None = None, do
         plan.failure = e
     finally:
         Dispatcher._compile_for_args = _original_compile_for_args
+        if cuda:
+            CUDADispatcher._compile_for_args = cuda_original
         event.unregister("numba:compile", plan)
         _active = None
     return plan
@@ -184,6 +231,10 @@ def _locate(dispatcher):
     can find it (`cpu.variants.Variants` for the kernels made per weight type); None if it
     cannot be named."""
     from cpu.variants import Variants
+    kernel_source = sys.modules.get("gpu.kernel_source")     # loaded whenever a GPU kernel exists
+    made = kernel_source.made_by(dispatcher) if kernel_source is not None else None
+    if made is not None:
+        return made
     module = sys.modules.get(dispatcher.py_func.__module__)
     if module is None or module.__name__ == "__main__":     # another process's __main__ is not this one
         return None
@@ -210,15 +261,25 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def _is_cuda(dispatcher) -> bool:
+    module = sys.modules.get("numba.cuda.dispatcher")
+    return module is not None and isinstance(dispatcher, module.CUDADispatcher)
+
+
 class _Job:
     """The missing signatures of one kernel's code: its variants (`cpu.variants`) share one cache
     index file, so they compile in one process, one after another (two processes saving entries
     of one index at once could lose one). `parts`: (dispatcher, signatures, name for a worker
-    process or None); `here`: this process must compile it (a variant that cannot be named)."""
+    process or None); `here`: this process must compile it (a variant that cannot be named).
 
-    def __init__(self):
+    A CUDA kernel is a job of its own: the specialised kernels of one template also share an
+    index file, but a worker does not write it: it sends the compiled kernel back (PTX and cubin,
+    as numba-cuda's disk cache stores it), and this process saves it (`save`), one at a time."""
+
+    def __init__(self, cuda: bool = False):
         self.parts: list[tuple] = []
         self.size = 0                          # a guess at the compile time: the source's size
+        self.cuda = cuda
 
     def add(self, dispatcher, sig) -> None:
         for d, sigs, _ in self.parts:
@@ -245,7 +306,20 @@ class _Job:
                 dispatcher.compile(sig)
 
     def message(self) -> str:
-        return base64.b64encode(pickle.dumps([(*where, sigs) for _, sigs, where in self.parts])).decode()
+        return base64.b64encode(pickle.dumps((self.cuda, [(*where, sigs) for _, sigs, where in self.parts]))).decode()
+
+    def save(self, reply: str) -> None:
+        """Store in the disk cache the CUDA kernels a worker sent back ("ok <payload>")."""
+        if not self.cuda:
+            return
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.cuda.dispatcher import _Kernel
+        states = iter(pickle.loads(base64.b64decode(reply.split(" ", 1)[1])))
+        with global_compiler_lock:              # one writer of the cache index at a time
+            for dispatcher, sigs, _ in self.parts:
+                dispatcher._configure_cache_for_launch_config(None)
+                for sig in sigs:
+                    dispatcher._cache.save_overload(sig, _Kernel._rebuild(**next(states)))
 
 
 def compile_all(missing: list[tuple], progress: Progress | None = None, done: int = 0,
@@ -262,9 +336,13 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
     report(done, total)
     by_code: dict[object, _Job] = {}
     for dispatcher, sig in missing:
-        by_code.setdefault(dispatcher.py_func.__code__, _Job()).add(dispatcher, sig)
+        cuda = _is_cuda(dispatcher)
+        key = (id(dispatcher), sig) if cuda else dispatcher.py_func.__code__
+        by_code.setdefault(key, _Job(cuda)).add(dispatcher, sig)
     jobs = sorted(by_code.values(), key=lambda j: j.size, reverse=True)
     workers = default_workers() if workers is None else workers
+    if any(j.cuda for j in jobs):
+        workers = min(workers, CUDA_WORKERS)
     n_procs = min(workers, len(jobs)) - 1 if len(jobs) >= MIN_PARALLEL_KERNELS else 0
     lock = threading.Lock()
     state = {"done": done}
@@ -319,6 +397,10 @@ def _feed_worker(take, finished, give_back) -> None:
             except (OSError, ValueError):
                 reply = ""
             if reply.startswith("ok"):
+                try:
+                    job.save(reply)
+                except Exception:               # noqa: BLE001 - the warm-up compiles it instead
+                    pass
                 finished(job)
                 continue
             give_back(job)
@@ -347,11 +429,17 @@ def _worker() -> None:
     answers, sys.stdout = sys.stdout, sys.stderr        # whatever else prints goes to stderr
     for line in sys.stdin:
         try:
-            for module, name, key, sigs in pickle.loads(base64.b64decode(line)):
+            cuda, parts = pickle.loads(base64.b64decode(line))
+            states = []
+            for module, name, key, sigs in parts:
                 dispatcher = _resolve(module, name, key)
+                if cuda:
+                    dispatcher._cache = NullCache()       # the parent saves it (_Job.save)
                 for sig in sigs:
-                    dispatcher.compile(sig)
-            answer = "ok"
+                    kernel = dispatcher.compile(sig)
+                    if cuda:
+                        states.append(kernel._reduce_states())
+            answer = "ok " + base64.b64encode(pickle.dumps(states)).decode() if cuda else "ok"
         except Exception as e:                  # noqa: BLE001 - reported, compiled by the parent
             answer = "err " + repr(e).replace("\n", " ")
         answers.write(answer + "\n")
@@ -361,27 +449,32 @@ def _worker() -> None:
 MAX_PASSES = 8
 
 
-def prepare(run: Callable[[], object], progress: Progress | None = None, workers: int | None = None) -> int:
+def prepare(run: Callable[[], object], progress: Progress | None = None, workers: int | None = None,
+            cuda: bool = False, plan_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+            done_before: int = 0) -> int:
     """Warm up with `run`, compiling first what it needs that the disk cache lacks, with
     progress(done, total) reports (none at all when nothing compiles). Returns the number of
-    kernels compiled.
+    kernels compiled (counting from done_before, kernels an earlier call compiled).
 
     A pass that stopped at a kernel it could not run (see `_compile_for_args`) is followed by
-    another once what it found is compiled; each gets further, and the total grows."""
-    done = 0
+    another once what it found is compiled; each gets further, and the total grows. cuda: CUDA
+    kernels are planned too; plan_context(): what each plan pass runs in (the GPU backend's
+    `planning`: no graph captures of steps whose kernels were skipped)."""
+    done = done_before
     for _ in range(MAX_PASSES):
-        plan = find_missing(run, progress, done)
+        with plan_context() if plan_context is not None else contextlib.nullcontext():
+            plan = find_missing(run, progress, done, cuda)
         done += plan.compiled_now
         if not plan.missing and plan.complete:
-            if done and progress is not None:
+            if done > done_before and progress is not None:
                 progress(done, done)            # the plan pass was the warm-up
-            return done
+            return done - done_before
         compile_all(plan.missing, progress, done, workers)
         done += len(plan.missing)
         if not plan.stopped:
             break                               # complete, or failed: the real warm-up says why
     run()
-    return done
+    return done - done_before
 
 
 if __name__ == "__main__":

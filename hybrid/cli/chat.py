@@ -205,7 +205,8 @@ def chat(
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
                    expert_cache=expert_cache, pcie_share=pcie_share, n_gpu_layers=n_gpu_layers,
-                   n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, quiet=as_json)
+                   n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, quiet=as_json,
+                   draft=draft)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,
                         reasoning=think)
     sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -10,6 +10,7 @@ from typing import Callable, Optional, Sequence
 import typer
 from rich.console import Console
 
+from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..placement import DEFAULT_PCIE_SHARE
 from ..state import DEFAULT_N_CTX
@@ -216,13 +217,13 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
 
 
 class KernelProgress:
-    """progress(done, total) for `Model.warmup`: "compiling CPU kernels 12/40" on a terminal while
+    """progress(done, total) for `Model.warmup`: "compiling GPU kernels 12/40" on a terminal while
     they compile ("12/?" while the total is not known yet), then one line with the count and the
     time; off a terminal the first line and the last. Shows nothing when no kernel compiles (all
     came from Numba's disk cache)."""
 
-    def __init__(self, console: Console, enabled: bool = True):
-        self.console, self.enabled = console, enabled
+    def __init__(self, console: Console, enabled: bool = True, where: str = "CPU"):
+        self.console, self.enabled, self.where = console, enabled, where
         self._status = None
         self._started = None
         self._last = (0, 0)
@@ -231,7 +232,7 @@ class KernelProgress:
         if not self.enabled or total == 0:
             return
         self._last = (done, total)
-        message = f"compiling CPU kernels {done}/{total or '?'} (first run only, then cached)…"
+        message = f"compiling {self.where} kernels {done}/{total or '?'} (first run only, then cached)…"
         if self._started is None:
             self._started = time.perf_counter()
             if self.console.is_terminal:
@@ -248,7 +249,7 @@ class KernelProgress:
         if self._started is not None:
             done, total = self._last
             seconds = time.perf_counter() - self._started
-            self.console.print(f"compiled CPU kernels {done}/{total or done} in {seconds:.1f} s (cached for later runs)",
+            self.console.print(f"compiled {self.where} kernels {done}/{total or done} in {seconds:.1f} s (cached for later runs)",
                                style="dim", highlight=False)
 
 
@@ -257,10 +258,11 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
                overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True,
                pcie_share: float = DEFAULT_PCIE_SHARE, max_rows: Optional[Callable] = None,
                n_gpu_layers: Optional[str] = None, n_cpu_moe: Optional[int] = None,
-               chat_template_file: Optional[Path] = None):
+               chat_template_file: Optional[Path] = None, draft: Optional[str] = None):
     """Load and warm up a model. max_rows(model) → the most token rows one forward call of the
     job takes (its prompt, a draft verify step), when known: the warm-up then compiles only the
-    kernels of calls that size (`Model.warmup`)."""
+    kernels of calls that size (`Model.warmup`); draft: the job's --draft, whose deepest verify
+    the warm-up prepares too."""
     from ..api import load
     rules, ngl_cpu = layer_rules(n_gpu_layers, n_cpu_moe)
     if rules and device != "cuda" and not cpu_only:
@@ -287,13 +289,10 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
         console.print(f"note: no CUDA GPU found: {', '.join(asked_gpu)} ignored, running on the CPU",
                       style="yellow", highlight=False, soft_wrap=True)
     rows = max_rows(model) if max_rows is not None else None
-    if model.device != "cpu":
-        with status(console, "preparing kernels (compiles on the first run, then cached)…", not quiet):
-            model.warmup(rows)
-        return model
-    progress = KernelProgress(console, not quiet)
+    depth = DraftPolicy.parse(draft, model.has_mtp).max_depth
+    progress = KernelProgress(console, not quiet, "CPU" if model.device == "cpu" else "GPU")
     try:
-        model.warmup(rows, progress=progress)
+        model.warmup(rows, progress=progress, draft_depth=depth)
     finally:
         progress.close()
     return model

@@ -193,7 +193,7 @@ def decode(
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
                    expert_cache=expert_cache, pcie_share=pcie_share, n_gpu_layers=n_gpu_layers,
-                   n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file,
+                   n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, draft=draft,
                    max_rows=lambda m: max(len(m.encode_prompt(text, chat=chat, system=system, reasoning=think)),
                                           DraftPolicy.parse(draft, m.has_mtp).ring))
     events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,

@@ -65,7 +65,7 @@ def serve(
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, vram=vram,
                    cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
-                   pcie_share=pcie_share, max_rows=None)
+                   pcie_share=pcie_share, max_rows=None, draft=draft)
     DraftPolicy.parse(draft, m.has_mtp)        # a bad --draft fails before the port opens
     engine = Engine(m, draft=draft, draft_p_min=draft_p_min, cache_bytes=cache_bytes, max_queue=max_queue)
     model_id = m.path.name
