@@ -111,7 +111,10 @@ class Model:
         forward, zeros = self.forward.forward, np.zeros
 
         def run():
-            state = self.forward.new_state(chunk + 2 * depth + 2 * PENDING_MAX + 4, n_ring=depth + 1 if depth else 0)
+            # positions for every call below: the MTP calls alone take 1 + 2 + … + PENDING_MAX,
+            # PENDING_MAX − 1 and a chunk
+            n_ctx = 2 * chunk + 2 * (depth + 2) + PENDING_MAX * (PENDING_MAX + 3) // 2 + PENDING_MAX
+            state = self.forward.new_state(n_ctx, n_ring=depth + 1 if depth else 0)
             if chunk > 1:
                 forward(state, zeros(chunk, np.int32), logits="last")
             forward(state, zeros(1, np.int32), logits="last")

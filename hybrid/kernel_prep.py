@@ -58,7 +58,7 @@ Progress = Callable[[int, "int | None"], None]   # progress(done, total); total 
 
 # Processes compiling CUDA kernels at once: each holds a CUDA context (a few hundred MB of the
 # GPU's memory, which the loaded model may leave little of).
-CUDA_WORKERS = 8
+CUDA_WORKERS = 12
 # below this many kernels a worker process's start (~0.5-1 s: Python, NumPy, Numba, our modules)
 # costs more than it saves
 MIN_PARALLEL_KERNELS = 4
@@ -319,7 +319,9 @@ class _Job:
             for dispatcher, sigs, _ in self.parts:
                 dispatcher._configure_cache_for_launch_config(None)
                 for sig in sigs:
-                    dispatcher._cache.save_overload(sig, _Kernel._rebuild(**next(states)))
+                    kernel = _Kernel._rebuild(**next(states))
+                    kernel.target_context = dispatcher.targetctx     # the cache keys on its codegen
+                    dispatcher._cache.save_overload(sig, kernel)
 
 
 def compile_all(missing: list[tuple], progress: Progress | None = None, done: int = 0,

@@ -11,9 +11,10 @@ _SCRIPT = r"""
 import json, sys
 from numba.cuda.dispatcher import CUDADispatcher
 import hybrid
+from hybrid.draft_policy import MAX_AUTO_DEPTH
 seen = []
 m = hybrid.load(device="cuda")
-m.warmup(8, progress=lambda d, t: seen.append((d, t)), draft_depth=2)
+m.warmup(8, progress=lambda d, t: seen.append((d, t)), draft_depth=MAX_AUTO_DEPTH)     # auto may try every depth up to it
 compiled = []
 inner = CUDADispatcher.compile
 def compile(self, sig):
