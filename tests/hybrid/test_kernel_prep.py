@@ -175,3 +175,12 @@ def test_cli_counts_kernels_on_a_cold_cache_and_prints_nothing_on_a_warm_one(tmp
     assert warm.returncode == 0, warm.stderr
     assert "compil" not in warm.stderr and "preparing" not in warm.stderr, warm.stderr
     assert warm.stdout == cold.stdout
+
+
+def test_compile_count_sees_cuda_compiler_passes():
+    """numba-cuda compiles kernels without numba's compile event; its pass events are counted."""
+    cuda_event = pytest.importorskip("numba.cuda.core.event")
+    before = compiles.count()
+    with cuda_event.trigger_event("numba-cuda:run_pass", data={}):
+        pass
+    assert compiles.count() == before + 1
