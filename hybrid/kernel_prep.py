@@ -25,6 +25,11 @@ three steps:
    cache index file at once.
 3. Run the warm-up again, for real: every kernel loads from memory or the disk cache now.
 
+CUDA kernels (`prepare(..., cuda=True)`) go the same way, with two differences: numba-cuda fires no
+compile event, so a plan pass forbids compiling for the call and records the refusal; and a
+worker does not write the disk cache (kernels of one template share an index file): it sends each
+compiled kernel back and this process saves it.
+
 Skipping is safe where a kernel's garbage output can only become another kernel's garbage input
 values, never its indices: in the forward, positions, token and row ids come from Python; the MoE
 router's expert ids come from a kernel a pass may skip, but the expert kernels that index with
