@@ -48,6 +48,7 @@ import re
 import selectors
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -376,22 +377,28 @@ def log(msg: str) -> None:
 
 
 def run_step(cmd: list[str], timeout: float, dry: bool, log_path: Path | None = None) -> subprocess.CompletedProcess | None:
-    """Run one command (stdout captured; stderr to log_path or through), None when it timed out."""
+    """Run one command (stdout captured; stderr to log_path or through), None when it timed out.
+    It runs in a session of its own, so a timeout ends its children too (cmake's compilers)."""
     log(("would run: " if dry else "run: ") + shlex.join(cmd))
     if dry:
         return subprocess.CompletedProcess(cmd, 0, "", "")
     err = open(log_path, "w") if log_path else None
     try:
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        log(f"timed out after {timeout:.0f} s: {cmd[0]}")
-        return None
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            log(f"timed out after {timeout:.0f} s: {cmd[0]}")
+            return None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     finally:
         if err:
             err.close()
 
 
-def build(args, engines: list[str]) -> dict[str, Path | str]:
+def build(args, engines: list[str], deadline: float) -> dict[str, Path | str]:
     """llama-bench binaries (skipped when built), then the synthetic models (skipped when written)."""
     out: dict[str, Path | str] = {}
     bench_dir = Path(args.bench_dir)
@@ -409,7 +416,8 @@ def build(args, engines: list[str]) -> dict[str, Path | str]:
             continue
         log(f"{engine}: building into {build_dir} (~7 min; time nothing meanwhile)")
         t0 = time.time()
-        done = run_step(["bash", str(script), str(src), str(build_dir)], args.build_timeout, args.dry_run)
+        done = run_step(["bash", str(script), str(src), str(build_dir)],
+                        min(args.build_timeout, deadline - time.time()), args.dry_run)
         if args.dry_run or binary.exists():
             out[engine] = binary
             log(f"{engine}: built in {time.time() - t0:.0f} s")
@@ -424,6 +432,9 @@ def build(args, engines: list[str]) -> dict[str, Path | str]:
         m = MODELS[key]
         if m.path.exists() and m.path.stat().st_size > 0:
             log(f"model {key}: {m.path} exists ({format_size(m.path.stat().st_size)})")
+            continue
+        if deadline - time.time() < args.model_timeout and not args.dry_run:
+            log(f"model {key}: no time left to write {m.path} in this call; the next build or bench writes it")
             continue
         log(f"model {key}: writing {m.path}")
         t0 = time.time()
@@ -620,8 +631,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--time-limit", type=float, default=560, help="seconds for the whole call (default 560)")
     p.add_argument("--step-timeout", type=float, default=240, help="seconds for one engine's repetition")
     p.add_argument("--load-timeout", type=float, default=240, help="seconds for hybrid to load and warm up")
-    p.add_argument("--build-timeout", type=float, default=560)
-    p.add_argument("--model-timeout", type=float, default=240)
+    p.add_argument("--build-timeout", type=float, default=560, help="seconds for one llama-bench build")
+    p.add_argument("--model-timeout", type=float, default=150, help="seconds for writing one model")
     p.add_argument("--log-dir", default="/tmp/vs_llama_logs")
     args = p.parse_args(argv)
     start = time.time()
@@ -630,7 +641,7 @@ def main(argv: list[str]) -> int:
     groups = select_groups(rows)
     args.models = sorted({g.model for g in groups}) if args.what == "bench" else sorted(MODELS)
     engines_built = ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else [])
-    binaries = build(args, engines_built)
+    binaries = build(args, engines_built, deadline)
     if args.what == "build":
         log(f"build done in {time.time() - start:.0f} s: {binaries}")
         return 0
