@@ -9,7 +9,9 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -276,8 +278,62 @@ def test_worker_times_every_test_of_its_group_on_the_cpu():
     w = vs.Worker(group, BUNDLED_MODEL, 1, timeout=600)
     try:
         assert w.ready["ready"] and w.ready["device"] == "cpu" and w.ready["plan_matches"]
-        res = w.rep(timeout=600)
+        reps = [w.rep(timeout=600) for _ in range(2)]
     finally:
         w.close()
-    assert set(res) == {"pp8", "tg3", "verify2"} and all(np.isfinite(v) and v > 0 for v in res.values())
+    for res in reps:
+        assert set(res) == {"pp8", "tg3", "verify2"} and all(np.isfinite(v) and v > 0 for v in res.values())
     assert w.proc.returncode == 0
+
+
+FAKE_LLAMA_BENCH = r'''#!/usr/bin/env python3
+"""A stand-in llama-bench: one JSON line per test of -p/-n/-d, each taking 0.5 s per token."""
+import json, sys
+a = sys.argv[1:]
+opt = lambda f, d: a[a.index(f) + 1] if f in a else d
+open(sys.argv[0] + ".calls", "a").write(json.dumps(a) + "\n")
+depth = int(opt("-d", "0"))
+print("a log line on stdout")
+for p in [int(x) for x in opt("-p", "512").split(",") if int(x)]:
+    print(json.dumps({"n_prompt": p, "n_gen": 0, "n_depth": depth, "samples_ns": [p * 5e8]}))
+n = int(opt("-n", "128"))
+if n:
+    print(json.dumps({"n_prompt": 0, "n_gen": n, "n_depth": depth, "samples_ns": [n * 5e8]}))
+'''
+
+
+def test_a_row_runs_both_engines_alternately_and_tabulates(tmp_path, monkeypatch):
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_LLAMA_BENCH)
+    fake.chmod(0o755)
+    monkeypatch.setitem(vs.MODELS, "tiny", vs.SynthModel(BUNDLED_MODEL, "tiny", "qwen35"))
+    group = vs.Group("t", "tiny on the CPU", "tiny", device="cpu", vram=None, pp=(8,), tg=3, verify=(2,))
+    args = SimpleNamespace(dry_run=False, reps=2, ik=False, threads=1, step_timeout=600, load_timeout=600,
+                           log_dir=str(tmp_path / "logs"), stat="median")
+    rec = vs.run_group(group, args, {"llama.cpp": fake}, time.time() + 1200)
+    assert rec["errors"] == {}
+    calls = [json.loads(line) for line in (tmp_path / "llama-bench.calls").read_text().splitlines()]
+    assert len(calls) == 2 and all(c[c.index("-ngl") + 1] == "0" and c[c.index("-p") + 1] == "8,2" for c in calls)
+    assert rec["samples"]["llama.cpp"] == {"pp8": [4.0, 4.0], "pp2": [1.0, 1.0], "tg3": [1.5, 1.5]}
+    assert set(rec["samples"]["hybrid"]) == {"pp8", "tg3", "verify2"}
+    assert all(len(v) == 2 for v in rec["samples"]["hybrid"].values())
+    rows = {r[1]: r for r in vs.table_rows([rec], ["llama.cpp", "hybrid"], "median")}
+    assert rows["pp8"][2] == "2.00" and rows["tg3"][2] == "2.00"          # 0.5 s a token
+    assert rows["verify k=2 (÷ one tg step)"][2] == "2.00"                # 1.0 s ÷ 0.5 s
+    assert float(rows["tg3"][3]) > 2                                       # ours: much faster than 2 t/s
+
+
+def test_a_failing_engine_is_a_row_of_the_table(tmp_path, monkeypatch):
+    bad = tmp_path / "llama-bench"
+    bad.write_text("#!/bin/sh\necho 'error: unknown model architecture: qwen35' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setitem(vs.MODELS, "tiny", vs.SynthModel(BUNDLED_MODEL, "tiny", "qwen35"))
+    group = vs.Group("t", "tiny", "tiny", device="cpu", vram=None, tg=2)
+    args = SimpleNamespace(dry_run=False, reps=2, ik=True, threads=1, step_timeout=600, load_timeout=600,
+                           log_dir=str(tmp_path / "logs"), stat="median")
+    rec = vs.run_group(group, args, {"llama.cpp": bad, "ik_llama.cpp": "build failed (exit 2)"}, time.time() + 1200)
+    assert "unknown model architecture" in rec["errors"]["llama.cpp"]
+    assert rec["errors"]["ik_llama.cpp"] == "build failed (exit 2)"
+    rows = vs.table_rows([rec], ["llama.cpp", "hybrid", "ik_llama.cpp"], "median")
+    assert rows[0][2] == "failed" and rows[0][4] == "failed" and float(rows[0][3]) > 0
+    assert [r[1] for r in rows[1:]] == ["llama.cpp error", "ik_llama.cpp error"]

@@ -284,7 +284,12 @@ def parse_llama_output(engine: str, stdout: str) -> dict[str, list[float]]:
         except json.JSONDecodeError:                     # cut off: the records that closed
             records = [json.loads(m) for m in re.findall(r"\{[^{}]*\}", text)]
     else:
-        records = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")]
+        records = []
+        for line in text.splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:         # a log line, or the last line of a killed run
+                pass
     out: dict[str, list[float]] = {}
     for r in records:
         seconds = [ns / 1e9 for ns in r.get("samples_ns", [])]
@@ -310,6 +315,11 @@ def worker_main(spec: dict) -> None:
     load the model as `spec` says, print one JSON line when ready, then one JSON line of timings
     per 'rep' line read from stdin."""
     import hybrid
+    # the protocol keeps the real stdout; anything else written there (ours, a library's, C code's)
+    # goes to stderr, where the parent's log shows it
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     group = Group(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["group"].items()})
     model = hybrid.load(spec["path"], device=group.device, threads=spec["threads"], n_ctx=group.n_ctx,
                         vram=group.vram if group.device != "cpu" else None, overrides=group.overrides,
@@ -319,10 +329,8 @@ def worker_main(spec: dict) -> None:
     same = {n: t.side for n, t in model.plan.tensors.items()} == {n: t.side for n, t in mine.tensors.items()}
     same = same and model.plan.expert_cache == mine.expert_cache
     print(json.dumps({"ready": True, "device": model.device, "threads": model.threads, "plan_matches": same,
-                      "vram_used": model.plan.vram_used if model.plan.budget else 0}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "rep":
-            break
+                      "vram_used": model.plan.vram_used if model.plan.budget else 0}), file=proto, flush=True)
+    while sys.stdin.readline().strip() == "rep":
         res: dict[str, float] = {}
         for n in group.pp:
             res[test_key("pp", n)] = bench_prompt(model, n, 1).seconds[0]
@@ -330,7 +338,7 @@ def worker_main(spec: dict) -> None:
             res[test_key("tg", group.tg, group.depth)] = bench_generate(model, group.tg, 1, depth=group.depth).seconds[0]
         for k in group.verify:
             res[f"verify{k}"] = time_verify(model, k, 1)
-        print(json.dumps(res), flush=True)
+        print(json.dumps(res), file=proto, flush=True)
 
 
 class Worker:
@@ -345,14 +353,23 @@ class Worker:
         self.ready = self._read(timeout)
 
     def _read(self, timeout: float) -> dict:
-        if not self.sel.select(timeout):
-            self.close()
-            raise TimeoutError(f"hybrid worker: no answer in {timeout:.0f} s")
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise RuntimeError(f"hybrid worker exited ({code}); its errors are above")
-        return json.loads(line)
+        """The next JSON object the worker prints (other lines are passed to stderr)."""
+        end = time.time() + timeout
+        while True:
+            if not self.sel.select(max(end - time.time(), 0)):
+                self.kill()
+                raise TimeoutError(f"hybrid worker: no answer in {timeout:.0f} s")
+            line = self.proc.stdout.readline()
+            if not line:
+                code = self.proc.wait()
+                raise RuntimeError(f"hybrid worker exited ({code}); its errors are above")
+            try:
+                got = json.loads(line)
+            except json.JSONDecodeError:
+                got = None
+            if isinstance(got, dict):
+                return got
+            print(line, end="", file=sys.stderr)
 
     def rep(self, timeout: float) -> dict[str, float]:
         self.proc.stdin.write("rep\n")
@@ -364,10 +381,14 @@ class Worker:
             try:
                 self.proc.stdin.write("quit\n")
                 self.proc.stdin.close()
-                self.proc.wait(20)
+                self.proc.wait(30)
             except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -444,6 +465,34 @@ def build(args, engines: list[str], deadline: float) -> dict[str, Path | str]:
     return out
 
 
+def warm_kernels(args, deadline: float) -> None:
+    """Load each model the way the rows do (GPU, and the 27B on the CPU alone) and run a tiny rep,
+    so the Numba kernels they need are compiled into NUMBA_CACHE_DIR before the timed call: a
+    fresh machine compiles for minutes. Skipped when the call has too little time left."""
+    seen = set()
+    for g in ROWS.values():
+        if (g.model, g.device) in seen:
+            continue
+        seen.add((g.model, g.device))
+        left = deadline - time.time()
+        if left < args.warm_min:
+            log(f"warm-up of {g.model} ({g.device}) skipped: {left:.0f} s left in this call")
+            continue
+        small = replace(g, pp=(16,), tg=2, depth=0, verify=(2,) if g.device == "cuda" else ())
+        if args.dry_run:
+            log(f"would warm the kernels: {g.model} on {g.device}")
+            continue
+        log(f"warming the kernels: {g.model} on {g.device}")
+        t0 = time.time()
+        try:
+            w = Worker(small, MODELS[g.model].path, args.threads, left - 10)
+            w.rep(max(deadline - time.time() - 10, 1))
+            w.close()
+            log(f"warm: {g.model} on {g.device} in {time.time() - t0:.0f} s")
+        except (TimeoutError, RuntimeError) as e:
+            log(f"warm-up of {g.model} on {g.device}: {e}")
+
+
 def machine() -> dict:
     gpu = "none"
     if shutil.which("nvidia-smi"):
@@ -497,7 +546,7 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
             worker = Worker(group, path, args.threads, min(args.load_timeout, max(deadline - time.time(), 1)))
             log(f"hybrid loaded: {worker.ready}")
             rec["hybrid_ready"] = worker.ready
-        except (TimeoutError, RuntimeError, json.JSONDecodeError) as e:
+        except (TimeoutError, RuntimeError) as e:
             rec["errors"]["hybrid"] = str(e)
             log(f"hybrid: {e}")
     logs = Path(args.log_dir)
@@ -518,7 +567,7 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
                     log(f"hybrid rep {rep + 1}/{args.reps}")
                     try:
                         res = worker.rep(timeout)
-                    except (TimeoutError, RuntimeError, json.JSONDecodeError) as ex:
+                    except (TimeoutError, RuntimeError) as ex:
                         rec["errors"]["hybrid"] = str(ex)
                         log(f"hybrid: {ex}")
                         worker.close()
@@ -539,7 +588,10 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
                     continue
                 got = parse_llama_output(e, done.stdout) if done is not None else {}
                 if done is None or done.returncode != 0 or not got:
+                    # llama-bench writes argument errors to stdout, the rest to stderr (the log)
                     tail = log_path.read_text(errors="replace").strip().splitlines()[-3:] if log_path.exists() else []
+                    tail += [ln for ln in (done.stdout if done else "").splitlines()
+                             if ln.strip() and not ln.lstrip().startswith("{")][-3:]
                     why = "timed out" if done is None else f"exit {done.returncode}"
                     rec["errors"][e] = f"{why}: {' | '.join(tail)[-300:]} (log {log_path})"
                     log(f"{e}: {rec['errors'][e]}")
@@ -634,6 +686,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--build-timeout", type=float, default=560, help="seconds for one llama-bench build")
     p.add_argument("--model-timeout", type=float, default=150, help="seconds for writing one model")
     p.add_argument("--log-dir", default="/tmp/vs_llama_logs")
+    p.add_argument("--no-warm", action="store_true", help="build: do not compile our kernels afterwards")
+    p.add_argument("--warm-min", type=float, default=90, help="build: seconds a kernel warm-up needs to start")
     args = p.parse_args(argv)
     start = time.time()
     deadline = start + args.time_limit
@@ -643,6 +697,8 @@ def main(argv: list[str]) -> int:
     engines_built = ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else [])
     binaries = build(args, engines_built, deadline)
     if args.what == "build":
+        if not args.no_warm:
+            warm_kernels(args, deadline)
         log(f"build done in {time.time() - start:.0f} s: {binaries}")
         return 0
     info = machine()
