@@ -61,13 +61,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))        # bench_27b, beside this file
 
+import hybrid  # noqa: E402
 from bench_27b import time_verify  # noqa: E402
 from hybrid.bench import bench_generate, bench_prompt  # noqa: E402
 from hybrid.draft_policy import DraftPolicy  # noqa: E402
 from hybrid.errors import HybridError  # noqa: E402
 from hybrid.model_file import open_model  # noqa: E402
-from hybrid.placement import (CPU, GPU, check_pcie_share, cpu_plan, layer_of, parse_overrides,  # noqa: E402
-                              plan_placement, DEFAULT_PCIE_SHARE)
+from hybrid.placement import (CPU, GPU, DEFAULT_PCIE_SHARE, check_pcie_share, cpu_plan, layer_of,  # noqa: E402
+                              parse_overrides, plan_placement)
 from hybrid.synth import plan_model, preset  # noqa: E402
 from hybrid.synth.types import synth_layout  # noqa: E402
 from hybrid.units import format_size, parse_size  # noqa: E402
@@ -79,7 +80,6 @@ IK_TARBALL = "ik_llama.cpp-8337e4c-src.tar.xz"
 BUILD_SCRIPT = "build_llama_cuda.sh"
 ENGINE_BUILDS = {"llama.cpp": (LLAMA_TARBALL, Path("/tmp/llama-cuda")),
                  "ik_llama.cpp": (IK_TARBALL, Path("/tmp/ik-llama-cuda"))}
-
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,7 @@ class Group:
     vram: str | None = VRAM
     overrides: tuple[str, ...] = ()
     expert_cache: bool = True
+    pcie_share: float = DEFAULT_PCIE_SHARE      # hybrid.load's default (--pcie-share sets every row's)
     pp: tuple[int, ...] = ()
     tg: int = 0
     depth: int = 0
@@ -181,7 +182,7 @@ def our_plan(group: Group, model_file):
         return cpu_plan(model_file, group.n_ctx, ring, rules, "device cpu")
     return plan_placement(model_file, parse_size(group.vram, "VRAM budget"), n_ctx=group.n_ctx, n_ring=ring,
                           overrides=rules, expert_cache=group.expert_cache,
-                          pcie_share=check_pcie_share(DEFAULT_PCIE_SHARE))
+                          pcie_share=check_pcie_share(group.pcie_share))
 
 
 @dataclass
@@ -314,7 +315,6 @@ def worker_main(spec: dict) -> None:
     """In its own process (a hang is killed by the parent's timeout; its GPU memory goes with it):
     load the model as `spec` says, print one JSON line when ready, then one JSON line of timings
     per 'rep' line read from stdin."""
-    import hybrid
     # the protocol keeps the real stdout; anything else written there (ours, a library's, C code's)
     # goes to stderr, where the parent's log shows it
     proto = os.fdopen(os.dup(1), "w")
@@ -323,7 +323,7 @@ def worker_main(spec: dict) -> None:
     group = Group(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["group"].items()})
     model = hybrid.load(spec["path"], device=group.device, threads=spec["threads"], n_ctx=group.n_ctx,
                         vram=group.vram if group.device != "cpu" else None, overrides=group.overrides,
-                        expert_cache=group.expert_cache)
+                        expert_cache=group.expert_cache, pcie_share=group.pcie_share)
     model.warmup()
     mine = our_plan(group, model.file)
     same = {n: t.side for n, t in model.plan.tensors.items()} == {n: t.side for n, t in mine.tensors.items()}
@@ -532,7 +532,8 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
                         "ours_gpu_weights": plan.weight_bytes(GPU), "ours_cpu_weights": plan.weight_bytes(CPU)}
     log(f"== {group.label}: ours {group.device}" + (f" --vram {group.vram}" if group.device != "cpu" else "")
         + (f" -ot {' '.join(group.overrides)}" if group.overrides else "")
-        + ("" if group.expert_cache else " --no-expert-cache") + f" (n_ctx {group.n_ctx}); "
+        + ("" if group.expert_cache else " --no-expert-cache")
+        + (f" --pcie-share {group.pcie_share}" if table.config.n_expert else "") + f" (n_ctx {group.n_ctx}); "
         f"llama.cpp {shlex.join(place.args())}" + (f" [{place.note}]" if place.note else ""))
     engines = ["llama.cpp", "hybrid"] + (["ik_llama.cpp"] if args.ik else [])
     for e in engines:
@@ -675,6 +676,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--stat", choices=("median", "best"), default="median")
     p.add_argument("--threads", "-t", type=int, default=os.cpu_count())
+    p.add_argument("--pcie-share", type=float, default=None,
+                   help="ours: share of a token's uncached experts the GPU fetches over PCIe "
+                        f"(MoE rows; default hybrid's, {DEFAULT_PCIE_SHARE}; 0: the CPU runs them all)")
     p.add_argument("--ik", action="store_true", help="also build and run ik_llama.cpp")
     p.add_argument("--no-llama", action="store_true", help="build: skip llama.cpp (e.g. build ik alone)")
     p.add_argument("--bench-dir", default=".bench", help="folder with build_llama_cuda.sh and the tarballs")
@@ -693,6 +697,8 @@ def main(argv: list[str]) -> int:
     deadline = start + args.time_limit
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     groups = select_groups(rows)
+    if args.pcie_share is not None:
+        groups = [replace(g, pcie_share=check_pcie_share(args.pcie_share)) for g in groups]
     args.models = sorted({g.model for g in groups}) if args.what == "bench" else sorted(MODELS)
     engines_built = ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else [])
     binaries = build(args, engines_built, deadline)
