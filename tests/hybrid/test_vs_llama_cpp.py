@@ -236,12 +236,18 @@ def test_dry_run_prints_every_command(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     runs = [line for line in r.stderr.splitlines() if "would run:" in line]
-    assert any("build_llama_cuda.sh" in line and "ik_llama.cpp-8337e4c" in line for line in runs)
+    assert not any("build_llama_cuda.sh" in line for line in runs)        # bench never compiles
     assert any("make_model.py /tmp/m27b.gguf --preset 27b" in line for line in runs)
     assert sum("/tmp/llama-cuda/bin/llama-bench" in line and "-ot" in line for line in runs) == 1
     assert sum("ik-llama-cuda/bin/llama-bench" in line and "--n-cpu-moe" in line for line in runs) == 1
     assert "| 27B Q4_K_M @ 12 GiB | pp512 |" in r.stdout
     assert json.loads(out.read_text())["records"][1]["placement"]["args"][:3] == ["-ngl", "99", "-ncmoe"]
+    b = subprocess.run([sys.executable, str(TOOL), "build", "--dry-run", "--ik", "--bench-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert b.returncode == 0, b.stderr
+    builds = [line for line in b.stderr.splitlines() if "would run: bash" in line]
+    assert len(builds) == 2 and "ik_llama.cpp-8337e4c-src.tar.xz /tmp/ik-llama-cuda" in builds[1]
+    assert "would warm the kernels: 27b on cuda" in b.stderr
 
 
 # --- our side ---------------------------------------------------------------------------------------

@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
 """hybrid against llama.cpp (and optionally ik_llama.cpp) on the GPU machine, head to head, one table.
 
-    python3 tools/device/vs_llama_cpp.py build [--ik]                  # llama-bench builds + synthetic models
-    python3 tools/device/vs_llama_cpp.py bench [--rows a,b] [--reps 2] [--ik] [--json OUT.json]
-    python3 tools/device/vs_llama_cpp.py bench --dry-run               # the commands, nothing run
+    tools/device/vs_llama_cpp.sh build [--ik] [--no-llama]      # llama-bench builds, models, kernel warm-up
+    tools/device/vs_llama_cpp.sh bench [--rows a,b] [--reps 2] [--ik] [--json OUT.json]
+    tools/device/vs_llama_cpp.sh bench --dry-run                # the commands, nothing run
+
+`build` compiles llama-bench (~7 min on 16 cores; an interrupted build resumes in the next call
+while the machine is held), writes the models (~35 s and ~54 s) and, with the time left, loads
+each model once in hybrid so its Numba kernels are compiled into NUMBA_CACHE_DIR. `bench` never
+compiles llama-bench (an engine not built is a row saying so); it writes a missing model.
 
 Every engine holds the same weight bytes on the GPU and on the CPU: llama.cpp's placement flags
 are derived from OUR planner's plan for each row (`llama_placement`), never written by hand:
 * a dense layer whose FFN our plan leaves on the CPU → `-ot 'blk\\.(i|j|…)\\.(ffn_up\\.weight|…)=CPU'`;
-* routed experts: our GPU expert bytes (pinned, or the expert cache's k experts per layer) over one
-  layer's expert bytes, rounded down, is the count of expert layers llama.cpp keeps on the GPU;
-  the rest go to the CPU with `-ncmoe N` (its first N layers: uniform layers, so the same bytes);
+* routed experts: llama.cpp keeps whole layers of them (`-ncmoe N`: layers N… on the GPU), ours
+  any k experts of every layer (the expert cache): N is the one whose GPU expert bytes come
+  nearest ours (the table's note shows both);
 * a CPU plan → `-ngl 0`.
 llama.cpp does not load the MTP block (ours plans it on the GPU for drafting): the trunk's bytes
 are what match.
@@ -29,7 +34,10 @@ Rows (`--rows`, comma-separated ids; default all):
 Engines alternate within a row: llama.cpp, hybrid, [ik_llama.cpp], repeated --reps times; each
 figure is the --stat (median or best) of its repetitions. llama-bench runs with `-fa 1` (flash
 attention on, as llama.cpp is run on a GPU), `-t THREADS -ngl 99 -r 1`, default batch sizes, load
-mode and KV type (f16); ours with the same threads, CUDA graphs and the defaults of `hybrid.load`.
+mode and KV type (f16); ours with the same threads, CUDA graphs and the defaults of `hybrid.load`
+(MoE: the expert cache, and the PCIe share of uncached experts the GPU fetches; --pcie-share 0
+leaves every uncached expert to the CPU). The MoE rows' routed expert weights live where the row
+says on both sides; llama.cpp's prompt batches also copy CPU weights to the GPU (op offload).
 
 On the GPU machine (no network; numpy<2.5 and gguf from wheels on PYTHONPATH): the llama.cpp
 tarballs and build_llama_cuda.sh sit in --bench-dir (default .bench, an ignored, carried folder);
@@ -419,8 +427,9 @@ def run_step(cmd: list[str], timeout: float, dry: bool, log_path: Path | None = 
             err.close()
 
 
-def build(args, engines: list[str], deadline: float) -> dict[str, Path | str]:
-    """llama-bench binaries (skipped when built), then the synthetic models (skipped when written)."""
+def build(args, engines: list[str], deadline: float, compile_: bool) -> dict[str, Path | str]:
+    """llama-bench binaries (skipped when built; compile_=False: only found, as `bench` does, so a
+    bench call never spends its minutes compiling), then the synthetic models (skipped when written)."""
     out: dict[str, Path | str] = {}
     bench_dir = Path(args.bench_dir)
     for engine in engines:
@@ -429,6 +438,11 @@ def build(args, engines: list[str], deadline: float) -> dict[str, Path | str]:
         if binary.exists():
             log(f"{engine}: built already ({binary})")
             out[engine] = binary
+            continue
+        if not compile_:
+            out[engine] = binary if args.dry_run else (
+                f"not built: run `{Path(__file__).name} build{' --ik' if engine != 'llama.cpp' else ''}` first")
+            log(f"{engine}: {out[engine]}")
             continue
         script, src = bench_dir / BUILD_SCRIPT, bench_dir / tarball
         if not args.dry_run and not (script.exists() and src.exists()):
@@ -701,7 +715,7 @@ def main(argv: list[str]) -> int:
         groups = [replace(g, pcie_share=check_pcie_share(args.pcie_share)) for g in groups]
     args.models = sorted({g.model for g in groups}) if args.what == "bench" else sorted(MODELS)
     engines_built = ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else [])
-    binaries = build(args, engines_built, deadline)
+    binaries = build(args, engines_built, deadline, compile_=args.what == "build")
     if args.what == "build":
         if not args.no_warm:
             warm_kernels(args, deadline)
