@@ -343,3 +343,16 @@ def test_a_failing_engine_is_a_row_of_the_table(tmp_path, monkeypatch):
     rows = vs.table_rows([rec], ["llama.cpp", "hybrid", "ik_llama.cpp"], "median")
     assert rows[0][2] == "failed" and rows[0][4] == "failed" and float(rows[0][3]) > 0
     assert [r[1] for r in rows[1:]] == ["llama.cpp error", "ik_llama.cpp error"]
+
+
+def test_warm_loads_each_model_once_at_the_rows_sizes(monkeypatch, capsys):
+    monkeypatch.setitem(vs.MODELS, "tiny", vs.SynthModel(BUNDLED_MODEL, "tiny", "qwen35"))
+    rows = {"a": vs.Group("a", "a", "tiny", device="cpu", vram=None, pp=(8,), tg=3),
+            "b": vs.Group("b", "b", "tiny", device="cpu", vram=None, tg=5)}
+    monkeypatch.setattr(vs, "ROWS", rows)
+    args = SimpleNamespace(dry_run=False, threads=1, warm_min=1)
+    vs.warm_kernels(args, time.time() + 600)
+    err = capsys.readouterr().err
+    assert err.count("warming the kernels: tiny on cpu") == 1 and "warm: tiny on cpu in" in err
+    vs.warm_kernels(args, time.time() + 0.5)                  # no time left: skipped, said so
+    assert "skipped: 0 s left" in capsys.readouterr().err

@@ -2,13 +2,17 @@
 """hybrid against llama.cpp (and optionally ik_llama.cpp) on the GPU machine, head to head, one table.
 
     tools/device/vs_llama_cpp.sh build [--ik] [--no-llama]      # llama-bench builds, models, kernel warm-up
+    tools/device/vs_llama_cpp.sh warm                           # models, our kernels compiled
     tools/device/vs_llama_cpp.sh bench [--rows a,b] [--reps 2] [--ik] [--json OUT.json]
     tools/device/vs_llama_cpp.sh bench --dry-run                # the commands, nothing run
 
 `build` compiles llama-bench (~7 min on 16 cores; an interrupted build resumes in the next call
-while the machine is held), writes the models (~35 s and ~54 s) and, with the time left, loads
-each model once in hybrid so its Numba kernels are compiled into NUMBA_CACHE_DIR. `bench` never
-compiles llama-bench (an engine not built is a row saying so); it writes a missing model.
+while the machine is held), writes the models (~35 s and ~54 s) and, with the time left, warms:
+loads each model once in hybrid at the rows' call sizes, so its Numba kernels are compiled into
+NUMBA_CACHE_DIR (cold, the GPU compiles a matvec per verify width, ~35 s each). `warm` does the
+models and that alone. `bench` never compiles llama-bench (an engine not built is a row saying
+so); it writes a missing model. The machine keeps /tmp only while it is held (30 s after a call):
+chain the calls.
 
 Every engine holds the same weight bytes on the GPU and on the CPU: llama.cpp's placement flags
 are derived from OUR planner's plan for each row (`llama_placement`), never written by hand:
@@ -343,7 +347,8 @@ def worker_main(spec: dict) -> None:
         for n in group.pp:
             res[test_key("pp", n)] = bench_prompt(model, n, 1).seconds[0]
         if group.tg:
-            res[test_key("tg", group.tg, group.depth)] = bench_generate(model, group.tg, 1, depth=group.depth).seconds[0]
+            row = bench_generate(model, group.tg, 1, depth=group.depth)
+            res[test_key("tg", group.tg, group.depth)] = row.seconds[0]
         for k in group.verify:
             res[f"verify{k}"] = time_verify(model, k, 1)
         print(json.dumps(res), file=proto, flush=True)
@@ -405,7 +410,8 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_step(cmd: list[str], timeout: float, dry: bool, log_path: Path | None = None) -> subprocess.CompletedProcess | None:
+def run_step(cmd: list[str], timeout: float, dry: bool,
+             log_path: Path | None = None) -> subprocess.CompletedProcess | None:
     """Run one command (stdout captured; stderr to log_path or through), None when it timed out.
     It runs in a session of its own, so a timeout ends its children too (cmake's compilers)."""
     log(("would run: " if dry else "run: ") + shlex.join(cmd))
@@ -492,7 +498,9 @@ def warm_kernels(args, deadline: float) -> None:
         if left < args.warm_min:
             log(f"warm-up of {g.model} ({g.device}) skipped: {left:.0f} s left in this call")
             continue
-        small = replace(g, pp=(16,), tg=2, depth=0, verify=(2,) if g.device == "cuda" else ())
+        # the rows' call sizes (pp512 chunks, one-token steps, the verify widths: the GPU compiles
+        # a matvec per width), few tokens
+        small = replace(g, tg=2, depth=0, verify=VERIFY_KS if g.device == "cuda" else ())
         if args.dry_run:
             log(f"would warm the kernels: {g.model} on {g.device}")
             continue
@@ -685,7 +693,9 @@ def main(argv: list[str]) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("what", choices=("build", "bench"), help="build: llama-bench + models; bench: also runs the rows")
+    p.add_argument("what", choices=("build", "warm", "bench"),
+                   help="build: llama-bench, models, then our kernels as time allows; warm: models and our "
+                        "kernels; bench: the rows")
     p.add_argument("--rows", default=",".join(ROW_IDS), help=f"comma-separated subset of {','.join(ROW_IDS)}")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--stat", choices=("median", "best"), default="median")
@@ -714,12 +724,13 @@ def main(argv: list[str]) -> int:
     if args.pcie_share is not None:
         groups = [replace(g, pcie_share=check_pcie_share(args.pcie_share)) for g in groups]
     args.models = sorted({g.model for g in groups}) if args.what == "bench" else sorted(MODELS)
-    engines_built = ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else [])
+    engines_built = [] if args.what == "warm" else (
+        ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else []))
     binaries = build(args, engines_built, deadline, compile_=args.what == "build")
-    if args.what == "build":
+    if args.what in ("build", "warm"):
         if not args.no_warm:
             warm_kernels(args, deadline)
-        log(f"build done in {time.time() - start:.0f} s: {binaries}")
+        log(f"{args.what} done in {time.time() - start:.0f} s: {binaries}")
         return 0
     info = machine()
     log(f"machine: {info}")
