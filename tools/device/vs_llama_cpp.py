@@ -569,6 +569,8 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
             worker = Worker(group, path, args.threads, min(args.load_timeout, max(deadline - time.time(), 1)))
             log(f"hybrid loaded: {worker.ready}")
             rec["hybrid_ready"] = worker.ready
+            if not worker.ready.get("plan_matches"):      # llama.cpp's flags came from another plan
+                rec["placement"]["note"] += " — WARNING: hybrid loaded a plan other than the one the flags came from"
         except (TimeoutError, RuntimeError) as e:
             rec["errors"]["hybrid"] = str(e)
             log(f"hybrid: {e}")
