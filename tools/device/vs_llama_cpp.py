@@ -257,7 +257,7 @@ def llama_placement(plan, model_file) -> LlamaPlacement:
         note = (f"routed experts on the GPU: ours {format_size(ours)}"
                 + (f" ({next(iter(plan.expert_cache.values()))} of {c.n_expert} per layer cached)"
                    if plan.expert_cache else "")
-                + f", llama.cpp {len(layers) - ncmoe} layers = {format_size(theirs)}")
+                + f", llama.cpp -ncmoe {ncmoe}: {len(layers) - ncmoe} layers = {format_size(theirs)}")
     n_cpu_ffn = len({layer_of(t.name) for t in trunk if t.group == "ffn" and t.side == CPU})
     if n_cpu_ffn:
         note = f"{n_cpu_ffn} of {c.n_layer} FFN layers on the CPU"
@@ -673,16 +673,19 @@ def table_rows(records: list[dict], engines: list[str], how: str) -> list[list[s
                 step = stat(sm.get(e, {}).get(f"verify{k}" if e == "hybrid" else test_key("pp", k)), how)
                 ratios.append(step / (tg / g["tg"]) if tg and step else None)
             out.append([label, f"verify k={k} (÷ one tg step)", *[cell(r, "{:.2f}") for r in ratios], "", ""])
+        if rec["errors"].get("all"):
+            out.append([label, "error", *["" for _ in engines], "", rec["errors"]["all"][:200]])
         for e in engines:
-            if err(e):
-                out.append([label, f"{e} error", *["" for _ in engines], "", err(e)[:200]])
+            if rec["errors"].get(e):
+                out.append([label, f"{e} error", *["" for _ in engines], "", rec["errors"][e][:200]])
     return out
 
 
 def render(records: list[dict], engines: list[str], info: dict, args) -> str:
     head = ["row", "test", *[f"{e} t/s" for e in engines], "hybrid ÷ llama.cpp", "placement"]
     lines = [f"**{info['gpu']}**, {info['cpus']} CPUs ({info['cpu']}), {info['date']}; threads {args.threads}, "
-             f"{args.reps} rep(s), {args.stat}; llama-bench -fa 1 -ngl 99 (placement as shown)", "",
+             f"{args.reps} rep(s), {args.stat}; llama-bench -fa 1 -ngl 99 and placement flags derived from "
+             f"hybrid's plan (-ngl 0 for CPU only; every flag in the JSON)", "",
              "| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
     for r in table_rows(records, engines, args.stat):
         lines.append("| " + " | ".join(r) + " |")
