@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .generate import PREFILL_CHUNK
+
 
 @dataclass
 class BenchRow:
@@ -38,7 +40,6 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
     after one untimed chunk (as llama-bench warms up): the first prompt-sized call compiles or
     loads the prompt kernels (on the GPU the chunk GEMMs and weight streaming), which would
     otherwise land in the first repetition."""
-    from .generate import PREFILL_CHUNK
     rng = np.random.default_rng(seed)
     times = []
     state = model.new_state(n_prompt + 1)
@@ -48,25 +49,34 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
         ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
         state.reset()
         t0 = time.perf_counter()
-        for s in range(0, n_prompt, PREFILL_CHUNK):
-            chunk = ids[s:s + PREFILL_CHUNK]
-            model.forward.forward(state, chunk, logits="last" if s + len(chunk) == n_prompt else "none")
+        _prefill(model, state, ids)
         times.append(time.perf_counter() - t0)
     return BenchRow(f"pp{n_prompt}", n_prompt, times)
 
 
-def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
+def _prefill(model, state, ids: np.ndarray) -> None:
+    """Append `ids` to `state` in the engine's prefill chunks, logits of the last token only."""
+    for s in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[s:s + PREFILL_CHUNK]
+        model.forward.forward(state, chunk, logits="last" if s + len(chunk) == len(ids) else "none")
+
+
+def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) -> BenchRow:
     """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench
-    does, after two untimed steps (the decode step's first run and its CUDA-graph capture)."""
+    does, after two untimed steps (the decode step's first run and its CUDA-graph capture).
+    depth: each repetition first prefills this many random tokens, untimed (llama-bench's -d), so
+    the timed steps attend over that much context; the row is then named tgN@dD."""
     rng = np.random.default_rng(seed)
     times = []
     # one state, reset per repetition (as llama-bench reuses its context): steps captured as
     # CUDA graphs replay
-    state = model.new_state(n_gen + 2)
+    state = model.new_state(depth + n_gen + 2)
     for _ in range(2):
         model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last", pick=True)
     for _ in range(reps):
         state.reset()
+        if depth:
+            _prefill(model, state, _random_tokens(depth, model.config.n_vocab, rng))
         picks, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last",
                                          pick=True)
         t0 = time.perf_counter()
@@ -74,7 +84,7 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0) -> BenchRow:
             tok = np.array([picks.ids[-1]], dtype=np.int32)
             picks, _ = model.forward.forward(state, tok, logits="last", pick=True)
         times.append(time.perf_counter() - t0)
-    return BenchRow(f"tg{n_gen}", n_gen, times)
+    return BenchRow(f"tg{n_gen}" + (f"@d{depth}" if depth else ""), n_gen, times)
 
 
 BENCH_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
