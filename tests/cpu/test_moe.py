@@ -103,7 +103,7 @@ def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng, n_ff: int 
 
 def as_f64(kind_id, data, cols):
     name = next(n for n in ("F32", "F16", "BF16", *QUANT_TYPES) if type_id(n) == kind_id)
-    return dequantized(name, np.ascontiguousarray(data), cols), name in QUANT_TYPES
+    return dequantized(name, np.ascontiguousarray(data), cols), name
 
 
 def silu(v):
@@ -114,8 +114,8 @@ def reference_swiglu_down(gate, up, down, x):
     """W_down(SiLU(W_gate x) ⊙ W_up x) in float64 with each input rounded as the kernels see it
     (int8 per 256 for quantised weights), and the magnitude Σ|W_down|·|h| that bounds the error."""
     (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols) for m in (gate, up, down))
-    h = silu((quantized_x(x) if q_g else x) @ wg.T) * ((quantized_x(x) if q_u else x) @ wu.T)
-    hr = quantized_x(h.astype(np.float32)) if q_d else h
+    h = silu(quantized_x(q_g, x) @ wg.T) * (quantized_x(q_u, x) @ wu.T)
+    hr = quantized_x(q_d, h.astype(np.float32))
     return hr @ wd.T, np.abs(hr) @ np.abs(wd).T
 
 
