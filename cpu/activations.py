@@ -115,63 +115,84 @@ def half_round(v):
 # ---- the int8 quantisers: one 256-column chunk k of slot i ---------------------------------
 
 @njit(inline="always")
-def _amax(x, i, c0, c1):
-    """(max |x[i, c0:c1]|, False if a NaN is among them) as an integer max of the bit patterns
-    without the sign (monotonic for non-negative floats, exact)."""
+def _amax(xs, n):
+    """(max |xs[:n]|, False if a NaN is among them) as an integer max of the bit patterns
+    without the sign (monotonic for non-negative floats, exact, and vectorised)."""
     top = np.uint32(0)
-    for c in range(c0, c1):
-        top = max(top, f32_bits(x[i, c]) & np.uint32(0x7FFFFFFF))
+    for c in range(n):
+        top = max(top, f32_bits(xs[c]) & np.uint32(0x7FFFFFFF))
     return f32_from_bits(top), top <= np.uint32(0x7F800000)
 
 
+_ROUND = np.float32(1.5 * 2 ** 23)   # (v + _ROUND) − _ROUND = rint(v) (half to even) for |v| < 2**22
+
+
 @njit(inline="always")
-def _codes(x, xq, i, c0, c1, c_end, inv):
-    """xq[i, c] = rint(x[i, c] · inv) (half to even), columns c1..c_end zero."""
-    for c in range(c0, c1):
-        xq[i, c] = min(QMAX, max(-QMAX, int(np.rint(x[i, c] * inv))))
-    for c in range(c1, c_end):
-        xq[i, c] = 0
+def _codes(xs, q, n, inv):
+    """q[c] = rint(xs[c] · inv), half to even, for c < n (|xs·inv| ≤ 127·(1 + 2**-23): the
+    rounding trick is exact there)."""
+    for c in range(n):
+        r = (xs[c] * inv + _ROUND) - _ROUND
+        q[c] = min(np.int32(QMAX), max(np.int32(-QMAX), np.int32(r)))
+
+
+@njit(inline="always")
+def _block(xs, q, n):
+    """One scale's block, n = its full size (a constant: the loops vectorise): codes into q,
+    returns (amax, 127/amax or 0, finite)."""
+    amax, finite = _amax(xs, n)
+    inv = np.float32(QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
+    _codes(xs, q, n, inv)
+    return amax, inv, finite
+
+
+@njit(inline="always")
+def _chunk(fmt, xs, q, d, i, k):
+    """Codes and scales of one full chunk xs (256 floats) of slot i, chunk k."""
+    if fmt == _Q8_K:
+        amax, inv, finite = _block(xs, q, CHUNK)
+        # amax 0 → d 0; amax inf → d inf (the slot's outputs show it); NaN → d NaN
+        d[k, i] = np.float32(1.0) / inv if inv > 0 else (amax if finite else np.float32(np.nan))
+    else:
+        for b in range(CHUNK // 32):
+            amax, inv, finite = _block(xs[32 * b:32 * b + 32], q[32 * b:32 * b + 32], 32)
+            d[i, 8 * k + b] = half_round(amax / np.float32(QMAX)) if finite else np.float32(np.nan)
 
 
 @njit(inline="always")
 def quantize_chunk(fmt, x, xq, d, bs, i, k):
     """Chunk k (columns 256k..) of slot i in format `fmt` (a code: Q8_K or Q8_0): codes, scales
-    (layouts in the module docstring), sums per 16."""
-    cols = x.shape[1]
+    (layouts in the module docstring), sums per 16. Columns past x's are zeros, and so are the
+    slots past x's rows (padding slots of `quantize(..., slots)`)."""
     c0 = k * CHUNK
-    c_end = c0 + CHUNK
-    if fmt == _Q8_K:
-        c1 = min(cols, c_end)
-        amax, finite = _amax(x, i, c0, c1)
-        inv = np.float32(QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
-        # amax 0 → d 0; amax inf → d inf (the slot's outputs show it); NaN → d NaN
-        d[k, i] = np.float32(1.0) / inv if inv > 0 else (amax if finite else np.float32(np.nan))
-        _codes(x, xq, i, c0, c1, c_end, inv)
-    else:
-        for b in range(CHUNK // 32):
-            b0 = c0 + 32 * b
-            b1 = min(cols, b0 + 32)
-            amax, finite = _amax(x, i, b0, b1)
-            inv = np.float32(QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
-            d[i, 8 * k + b] = half_round(amax / np.float32(QMAX)) if finite else np.float32(np.nan)
-            _codes(x, xq, i, b0, max(b0, b1), b0 + 32, inv)
-    for s in range(c0 // SUM_ELEMS, c_end // SUM_ELEMS):
-        t = 0
-        for c in range(s * SUM_ELEMS, (s + 1) * SUM_ELEMS):
-            t += xq[i, c]
-        bs[i, s] = t
+    q = xq[i, c0:c0 + CHUNK]
+    # 1-D views and constant trip counts: indices provably ≥ 0, so no wraparound code blocks vectorising
+    if i < x.shape[0] and c0 + CHUNK <= x.shape[1]:
+        _chunk(fmt, x[i, c0:c0 + CHUNK], q, d, i, k)
+    else:   # a partial chunk or a padding slot: copied into zeros first
+        xs = np.zeros(CHUNK, np.float32)
+        if i < x.shape[0]:
+            for c in range(c0, x.shape[1]):
+                xs[c - c0] = x[i, c]
+        _chunk(fmt, xs, q, d, i, k)
+    sums = bs[i, c0 // SUM_ELEMS:(c0 + CHUNK) // SUM_ELEMS]
+    for s in range(CHUNK // SUM_ELEMS):
+        t = np.int32(0)
+        for c in range(SUM_ELEMS):
+            t += np.int32(q[s * SUM_ELEMS + c])
+        sums[s] = t
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _quantize_parallel(fmt, x, xq, d, bs):
     n_chunks = xq.shape[1] // CHUNK
-    for task in prange(x.shape[0] * n_chunks):
+    for task in prange(xq.shape[0] * n_chunks):
         quantize_chunk(fmt, x, xq, d, bs, task // n_chunks, task % n_chunks)
 
 
 @njit(cache=True, nogil=True)
 def _quantize_serial(fmt, x, xq, d, bs):
-    for i in range(x.shape[0]):
+    for i in range(xq.shape[0]):
         for k in range(xq.shape[1] // CHUNK):
             quantize_chunk(fmt, x, xq, d, bs, i, k)
 
@@ -185,16 +206,18 @@ def scale_shape(fmt: ActFormat, n: int, n_chunks: int) -> tuple[int, int]:
     return (blocks, n) if fmt.code == _Q8_K else (n, blocks)
 
 
-def quantize(fmt: ActFormat, x: np.ndarray):
-    """x (n, cols) float32 in int8 format fmt: (xq, d, bs) as the module docstring lays out."""
+def quantize(fmt: ActFormat, x: np.ndarray, slots: int | None = None):
+    """x (n, cols) float32 in int8 format fmt: (xq, d, bs) as the module docstring lays out,
+    for `slots` ≥ n slots (default n; the slots past n are zeros)."""
     if fmt not in (Q8_K, Q8_0):
         raise NotImplementedError(f"no int8 quantiser for {fmt.name} activations yet")
     n, cols = x.shape
+    n = n if slots is None else slots
     n_chunks = -(-cols // CHUNK)
     xq = np.empty((n, n_chunks * CHUNK), np.int8)
     d = np.empty(scale_shape(fmt, n, n_chunks), np.float32)
     bs = np.empty((n, n_chunks * CHUNK // SUM_ELEMS), np.int16)
-    run = _quantize_parallel if x.size >= PARALLEL_MIN else _quantize_serial
+    run = _quantize_parallel if n * cols >= PARALLEL_MIN else _quantize_serial
     run(fmt.code, x, xq, d, bs)
     return xq, d, bs
 
