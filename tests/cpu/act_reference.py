@@ -17,7 +17,8 @@ def q8_0(x: np.ndarray):
     n, cols = x.shape
     xb = x.reshape(n, cols // 32, 32).astype(np.float32)
     amax = np.abs(xb).max(axis=2)
-    d = (amax / np.float32(127)).astype(np.float32).astype(np.float16).astype(np.float32)
+    with np.errstate(over="ignore"):   # amax/127 past 65504 is inf in fp16, as in ggml
+        d = (amax / np.float32(127)).astype(np.float32).astype(np.float16).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     qs = np.rint(xb * inv[:, :, None]).astype(np.int32)          # _mm256_round_ps(…, NEAREST)
@@ -31,7 +32,8 @@ def q8_1(x: np.ndarray):
     amax = np.abs(x.reshape(n, cols // 32, 32)).max(axis=2)
     d32 = (amax / np.float32(127)).astype(np.float32)
     sums = qs.reshape(n, cols // 32, 32).astype(np.int32).sum(axis=2)
-    return qs, d, (d32 * sums.astype(np.float32)).astype(np.float16).astype(np.float32)
+    with np.errstate(over="ignore"):
+        return qs, d, (d32 * sums.astype(np.float32)).astype(np.float16).astype(np.float32)
 
 
 def _nearest_int(v: np.ndarray) -> np.ndarray:
@@ -63,7 +65,8 @@ def dequantized_x(wtype: int, x: np.ndarray) -> np.ndarray:
     fmt = FORMAT_OF[wtype]
     n, cols = x.shape
     if fmt.name == "F16":
-        return x.astype(np.float16).astype(np.float64)
+        with np.errstate(over="ignore"):   # past the half range: inf, as F16C's conversion gives
+            return x.astype(np.float16).astype(np.float64)
     if fmt.name == "BF16":
         u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
         top = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint32)

@@ -1,10 +1,13 @@
 """cpu.moe: router top-k + renormalised softmax against numpy, the expert-grouped MoE FFN against
 a per-row numpy float64 reference (weights dequantised by gguf-py), per-row bit identity, and the
 one-call fused kernel against the expert-by-expert path, bit for bit."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import cpu.moe
+import cpu.moe_kernel
 from cpu.moe import expert_groups, moe_ffn, route
 from cpu.moe_kernel import group_slots
 from cpu.ggml_types import F32
@@ -252,3 +255,24 @@ def test_moe_ffn_rejects_mismatched_buffers():
         moe_ffn(ffn, x, np.zeros((3, D), np.float32))
     with pytest.raises(ValueError, match="x"):
         moe_ffn(ffn, x.astype(np.float64), np.zeros((2, D), np.float32))
+
+
+def test_gate_and_up_that_round_x_differently_run_expert_by_expert():
+    """Q4_K gate (x as Q8_K) with Q8_0 up (x as Q8_0): the one-call kernel quantises x once for
+    both, so it refuses the layer and moe_ffn runs it expert by expert, each product meeting x
+    rounded for its own type (the float64 reference rounds the same way)."""
+    rng = np.random.default_rng(9)
+    ffn = make_ffn("Q4_K", "Q6_K", fused=False, shared=True, rng=rng)
+    ffn = dataclasses.replace(ffn, up=make_ffn("Q8_0", "Q6_K", fused=False, shared=False, rng=rng).up)
+    x = rng.standard_normal((3, D)).astype(np.float32)
+    experts, weights = route(x @ ffn.router.data.view(np.float32).T, K)
+    assert not cpu.moe._run_fused(ffn, x, experts, weights, np.empty((3, D), np.float32))
+    kinds = (ffn.gate, ffn.up, ffn.down)
+    with pytest.raises(ValueError, match="round activations alike"):
+        cpu.moe_kernel.routed_experts(tuple(m.wtype for m in kinds), *(m.data.reshape(-1, m.data.shape[-1]) for m in kinds),
+                                      np.zeros((3, E), np.int64), F, x, experts, weights, np.empty((3, D), np.float32),
+                                      1, 0)
+    out = np.full((3, D), np.nan, np.float32)
+    moe_ffn(ffn, x, out)
+    want, magnitude = reference_moe(ffn, x)
+    assert np.all(np.abs(out - want) <= 5e-4 * magnitude + 1e-6)
