@@ -4,7 +4,7 @@ Why intrinsics: Numba has no vector types, and LLVM's loop vectoriser, left alon
 multiply-adds, re-does the weight unpacking for every input slot and cannot keep block scales out
 of the inner loop. Here the code per weight (super-)block serves G input slots: the weights are
 unpacked once into registers and reused by every slot, and the products are integer (activations
-are int8, see `cpu.matvec`), so every slot's sums are exact and independent of how slots are
+are int8, see `cpu.activations`), so every slot's sums are exact and independent of how slots are
 grouped — which is what makes per-slot bit identity hold by construction. A K-quant slot keeps
 its blocks' float parts in 8 lanes and sums the lanes once per row, in one fixed tree. The row
 dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch inside.
@@ -14,11 +14,12 @@ On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) a
 for Q8_0/Q4_0 where VNNI exists; with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
 in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
-`cpu.matvec.ACT_QMAX`). Offsets are in elements of the array they index; no bounds are checked
+`cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
 
 Numba's on-disk cache does not notice edits to this file in the kernels that inline these
-intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py): after
+intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py,
+cpu/activations.py): after
 changing it, delete cpu/__pycache__/*.nbi and *.nbc.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
