@@ -26,7 +26,8 @@ Memory layout for the int8 formats (`quantize`): codes xq (n, cols↑256) int8 (
 `cols` are 0), sums per 16 codes bs (n, cols↑256 / 16) int16 for every int8 format (uniform
 arrays; only Q8_K's readers use them), and the scales `d`: Q8_K block-major (blocks, n) — the
 K-quant row dot loads the scales of consecutive slots as one vector — Q8_0 slot-major
-(n, blocks) — a 256-column span of a slot loads its 8 scales as one vector.
+(n, blocks) — a 256-column span of a slot loads its 8 scales as one vector — and Q8_1 like
+Q8_0 with [d, s] pairs (n, 2·blocks) (no kernel reads Q8_1 yet).
 """
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ class ActFormat(NamedTuple):
     def is_int8(self) -> bool:
         return self.block > 1
 
-    def scales_per_chunk(self) -> int:
-        return CHUNK // self.block
+    def scale_width(self) -> int:
+        """Floats of `d` per slot and 256-column chunk: a scale per block (Q8_1: scale and s)."""
+        return CHUNK // self.block * (2 if self.half_sum else 1) if self.is_int8 else 0
 
 
 Q8_K = ActFormat(0, "Q8_K", 256, False, False)
@@ -66,7 +68,7 @@ F16 = ActFormat(3, "F16", 1, False, False)
 BF16 = ActFormat(4, "BF16", 1, False, False)
 F32 = ActFormat(5, "F32", 1, False, False)
 FORMATS = (Q8_K, Q8_0, Q8_1, F16, BF16, F32)
-MAX_SCALES_PER_CHUNK = max(f.scales_per_chunk() for f in FORMATS if f.is_int8)   # workspace sizing
+MAX_SCALE_WIDTH = max(f.scale_width() for f in FORMATS)   # workspace sizing
 
 # ggml-cpu type_traits_cpu[type].vec_dot_type, for every weight type of a GGUF (the types no
 # kernel here reads yet are listed too, so a new kernel only has to look its format up)
@@ -83,7 +85,8 @@ FORMAT_OF: dict[int, ActFormat] = {int(t): f for t, f in (
 FORMAT_CODE = np.full(max(FORMAT_OF) + 1, -1, np.int8)
 for _t, _f in FORMAT_OF.items():
     FORMAT_CODE[_t] = _f.code
-_Q8_K, _Q8_0 = Q8_K.code, Q8_0.code
+SCALE_WIDTH = np.array([f.scale_width() for f in sorted(FORMATS, key=lambda f: f.code)], np.int64)
+_Q8_K, _Q8_0, _Q8_1 = Q8_K.code, Q8_0.code, Q8_1.code
 
 
 def format_of(wtype: int) -> ActFormat:
@@ -95,6 +98,12 @@ def format_of(wtype: int) -> ActFormat:
 def format_code(wtype):
     """`format_of(wtype).code` for compiled code."""
     return FORMAT_CODE[wtype]
+
+
+@njit(inline="always")
+def scale_width(fmt):
+    """`ActFormat.scale_width()` of format code fmt, for compiled code."""
+    return SCALE_WIDTH[fmt]
 
 
 # ---- scalar pieces -------------------------------------------------------------------------
@@ -156,12 +165,23 @@ def _chunk(fmt, xs, q, d, i, k):
     else:
         for b in range(CHUNK // 32):
             amax, inv, finite = _block(xs[32 * b:32 * b + 32], q[32 * b:32 * b + 32], 32)
-            d[i, 8 * k + b] = half_round(amax / np.float32(QMAX)) if finite else np.float32(np.nan)
+            dq = amax / np.float32(QMAX)
+            dh = half_round(dq) if finite else np.float32(np.nan)
+            if fmt == _Q8_0:
+                d[i, 8 * k + b] = dh
+            else:   # Q8_1: [d, s] per block, s = fp16(d·Σq) from the unrounded d
+                t = np.int32(0)
+                for c in range(32 * b, 32 * b + 32):
+                    t += np.int32(q[c])
+                sq = dq * np.float32(t)
+                d[i, 16 * k + 2 * b] = dh
+                d[i, 16 * k + 2 * b + 1] = (half_round(abs(sq)) if sq >= 0 else -half_round(abs(sq))) \
+                    if finite else np.float32(np.nan)
 
 
 @njit(inline="always")
 def quantize_chunk(fmt, x, xq, d, bs, i, k):
-    """Chunk k (columns 256k..) of slot i in format `fmt` (a code: Q8_K or Q8_0): codes, scales
+    """Chunk k (columns 256k..) of slot i in format `fmt` (a code: Q8_K, Q8_0, Q8_1): codes, scales
     (layouts in the module docstring), sums per 16. Columns past x's are zeros, and so are the
     slots past x's rows (padding slots of `quantize(..., slots)`)."""
     c0 = k * CHUNK
@@ -202,15 +222,14 @@ PARALLEL_MIN = 1 << 15   # below this many elements, waking the thread pool cost
 
 def scale_shape(fmt: ActFormat, n: int, n_chunks: int) -> tuple[int, int]:
     """The shape of `d` for n slots of n_chunks 256-column chunks."""
-    blocks = n_chunks * fmt.scales_per_chunk()
-    return (blocks, n) if fmt.code == _Q8_K else (n, blocks)
+    return (n_chunks, n) if fmt.code == _Q8_K else (n, n_chunks * fmt.scale_width())
 
 
 def quantize(fmt: ActFormat, x: np.ndarray, slots: int | None = None):
     """x (n, cols) float32 in int8 format fmt: (xq, d, bs) as the module docstring lays out,
     for `slots` ≥ n slots (default n; the slots past n are zeros)."""
-    if fmt not in (Q8_K, Q8_0):
-        raise NotImplementedError(f"no int8 quantiser for {fmt.name} activations yet")
+    if not fmt.is_int8:
+        raise ValueError(f"{fmt.name} is not an int8 activation format (see round_floats)")
     n, cols = x.shape
     n = n if slots is None else slots
     n_chunks = -(-cols // CHUNK)

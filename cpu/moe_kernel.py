@@ -53,9 +53,9 @@ from .atomics import fetch_add, load_acquire
 from .ffn import SILU_ROWS, gated_row
 from . import activations as act
 from .activations import CHUNK as ACT_BLOCK
-from .activations import MAX_SCALES_PER_CHUNK as SCALES
+from .activations import MAX_SCALE_WIDTH as SCALES
 from .activations import SUM_ELEMS as ACT_SUM
-from .activations import format_code, quantize_chunk
+from .activations import format_code, quantize_chunk, scale_width
 from .matvec import row_dot_quant
 from .variants import ALL as ALL_TYPES           # the expert kernel has code for every quantised type
 
@@ -83,11 +83,12 @@ def _block(flat, start, m, width):
 def _scales(fmt, flat, start, m, n_blocks):
     """The activation scales of slots start..start+m (n_blocks 256-column chunks each) in format
     fmt's layout (`cpu.activations`: Q8_K block-major (n_blocks, m), Q8_0 slot-major (m,
-    8·n_blocks)), stored from SCALES·n_blocks·start: room for either format."""
+    8·n_blocks)), stored from SCALES·n_blocks·start: room for any format."""
     at = SCALES * n_blocks * start
     if fmt == _Q8_K:
         return flat[at:at + n_blocks * m].reshape((n_blocks, m))
-    return flat[at:at + SCALES * n_blocks * m].reshape((m, SCALES * n_blocks))
+    width = scale_width(fmt) * n_blocks
+    return flat[at:at + width * m].reshape((m, width))
 
 
 @njit(inline="always")
@@ -357,7 +358,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                                 for blk in range(x_blocks):
                                     d[blk, j] = dx[blk, row]
                             else:
-                                for blk in range(SCALES * x_blocks):
+                                for blk in range(scale_width(fmt_x) * x_blocks):
                                     d[j, blk] = dx[row, blk]
                         banked = g
                     hg = _block(h, s0, m, n_ff)

@@ -52,6 +52,16 @@ def test_q8_k_is_ggml_bit_for_bit_up_to_its_sign_convention(n, cols):
     assert np.array_equal(bs * np.repeat(sign, 16, axis=1), want_bs)
 
 
+def test_q8_1_is_ggml_x86_bit_for_bit():
+    """Q8_1 (no kernel reads it yet; Q4_1/Q5_1 weights will): Q8_0's codes and d, and
+    s = fp16(d·Σq) from the unrounded d, stored as [d, s] pairs."""
+    x = hard_inputs(5, 512, 11)
+    xq, d, _ = act.quantize(act.Q8_1, x)
+    want_q, want_d, want_s = ref.q8_1(x)
+    assert np.array_equal(xq, want_q)
+    assert np.array_equal(bits(d[:, 0::2]), bits(want_d)) and np.array_equal(bits(d[:, 1::2]), bits(want_s))
+
+
 def test_partial_chunks_and_zero_padding():
     """352 columns: one full chunk, then three Q8_0 blocks; codes past the columns are 0."""
     x = hard_inputs(5, 352, 5)
@@ -149,3 +159,6 @@ def test_quantize_activations_follows_the_weight_type():
         want = act.quantize(fmt, x)
         assert all(np.array_equal(a, b) for a, b in zip(got, want))
     assert act.quantize(act.Q8_K, x)[1].shape == (2, 5) and act.quantize(act.Q8_0, x)[1].shape == (5, 16)
+    assert act.quantize(act.Q8_1, x)[1].shape == (5, 32)
+    with pytest.raises(ValueError, match="not an int8"):
+        act.quantize(act.F16, x)
