@@ -12,8 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from cpu.ggml_types import BY_NAME
-
-from .act_reference import dequantized_x
+from tests.reference.llama_cpp_rounding import round_activations
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -83,5 +82,5 @@ def dequantized(name: str, w: np.ndarray, cols: int) -> np.ndarray:
 
 def quantized_x(name: str, x: np.ndarray) -> np.ndarray:
     """x as the kernels' dots with `name` weights see it (float64): llama.cpp's activation
-    rounding for that type, recomputed by the numpy statement of ggml's quantisers."""
-    return dequantized_x(type_id(name), x)
+    rounding for that type, from the numpy statement of ggml's quantisers (tests/reference)."""
+    return round_activations(x, Q(type_id(name)))

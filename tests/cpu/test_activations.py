@@ -1,5 +1,5 @@
 """cpu.activations: the activation rounding each weight type gets, checked against numpy
-statements of ggml's quantisers (tests/cpu/act_reference.py), and what it buys."""
+statements of ggml's quantisers (tests/reference/llama_cpp_rounding.py), and what it buys."""
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -8,7 +8,8 @@ from gguf import quants
 from cpu import activations as act
 from cpu.matvec import matvec, quantize_activations
 
-from . import act_reference as ref
+from tests.reference import llama_cpp_rounding as ref
+
 from .quant_data import TYPES, dequantized, quantized_x, random_rows, type_id
 
 
