@@ -35,8 +35,8 @@ from numba import njit, prange
 
 from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, type_name
 
-from .ffn import _silu_times, check_swiglu
 from . import activations as act
+from .ffn import _silu_times, check_swiglu
 from .matvec import check_matvec, frozen
 from .simd import TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0, tile_dot_k
 from .variants import Variants

@@ -24,9 +24,9 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu import activations as act
 from cpu.ggml_types import BF16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
+from . import activations as act
 from .atomics import fetch_add
 from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)

@@ -6,7 +6,9 @@ the speed. Here one call does every (row, selected expert) pair; a decode step w
 pool once and allocates nothing:
 
   0. serially: group the (row, rank) slots by expert (a counting sort), quantise each row of x
-     to int8 once (a parallel region of its own only for prompt-sized calls), and cut the work
+     to int8 once, as gate and up round it (`cpu.activations`; the two must agree, `cpu.moe`
+     runs other layers expert by expert), a parallel region of its own only for prompt-sized
+     calls; h is quantised as the down type rounds it. Then cut the work
      into chunks: runs of one group's weight rows, of about equal cost (`_plan_chunks`);
   1. one parallel region whose threads claim chunks from a shared counter (`cpu.atomics`), first
      every gate/up chunk, then every down chunk:
@@ -49,13 +51,13 @@ import numba
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from .atomics import fetch_add, load_acquire
-from .ffn import SILU_ROWS, gated_row
 from . import activations as act
-from .activations import CHUNK as ACT_BLOCK
-from .activations import MAX_SCALE_WIDTH as SCALES
+from .activations import CHUNK as ACT_BLOCK          # columns per int8 chunk
+from .activations import MAX_SCALE_WIDTH as SCALES   # scale floats per chunk and slot, any format
 from .activations import SUM_ELEMS as ACT_SUM
 from .activations import format_code, quantize_chunk, scale_width
+from .atomics import fetch_add, load_acquire
+from .ffn import SILU_ROWS, gated_row
 from .matvec import row_dot_quant
 from .variants import ALL as ALL_TYPES           # the expert kernel has code for every quantised type
 

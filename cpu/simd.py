@@ -5,8 +5,8 @@ multiply-adds, re-does the weight unpacking for every input slot and cannot keep
 of the inner loop. Here the code per weight (super-)block serves G input slots: the weights are
 unpacked once into registers and reused by every slot, and the products are integer (activations
 are int8, see `cpu.activations`), so every slot's sums are exact and independent of how slots are
-grouped — which is what makes per-slot bit identity hold by construction. A K-quant slot keeps
-its blocks' float parts in 8 lanes and sums the lanes once per row, in one fixed tree. The row
+grouped — which is what makes per-slot bit identity hold by construction. A slot keeps its
+blocks' float parts in 8 lanes and sums the lanes once per row, in one fixed tree. The row
 dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch inside.
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
@@ -542,9 +542,9 @@ class _SmallBlocks(NamedTuple):
         against slots n0 .. n0+G−1, into each slot's 8 float lanes (pointer slot_lanes(g)):
         block i adds (d_w,i · d_x,i) · (its 8 i32 lanes of Σ q·x) with one FMA, as llama.cpp's
         x86 Q8_0 dot does (the scale product of two fp16 values is exact). Even blocks chain onto
-        the lanes, odd blocks into a second chain added at the end (two chains: one chain of 8
-        dependent FMAs per span kept N=1 waiting on latency). The same operations for every
-        slot, whatever G: slot bits do not depend on the grouping."""
+        the lanes, odd blocks into a second chain added at the end: two chains of 4 dependent
+        FMAs per span instead of one of 8 (at N=1 nothing else hides their latency). The same
+        operations for every slot, whatever G: slot bits do not depend on the grouping."""
         assert n_blk in (1, 8)
         v = _Vec(builder)
         bb = self.block_bytes
