@@ -11,6 +11,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import activations as act
 from . import matvec as _matvec
 from .atomics import fetch_add
 from .expf import expf
@@ -59,7 +60,9 @@ def _make_swiglu_quant(gate_type, up_type):
     types_here = type_mask((gate_type, up_type))  # the row dots' code: these types' only
 
     @njit(cache=True, nogil=True, parallel=True)
-    def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_tiles, n_workers, pf):
+    def _swiglu_quant(wtype_gate, w_gate, wtype_up, w_up, act_gate, act_up, h, n_tiles, n_workers, pf):
+        xq, dx, bs = act_gate
+        xq_u, dx_u, bs_u = act_up
         rows, n_slots = w_gate.shape[0], xq.shape[0]
         per_tile = -(-rows // n_tiles)
         claimed = np.zeros(1, np.int64)               # tiles handed out (`cpu.matvec.n_tiles_for`)
@@ -73,7 +76,7 @@ def _make_swiglu_quant(gate_type, up_type):
                 done = r0
                 for r in range(r0, r1):
                     row_dot_quant(types_here, wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
-                    row_dot_quant(types_here, wtype_up, w_up, r, xq, dx, bs, up, pf)
+                    row_dot_quant(types_here, wtype_up, w_up, r, xq_u, dx_u, bs_u, up, pf)
                     done = gated_row(h, ups, gate, up, r, done, r1)
                 t = fetch_add(claimed, 0, 1)
     return _swiglu_quant
@@ -100,8 +103,11 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
     if rows == 0:
         return
     if wtype_gate in QUANT_TYPES and wtype_up in QUANT_TYPES:
-        xq, dx, bs = quantize_activations(x)
-        _swiglu_quant(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
+        act_gate = quantize_activations(wtype_gate, x)
+        # gate and up each meet x rounded for their own type (the same arrays when that agrees)
+        same = act.format_of(wtype_gate) == act.format_of(wtype_up)
+        act_up = act_gate if same else quantize_activations(wtype_up, x)
+        _swiglu_quant(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), act_gate, act_up, h_out,
                                             n_tiles_for(rows), numba.get_num_threads(), _matvec.PREFETCH_BYTES)
         return
     # float weights (not what a quantised FFN holds): two passes, same arithmetic per slot

@@ -23,8 +23,9 @@ therefore stays equal to token-by-token prefill, and speculative verify (few slo
 is untouched.
 
 Covered: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 (`TYPES`); float weights stay on `cpu.matvec`. `takes`
-says which calls `cpu.ops` routes here. Activations: `cpu.matvec`'s int8 quantisation, slots padded
-to a multiple of 8 (padding slots are zeros, computed and dropped).
+says which calls `cpu.ops` routes here. Activations: `cpu.matvec`'s int8 quantisation for the
+weight type (`cpu.activations`: Q8_K for K-quants, Q8_0 for Q8_0/Q4_0), slots padded to a
+multiple of 8 (padding slots are zeros, computed and dropped).
 """
 from __future__ import annotations
 
@@ -34,11 +35,10 @@ from numba import njit, prange
 
 from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, type_name
 
+from . import activations as act
 from .ffn import _silu_times, check_swiglu
-from .matvec import (_PARALLEL_QUANTIZE_MIN, ACT_BLOCK, ACT_QMAX, ACT_SUM, _quantize_block, check_matvec,
-                     frozen)
-from .simd import (TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0,
-                   f32_from_bits, tile_dot_k)
+from .matvec import check_matvec, frozen
+from .simd import TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0, tile_dot_k
 from .variants import Variants
 
 # Prompt chunks only: verify steps (a few slots) stay on cpu.matvec. Measured on the 2-core Zen 3,
@@ -54,83 +54,21 @@ TYPES = frozenset((_Q4_K, _Q5_K, _Q6_K, _Q8_0, _Q4_0))
 
 # ---- activations: int8 as in cpu.matvec, slots padded to groups of 8 ---------------------------
 
-_ROUND = np.float32(1.5 * 2 ** 23)   # (v + _ROUND) − _ROUND = rint(v) for |v| < 2**22
-
-
-@njit(inline="always")
-def _quantize_full_block(x, x_bits, xq, dx, bs, i, k):
-    """`cpu.matvec._quantize_block` for a full 256-column block, written so LLVM vectorises it,
-    with the same bytes out: max |x| as an integer max of the bit patterns without the sign
-    (monotonic for non-negative floats, and exact), round-half-even by the 1.5·2**23 trick
-    (the value np.rint gives). Like the original, only a NaN marks a block non-finite (an inf
-    gives amax = inf, inv = 0)."""
-    c0 = k * ACT_BLOCK
-    # 1-D views and constant trip counts: indices provably ≥ 0, so no wraparound code blocks vectorising
-    xs, bits, q = x[i, c0:c0 + ACT_BLOCK], x_bits[i, c0:c0 + ACT_BLOCK], xq[i, c0:c0 + ACT_BLOCK]
-    top = np.uint32(0)
-    for c in range(ACT_BLOCK):
-        top = max(top, bits[c] & np.uint32(0x7FFFFFFF))
-    finite = top <= np.uint32(0x7F800000)
-    amax = f32_from_bits(top)
-    inv = np.float32(ACT_QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
-    dx[k, i] = amax / np.float32(ACT_QMAX) if finite else np.float32(np.nan)
-    for c in range(ACT_BLOCK):
-        r = (xs[c] * inv + _ROUND) - _ROUND
-        q[c] = min(np.int32(ACT_QMAX), max(np.int32(-ACT_QMAX), np.int32(r)))
-    sums = bs[i, c0 // ACT_SUM:(c0 + ACT_BLOCK) // ACT_SUM]
-    for s in range(ACT_BLOCK // ACT_SUM):
-        t = np.int32(0)
-        for c in range(ACT_SUM):
-            t += np.int32(q[s * ACT_SUM + c])
-        sums[s] = t
-
-
-@njit(inline="always")
-def _quantize_slot_block(x, x_bits, xq, dx, bs, i, k):
-    """cpu.matvec's quantisation of block k of slot i (the same bytes); padding slots (past x's
-    rows) are zeros."""
-    if i >= x.shape[0]:
-        dx[k, i] = 0.0
-        for c in range(k * ACT_BLOCK, (k + 1) * ACT_BLOCK):
-            xq[i, c] = 0
-        for s in range(k * ACT_BLOCK // ACT_SUM, (k + 1) * ACT_BLOCK // ACT_SUM):
-            bs[i, s] = 0
-    elif (k + 1) * ACT_BLOCK <= x.shape[1]:
-        _quantize_full_block(x, x_bits, xq, dx, bs, i, k)
-    else:
-        _quantize_block(x, xq, dx, bs, i, k)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _quantize_padded(x, x_bits, xq, dx, bs):
-    n_blocks = dx.shape[0]
-    for task in prange(xq.shape[0] * n_blocks):
-        _quantize_slot_block(x, x_bits, xq, dx, bs, task // n_blocks, task % n_blocks)
-
-
-@njit(cache=True, nogil=True)
-def _quantize_padded_serial(x, x_bits, xq, dx, bs):
-    for i in range(xq.shape[0]):
-        for k in range(dx.shape[0]):
-            _quantize_slot_block(x, x_bits, xq, dx, bs, i, k)
-
-
-def quantize_slots(x: np.ndarray):
-    """The int8 activations of `cpu.matvec.quantize_activations`, laid out for the tile kernels by
-    groups of SLOT_GROUP slots (n rounded up; padding slots are zeros):
+def quantize_slots(wtype: int, x: np.ndarray):
+    """The int8 activations of `cpu.matvec.quantize_activations(wtype, x)`, laid out for the tile
+    kernels by groups of SLOT_GROUP slots (n rounded up; padding slots are zeros):
       xq (n_pad, cols↑256) int8 — group g is rows 8g..8g+7;
-      dx (groups, blocks, 8) f32 — the scale of block b of slot 8g+j at [g, b, j];
+      dx — Q8_K: (groups, chunks, 8), the scale of chunk b of slot 8g+j at [g, b, j];
+           Q8_0: (groups, 8, blocks), slot 8g+j's scales (slot-major, as cpu.matvec's) at [g, j];
       bs (n_pad, cols↑256 / 16) int16 — the activation sums per 16."""
-    n, cols = x.shape
-    n_blocks = -(-cols // ACT_BLOCK)
-    n_pad = -(-n // SLOT_GROUP) * SLOT_GROUP
+    fmt = act.format_of(wtype)
+    n_pad = -(-x.shape[0] // SLOT_GROUP) * SLOT_GROUP
     n_groups = n_pad // SLOT_GROUP
-    xq = np.empty((n_pad, n_blocks * ACT_BLOCK), np.int8)
-    dx = np.empty((n_blocks, n_pad), np.float32)
-    bs = np.empty((n_pad, n_blocks * ACT_BLOCK // ACT_SUM), np.int16)
-    quantize = _quantize_padded if x.size >= _PARALLEL_QUANTIZE_MIN else _quantize_padded_serial
-    quantize(x, x.view(np.uint32), xq, dx, bs)
-    dx_g = np.ascontiguousarray(dx.reshape(n_blocks, n_groups, SLOT_GROUP).transpose(1, 0, 2))
+    xq, dx, bs = act.quantize(fmt, x, n_pad)
+    if fmt == act.Q8_K:
+        dx_g = np.ascontiguousarray(dx.reshape(dx.shape[0], n_groups, SLOT_GROUP).transpose(1, 0, 2))
+    else:
+        dx_g = dx.reshape(n_groups, SLOT_GROUP, dx.shape[1])
     return xq, dx_g, bs
 
 
@@ -170,9 +108,9 @@ def _tile_times_group(wtype, tile, n_rows, b0, b1, xq, dx, bs, acc):
 
 @njit(inline="always")
 def _rows_times_group(wtype, w, r0, n_rows, k0, k1, xq, dx, acc):
-    """acc[i, 0, j] += row r0+i of a Q8_0/Q4_0 matrix · slot j of the group over activation blocks
-    k0..k1−1: `cpu.matvec`'s spans (8 blocks under one activation scale, then a block-by-block
-    tail) with all 8 slots per call, activation block outer."""
+    """acc[i, j] (8 lanes) += row r0+i of a Q8_0/Q4_0 matrix · slot j of the group over the
+    256-column chunks k0..k1−1: `cpu.matvec`'s spans (8 blocks, then a block-by-block tail) with
+    all 8 slots per call, chunk outer; dx: the group's (8, blocks) scales."""
     bb = 34 if wtype == _Q8_0 else 18
     n_blk = w.shape[1] // bb
     for k in range(k0, k1):
@@ -181,15 +119,15 @@ def _rows_times_group(wtype, w, r0, n_rows, k0, k1, xq, dx, acc):
             off = (r0 + i) * w.shape[1] + first * bb
             if first + 8 <= n_blk:
                 if wtype == _Q8_0:
-                    dot_q8_0(w, off, xq, dx, k, 0, acc[i, 0], 0, 0, 8, 8)
+                    dot_q8_0(w, off, xq, dx, k, 0, acc[i], 0, 0, 8, 8)
                 else:
-                    dot_q4_0(w, off, xq, dx, k, 0, acc[i, 0], 0, 0, 8, 8)
+                    dot_q4_0(w, off, xq, dx, k, 0, acc[i], 0, 0, 8, 8)
             else:
                 for t in range(n_blk - first):
                     if wtype == _Q8_0:
-                        dot_q8_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i, 0], 0, 0, 8, 1)
+                        dot_q8_0(w, off + t * bb, xq, dx, k, t, acc[i], 0, 0, 8, 1)
                     else:
-                        dot_q4_0(w, off + t * bb, xq, dx, k, 32 * t, acc[i, 0], 0, 0, 8, 1)
+                        dot_q4_0(w, off + t * bb, xq, dx, k, t, acc[i], 0, 0, 8, 1)
 
 
 # ---- kernels: prange over (row tile, slot part) tasks, column slabs inside ---------------------
@@ -214,14 +152,11 @@ def _task_span(task, n_parts, rows, n_groups):
 
 
 @njit(inline="always")
-def _slot_total(wtype, acc, i, j):
-    """Row i · slot j from a group's accumulators: K-quants keep 8 float lanes per (row, slot),
-    summed here in `cpu.simd._Vec.sums`' tree (what the N-input row dot does after its last
-    block); Q8_0/Q4_0 keep one float per slot, in lanes row 0."""
-    if _is_k(wtype):
-        a = acc[i, j]
-        return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
-    return acc[i, 0, j]
+def _slot_total(acc, i, j):
+    """Row i · slot j from a group's accumulators (8 float lanes per (row, slot), every type),
+    summed in `cpu.simd._Vec.sums`' tree: what the N-input row dot does after its last block."""
+    a = acc[i, j]
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
 
 
 @njit(inline="always")
@@ -246,7 +181,7 @@ def _make_matmul(wt):
     @njit(cache=True, nogil=True, parallel=True)
     def _matmul(wtype, w, xq, dx, bs, out, n_parts):
         rows, n_slots = w.shape[0], out.shape[0]
-        n_groups, n_blocks = dx.shape[0], dx.shape[1]
+        n_groups, n_blocks = xq.shape[0] // SLOT_GROUP, xq.shape[1] // act.CHUNK
         n_tiles = -(-rows // TILE_ROWS)
         for task in prange(n_tiles * n_parts):
             r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
@@ -258,16 +193,19 @@ def _make_matmul(wt):
             for g in range(g0, g1):
                 for j in range(min(8, n_slots - g * 8)):
                     for i in range(r1 - r0):
-                        out[g * 8 + j, r0 + i] = _slot_total(wt, acc[g - g0], i, j)
+                        out[g * 8 + j, r0 + i] = _slot_total(acc[g - g0], i, j)
     return _matmul
 
 
 def _make_swiglu(gate_t, up_t):
     @njit(cache=True, nogil=True, parallel=True)
-    def _swiglu(wtype_gate, w_gate, wtype_up, w_up, xq, dx, bs, h, n_parts):
-        """h[n, r] = SiLU(gate) · up: a tile of gate rows and the same up rows, slab by slab."""
+    def _swiglu(wtype_gate, w_gate, wtype_up, w_up, act_gate, act_up, h, n_parts):
+        """h[n, r] = SiLU(gate) · up: a tile of gate rows and the same up rows, slab by slab; gate
+        and up each read x rounded for their type (act_gate, act_up: (xq, dx, bs))."""
+        xq, dx, bs = act_gate
+        xq_u, dx_u, bs_u = act_up
         rows, n_slots = w_gate.shape[0], h.shape[0]
-        n_groups, n_blocks = dx.shape[0], dx.shape[1]
+        n_groups, n_blocks = xq.shape[0] // SLOT_GROUP, xq.shape[1] // act.CHUNK
         n_tiles = -(-rows // TILE_ROWS)
         for task in prange(n_tiles * n_parts):
             r0, r1, g0, g1 = _task_span(task, n_parts, rows, n_groups)
@@ -278,12 +216,12 @@ def _make_swiglu(gate_t, up_t):
             for b0 in range(0, n_blocks, SLAB_BLOCKS):
                 b1 = min(n_blocks, b0 + SLAB_BLOCKS)
                 _slab_times_groups(gate_t, w_gate, tile_gate, r0, r1, b0, b1, xq, dx, bs, g0, g1, gate)
-                _slab_times_groups(up_t, w_up, tile_up, r0, r1, b0, b1, xq, dx, bs, g0, g1, up)
+                _slab_times_groups(up_t, w_up, tile_up, r0, r1, b0, b1, xq_u, dx_u, bs_u, g0, g1, up)
             for g in range(g0, g1):
                 for j in range(min(8, n_slots - g * 8)):
                     for i in range(r1 - r0):
-                        h[g * 8 + j, r0 + i] = _silu_times(_slot_total(gate_t, gate[g - g0], i, j),
-                                                           _slot_total(up_t, up[g - g0], i, j))
+                        h[g * 8 + j, r0 + i] = _silu_times(_slot_total(gate[g - g0], i, j),
+                                                           _slot_total(up[g - g0], i, j))
     return _swiglu
 
 
@@ -321,7 +259,7 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     _check_covered(wtype)
     if w.shape[0] == 0:
         return
-    xq, dx, bs = quantize_slots(x)
+    xq, dx, bs = quantize_slots(wtype, x)
     _matmul(wtype)(wtype, frozen(w), xq, dx, bs, out, _slot_parts(w.shape[0], x.shape[0]))
 
 
@@ -333,6 +271,8 @@ def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.n
     _check_covered(wtype_gate, wtype_up)
     if w_gate.shape[0] == 0:
         return
-    xq, dx, bs = quantize_slots(x)
-    _swiglu(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), xq, dx, bs, h_out,
+    act_gate = quantize_slots(wtype_gate, x)
+    same = act.format_of(wtype_gate) == act.format_of(wtype_up)
+    act_up = act_gate if same else quantize_slots(wtype_up, x)
+    _swiglu(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), act_gate, act_up, h_out,
                                   _slot_parts(w_gate.shape[0], x.shape[0]))

@@ -5,15 +5,17 @@ of a speculative verify step), and N = 4 must cost little more than N = 1. Decod
 weight is the expensive part, so it is done once per block and shared by all slots (see
 `cpu.simd`); the per-slot work is a handful of integer multiply-adds per 32 weights.
 
-Quantised weights (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K): the activations are first quantised to int8 per
-256-element block (one float scale per block, like llama.cpp's Q8_K / Q8_0 activations), with
-sums per 16 elements for the types whose blocks carry an offset or mins. Integer block sums are
-exact, so slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error
-against the float64 product comes only from rounding x to 127 levels per block
-(|x_q·d − x| ≤ d/2 with d = max|x_block| / 127) and from float32 accumulation.
+Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
+(`cpu.activations`, its `vec_dot_type`): K-quants (Q4_K, Q5_K, Q6_K) meet int8 per 256 with a
+float32 scale and sums per 16 (Q8_K); Q8_0 and Q4_0 meet int8 per 32 with an fp16 scale (Q8_0),
+each block's integer sum scaled by its own d_w·d_x in one FMA. Integer sums are exact and every
+slot runs the same float operations, so slot n of an N-input call gives exactly the bits of the
+1-input call on x[n]; the error against the float64 product comes only from rounding x to 127
+levels per block (|x_q·d − x| ≤ d/2, d ≈ max|x_block| / 127) and from float32 accumulation.
 
-Float weights (F32, F16, BF16): float32 products with float32 sums in a fixed vector order, one
-code path for every slot (bit identity again holds).
+Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as llama.cpp does),
+then float32 products with float32 sums in a fixed vector order, one code path for every slot
+(bit identity again holds).
 """
 from __future__ import annotations
 
@@ -22,16 +24,14 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import BF16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
+from . import activations as act
 from .atomics import fetch_add
 from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
-ACT_BLOCK = 256   # activation elements per int8 scale (a K-quant super-block)
-ACT_SUM = 16      # activation elements per stored integer sum (the Q6_K scale granule)
-ACT_QMAX = 127    # |x_q| ≤ 127: keeps every u8·i8 pair sum of `vpmaddubsw` below 2**15
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
 # the hardware prefetcher alone leaves the multiply-adds waiting on memory: on the 16-core test
 # Xeon, 4096 took Q8_0 N=1 from 102 to 155 GB/s and Q4_K N=1 from 80 to 115 GB/s (sweep of
@@ -45,64 +45,9 @@ _Q4_K, _Q5_K, _Q6_K, _Q8_0, _Q4_0 = Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id
 
 # ---- activations -----------------------------------------------------------------------------
 
-@njit(inline="always")
-def _quantize_block(x, xq, dx, bs, i, k):
-    """Activation block k (256 columns) of slot i: int8 codes, their scale, their sums per 16."""
-    cols = x.shape[1]
-    c0 = k * ACT_BLOCK
-    c1 = min(cols, c0 + ACT_BLOCK)
-    amax = np.float32(0.0)
-    finite = True
-    for c in range(c0, c1):
-        a = abs(x[i, c])
-        finite &= a <= np.float32(np.inf)   # False for NaN too
-        amax = max(amax, a)
-    inv = np.float32(ACT_QMAX) / amax if (amax > 0 and finite) else np.float32(0.0)
-    # a non-finite input poisons its block's scale, so it shows up in the output as NaN/inf
-    dx[k, i] = amax / np.float32(ACT_QMAX) if finite else np.float32(np.nan)
-    for c in range(c0, c0 + ACT_BLOCK):
-        q = 0
-        if c < c1:
-            q = min(ACT_QMAX, max(-ACT_QMAX, int(np.rint(x[i, c] * inv))))
-        xq[i, c] = q
-    for s in range(c0 // ACT_SUM, (c0 + ACT_BLOCK) // ACT_SUM):
-        t = 0
-        for c in range(s * ACT_SUM, (s + 1) * ACT_SUM):
-            t += xq[i, c]
-        bs[i, s] = t
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _quantize_activations(x, xq, dx, bs):
-    n_blocks = dx.shape[0]
-    for task in prange(x.shape[0] * n_blocks):
-        _quantize_block(x, xq, dx, bs, task // n_blocks, task % n_blocks)
-
-
-@njit(cache=True, nogil=True)
-def _quantize_activations_serial(x, xq, dx, bs):
-    for i in range(x.shape[0]):
-        for k in range(dx.shape[0]):
-            _quantize_block(x, xq, dx, bs, i, k)
-
-
-_PARALLEL_QUANTIZE_MIN = 1 << 15   # below this many elements, waking the thread pool costs more
-
-
-def quantize_activations(x: np.ndarray):
-    """int8 activations for the quantised kernels: (xq (n, cols↑256) int8, dx (blocks, n) f32,
-    bs (n, cols↑256 / 16) int16). Columns past `cols` are zero. dx is block-major so that the
-    scales of consecutive slots are adjacent (the kernels combine slots as one short vector)."""
-    n, cols = x.shape
-    n_blocks = -(-cols // ACT_BLOCK)
-    xq = np.empty((n, n_blocks * ACT_BLOCK), np.int8)
-    dx = np.empty((n_blocks, n), np.float32)
-    bs = np.empty((n, n_blocks * ACT_BLOCK // ACT_SUM), np.int16)
-    if x.size >= _PARALLEL_QUANTIZE_MIN:
-        _quantize_activations(x, xq, dx, bs)
-    else:
-        _quantize_activations_serial(x, xq, dx, bs)
-    return xq, dx, bs
+def quantize_activations(wtype: int, x: np.ndarray):
+    """x in the int8 format weight type wtype's dots read (`cpu.activations`): (xq, dx, bs)."""
+    return act.quantize(act.format_of(wtype), x)
 
 
 # ---- one weight row against all slots (shared by matvec, the fused FFN and the MoE kernel) ---
@@ -257,17 +202,20 @@ def check_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> N
     check_f32_matrix(out, "out", (n, w.shape[0]), writeable=True)
 
 
-def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=None) -> None:
-    """matvec without the checks (callers have checked); `act` reuses quantize_activations(x)."""
+def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, quantized=None) -> None:
+    """matvec without the checks (callers have checked); `quantized` reuses
+    quantize_activations(wtype, x)."""
     rows = w.shape[0]
     if rows == 0:
         return
     tiles = n_tiles_for(rows)
     w = frozen(w)
     if wtype in QUANT_TYPES:
-        xq, dx, bs = act if act is not None else quantize_activations(x)
+        xq, dx, bs = quantized if quantized is not None else quantize_activations(wtype, x)
         _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
-    elif wtype == F32.id:
+        return
+    x = act.round_floats(act.format_of(wtype), x)   # F16/BF16 weights meet x rounded to their type
+    if wtype == F32.id:
         _matvec_f32(w.view(np.float32), x, out, tiles)
     else:
         _matvec_half(wtype == BF16.id, w.view(np.uint16), x, out, tiles)

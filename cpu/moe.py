@@ -27,7 +27,7 @@ from numba import njit, prange
 from . import matvec as _matvec
 from .ffn import swiglu
 from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec
-from .moe_kernel import BoundCall, routed_experts
+from .moe_kernel import BoundCall, routed_experts, shares_x_rounding
 
 
 # ---- routing -----------------------------------------------------------------------------------
@@ -142,13 +142,14 @@ _FUSED_WEIGHTS: dict[int, tuple] = {}   # id(ffn) → (weakref to it, its `_fuse
 def _fused_weights(ffn):
     """The kernel's view of a layer's expert weights, made once per MoEFFN (checks and views
     cost tens of µs, a real share of a small layer's time): (wtypes, gate, up, down rows,
-    expert_rows), or None where the fused kernel does not apply (float weights, odd layouts)."""
+    expert_rows), or None where the fused kernel does not apply (float weights, gate and up types
+    that round x differently, odd layouts)."""
     hit = _FUSED_WEIGHTS.get(id(ffn))
     if hit is not None and hit[0]() is ffn:
         return hit[1]
     kinds = (ffn.gate, ffn.up, ffn.down)
     prepared = None
-    if all(m.wtype in QUANT_TYPES for m in kinds):
+    if all(m.wtype in QUANT_TYPES for m in kinds) and shares_x_rounding(ffn.gate.wtype, ffn.up.wtype):
         n_ff, D = ffn.gate.rows, ffn.gate.cols
         if (ffn.up.rows, ffn.up.cols, ffn.down.rows, ffn.down.cols) != (n_ff, D, D, n_ff):
             raise ValueError(f"expert shapes disagree: gate {n_ff}×{D}, up {ffn.up.rows}×{ffn.up.cols}, "

@@ -6,7 +6,9 @@ the speed. Here one call does every (row, selected expert) pair; a decode step w
 pool once and allocates nothing:
 
   0. serially: group the (row, rank) slots by expert (a counting sort), quantise each row of x
-     to int8 once (a parallel region of its own only for prompt-sized calls), and cut the work
+     to int8 once, as gate and up round it (`cpu.activations`; the two must agree, `cpu.moe`
+     runs other layers expert by expert), a parallel region of its own only for prompt-sized
+     calls; h is quantised as the down type rounds it. Then cut the work
      into chunks: runs of one group's weight rows, of about equal cost (`_plan_chunks`);
   1. one parallel region whose threads claim chunks from a shared counter (`cpu.atomics`), first
      every gate/up chunk, then every down chunk:
@@ -49,9 +51,14 @@ import numba
 import numpy as np
 from numba import get_thread_id, njit, prange
 
+from . import activations as act
+from .activations import CHUNK as ACT_BLOCK          # columns per int8 chunk
+from .activations import MAX_SCALE_WIDTH as SCALES   # scale floats per chunk and slot, any format
+from .activations import SUM_ELEMS as ACT_SUM
+from .activations import format_code, quantize_chunk, scale_width
 from .atomics import fetch_add, load_acquire
 from .ffn import SILU_ROWS, gated_row
-from .matvec import ACT_BLOCK, ACT_SUM, _quantize_block, row_dot_quant
+from .matvec import row_dot_quant
 from .variants import ALL as ALL_TYPES           # the expert kernel has code for every quantised type
 
 # Below this many elements, quantising x (step 0) and the weighted sum (C) run serially: a
@@ -65,6 +72,7 @@ _ROW_READ = 2
 CHUNKS_PER_WORKER = 4
 _LINE = 64                       # bytes of a cache line
 _LINE_I64 = _LINE // 8
+_Q8_K = act.Q8_K.code
 
 
 @njit(inline="always")
@@ -74,9 +82,15 @@ def _block(flat, start, m, width):
 
 
 @njit(inline="always")
-def _scales(flat, start, m, n_blocks):
-    """Group-local block-major activation scales (n_blocks, m), stored at n_blocks·start."""
-    return flat[n_blocks * start:n_blocks * (start + m)].reshape((n_blocks, m))
+def _scales(fmt, flat, start, m, n_blocks):
+    """The activation scales of slots start..start+m (n_blocks 256-column chunks each) in format
+    fmt's layout (`cpu.activations`: Q8_K block-major (n_blocks, m), Q8_0 slot-major (m,
+    8·n_blocks)), stored from SCALES·n_blocks·start: room for any format."""
+    at = SCALES * n_blocks * start
+    if fmt == _Q8_K:
+        return flat[at:at + n_blocks * m].reshape((n_blocks, m))
+    width = scale_width(fmt) * n_blocks
+    return flat[at:at + width * m].reshape((m, width))
 
 
 @njit(inline="always")
@@ -100,11 +114,11 @@ def _layout(n, k, D, n_ff, n_expert, n_banks, n_workers):
     x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
     x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
     bank_i8 = _lines(n * x_cols, 1)                  # a group's int8 x (m ≤ n rows: an expert
-    bank_f32 = _lines(x_blocks * n + (3 + SILU_ROWS) * n, 4)   # appears once per row), its scales,
+    bank_f32 = _lines(SCALES * x_blocks * n + (3 + SILU_ROWS) * n, 4)   # once per row), its scales,
                                                               # dots and up products
     bank_i16 = _lines(n * x_cols // ACT_SUM, 2)
     sizes = (n * x_cols + n_slots * h_cols + n_banks * bank_i8,
-             x_blocks * n + n_slots * (n_ff + h_blocks + D) + n_banks * bank_f32,
+             SCALES * x_blocks * n + n_slots * (n_ff + SCALES * h_blocks + D) + n_banks * bank_f32,
              (n * x_cols + n_slots * h_cols) // ACT_SUM + n_banks * bank_i16,
              2 * n_expert + 1 + 4 * n_slots + 1 + 2 * (_max_chunks(n_slots, n_workers) + 1)
              + _LINE_I64 + n_slots * (h_blocks + 1))
@@ -115,6 +129,12 @@ def _layout(n, k, D, n_ff, n_expert, n_banks, n_workers):
 def _expert_of(code):
     """The expert of a routing entry: e for a pair run here, e for a pair marked ~e."""
     return code if code >= 0 else -1 - code
+
+
+def shares_x_rounding(gate_type: int, up_type: int) -> bool:
+    """True where gate and up weights meet x rounded the same way (`cpu.activations`): what the
+    kernel needs, as it quantises each row of x once for both."""
+    return act.format_of(gate_type) == act.format_of(up_type)
 
 
 def expert_ids(experts: np.ndarray) -> np.ndarray:
@@ -189,13 +209,13 @@ def _rank_sum(y, slot_of, weights, out, i):
 
 
 @njit(inline="always")
-def _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk):
-    """Activation block blk of the rows of h of group g (its slots) to int8."""
+def _quantize_group_block(fmt, h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk):
+    """Activation chunk blk of the rows of h of group g (its slots) to int8 in format fmt."""
     s0, m = group_start[g], group_start[g + 1] - group_start[g]
     hg = _block(h, s0, m, n_ff)
-    hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+    hqg, hdg, hbg = _block(hq, s0, m, h_cols), _scales(fmt, hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
     for j in range(m):
-        _quantize_block(hg, hqg, hdg, hbg, j, blk)
+        quantize_chunk(fmt, hg, hqg, hdg, hbg, j, blk)
 
 
 @njit(inline="always")
@@ -245,6 +265,7 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     x_blocks, h_blocks = -(-D // ACT_BLOCK), -(-n_ff // ACT_BLOCK)
     x_cols, h_cols = x_blocks * ACT_BLOCK, h_blocks * ACT_BLOCK
     xs, hs = x_cols // ACT_SUM, h_cols // ACT_SUM
+    fmt_x, fmt_h = format_code(wtypes[0]), format_code(wtypes[2])   # gate and up share fmt_x (`_arguments`)
 
     # carve the workspace (`_layout`): shared arrays first, then the per-thread banks
     _, (bank_i8, bank_f32, bank_i16) = _layout(n, k, D, n_ff, n_expert, n_banks, n_workers)
@@ -254,12 +275,12 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     bs = ws_i16[:n * xs].reshape((n, xs))
     hbs = ws_i16[n * xs:n * xs + n_slots * hs]
     banks_i16 = ws_i16[n * xs + n_slots * hs:]
-    dx = ws_f32[:x_blocks * n].reshape((x_blocks, n))
-    o = x_blocks * n
+    dx = _scales(fmt_x, ws_f32, 0, n, x_blocks)
+    o = SCALES * x_blocks * n
     h = ws_f32[o:o + n_slots * n_ff]
     o += n_slots * n_ff
-    hdx = ws_f32[o:o + n_slots * h_blocks]
-    o += n_slots * h_blocks
+    hdx = ws_f32[o:o + SCALES * n_slots * h_blocks]
+    o += SCALES * n_slots * h_blocks
     y = ws_f32[o:o + n_slots * D].reshape((n_slots, D))
     banks_f32 = ws_f32[o + n_slots * D:]
     o = 0
@@ -293,11 +314,11 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     n_groups = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
     if n * x_cols >= _PARALLEL_MIN:
         for task in prange(n * x_blocks):
-            _quantize_block(x, xq, dx, bs, task // x_blocks, task % x_blocks)
+            quantize_chunk(fmt_x, x, xq, dx, bs, task // x_blocks, task % x_blocks)
     else:
         for i in range(n):
             for blk in range(x_blocks):
-                _quantize_block(x, xq, dx, bs, i, blk)
+                quantize_chunk(fmt_x, x, xq, dx, bs, i, blk)
     if last_stage == 0:
         return distinct
     n_a = _plan_chunks(group_start, n_groups, n_ff, CHUNKS_PER_WORKER * n_workers, bounds_a)
@@ -323,10 +344,11 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     # A: h = SiLU(gate) ⊙ up for the chunk's rows, from the group's x in the bank
                     g, r0, r1 = _chunk(bounds_a, c, n_ff)
                     s0, m = group_start[g], group_start[g + 1] - group_start[g]
-                    qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(f32, 0, m, x_blocks)
-                    g_out = f32[x_blocks * m:x_blocks * m + m]                     # gate and up of one row
-                    u_out = f32[x_blocks * m + m:x_blocks * m + 2 * m]
-                    ups = f32[x_blocks * m + 3 * m:x_blocks * m + (3 + SILU_ROWS) * m]   # (m, SILU_ROWS)
+                    qg, bg, d = _block(q, 0, m, x_cols), _block(b, 0, m, xs), _scales(fmt_x, f32, 0, m, x_blocks)
+                    f0 = SCALES * x_blocks * m                                    # past the x scales
+                    g_out = f32[f0:f0 + m]                                        # gate and up of one row
+                    u_out = f32[f0 + m:f0 + 2 * m]
+                    ups = f32[f0 + 3 * m:f0 + (3 + SILU_ROWS) * m]               # (m, SILU_ROWS)
                     if banked != g:
                         for j in range(m):
                             row = slot_row[s0 + j]
@@ -334,8 +356,12 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                                 qg[j, col] = xq[row, col]
                             for col in range(xs):
                                 bg[j, col] = bs[row, col]
-                            for blk in range(x_blocks):
-                                d[blk, j] = dx[blk, row]
+                            if fmt_x == _Q8_K:
+                                for blk in range(x_blocks):
+                                    d[blk, j] = dx[blk, row]
+                            else:
+                                for blk in range(scale_width(fmt_x) * x_blocks):
+                                    d[j, blk] = dx[row, blk]
                         banked = g
                     hg = _block(h, s0, m, n_ff)
                     e = group_expert[g]
@@ -349,7 +375,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                         lo, hi = blk * ACT_BLOCK, min(n_ff, (blk + 1) * ACT_BLOCK)
                         mine = min(r1, hi) - max(r0, lo)
                         if fetch_add(block_rows_done, g * h_blocks + blk, mine) + mine == hi - lo:
-                            _quantize_group_block(h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs, blk)
+                            _quantize_group_block(fmt_h, h, hq, hdx, hbs, group_start, g, n_ff, h_cols, h_blocks, hs,
+                                                  blk)
                             fetch_add(blocks_ready, g, 1)
                 else:
                     # B: y = W_down h for the chunk's output rows, once the group's h is int8
@@ -358,8 +385,9 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
                     while load_acquire(blocks_ready, g) < h_blocks:
                         pass
                     e = group_expert[g]
-                    hqg, d, hb = _block(hq, s0, m, h_cols), _scales(hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
-                    acc = f32[x_blocks * m + 2 * m:x_blocks * m + 3 * m]     # past A's x scales and dots
+                    hqg, d, hb = _block(hq, s0, m, h_cols), _scales(fmt_h, hdx, s0, m, h_blocks), _block(hbs, s0, m, hs)
+                    f0 = SCALES * x_blocks * m
+                    acc = f32[f0 + 2 * m:f0 + 3 * m]                        # past A's x scales and dots
                     for r in range(r0, r1):
                         row_dot_quant(ALL_TYPES, wtypes[2], w_down, expert_rows[2, e] + r, hqg, d, hb, acc, pf)
                         for j in range(m):
@@ -404,6 +432,9 @@ _layouts: dict[tuple, tuple] = {}   # (n, k, D, n_ff, E, banks, workers) → wor
 def _arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights, out, n_workers, pf,
                stages) -> tuple:
     """`_routed_experts`'s arguments, the workspace included."""
+    if not shares_x_rounding(wtypes[0], wtypes[1]):
+        raise ValueError("the expert kernel quantises x once for gate and up: their types must round "
+                         "activations alike (cpu.activations); run such experts one by one")
     n, D = out.shape
     n_banks = numba.config.NUMBA_NUM_THREADS + 1     # get_thread_id() < the pool size
     key = (n, weights.shape[1], D, n_ff, expert_rows.shape[1], n_banks, n_workers)

@@ -4,9 +4,9 @@ Why intrinsics: Numba has no vector types, and LLVM's loop vectoriser, left alon
 multiply-adds, re-does the weight unpacking for every input slot and cannot keep block scales out
 of the inner loop. Here the code per weight (super-)block serves G input slots: the weights are
 unpacked once into registers and reused by every slot, and the products are integer (activations
-are int8, see `cpu.matvec`), so every slot's sums are exact and independent of how slots are
-grouped — which is what makes per-slot bit identity hold by construction. A K-quant slot keeps
-its blocks' float parts in 8 lanes and sums the lanes once per row, in one fixed tree. The row
+are int8, see `cpu.activations`), so every slot's sums are exact and independent of how slots are
+grouped — which is what makes per-slot bit identity hold by construction. A slot keeps its
+blocks' float parts in 8 lanes and sums the lanes once per row, in one fixed tree. The row
 dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch inside.
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
@@ -14,11 +14,12 @@ On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) a
 for Q8_0/Q4_0 where VNNI exists; with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
 in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
-`cpu.matvec.ACT_QMAX`). Offsets are in elements of the array they index; no bounds are checked
+`cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
 
 Numba's on-disk cache does not notice edits to this file in the kernels that inline these
-intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py): after
+intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py,
+cpu/activations.py): after
 changing it, delete cpu/__pycache__/*.nbi and *.nbc.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
@@ -334,6 +335,14 @@ def f32_from_bits(typingctx, bits):
 
 
 @intrinsic
+def f32_bits(typingctx, value):
+    """The uint32 bit pattern of the float32 `value`."""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], _I32)
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
 def f16_bits_to_f32(typingctx, bits):
     """The IEEE half with bit pattern `bits` (uint16), as float32 (exact)."""
     def codegen(context, builder, sig, args):
@@ -523,69 +532,97 @@ Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
 
 class _SmallBlocks(NamedTuple):
     """A 32-weight block type with an fp16 scale each (Q8_0, Q4_0): its size and how its 32
-    signed weights come out of a block (`signed_weights(v, blk, byte_at)`)."""
+    signed weights come out of a block (`signed_weights(v, blk, byte_at)`). Its activations are
+    Q8_0 (`cpu.activations`): an fp16 scale per 32, slot-major dx (slots, blocks)."""
     block_bytes: int
     signed_weights: Callable
 
-    def emit_span(self, builder, ops: _Operands, w_off, k, e0, n0, g_count: int, n_blk: int, pf):
-        """n_blk consecutive blocks (byte w_off; all under activation block k, from its element
-        e0) against slots n0 .. n0+G−1: acc[n] += dx[k,n] · Σ_i d_i·Σ_j q_ij·x_ij. Each block's
-        sum is scaled in 8 float lanes, the blocks and then the lanes are added in fixed pairwise
-        trees: the same operations for every slot, whatever G."""
+    def emit_span(self, builder, ops: _Operands, w_off, k, blk0, slot_lanes, n0, g_count: int, n_blk: int, pf):
+        """n_blk (8 or 1) consecutive blocks (byte w_off; blocks blk0.. of activation chunk k)
+        against slots n0 .. n0+G−1, into each slot's 8 float lanes (pointer slot_lanes(g)):
+        block i adds (d_w,i · d_x,i) · (its 8 i32 lanes of Σ q·x) with one FMA, as llama.cpp's
+        x86 Q8_0 dot does (the scale product of two fp16 values is exact). Even blocks chain onto
+        the lanes, odd blocks into a second chain added at the end: two chains of 4 dependent
+        FMAs per span instead of one of 8 (at N=1 nothing else hides their latency). The same
+        operations for every slot, whatever G: slot bits do not depend on the grouping."""
+        assert n_blk in (1, 8)
         v = _Vec(builder)
         bb = self.block_bytes
         blk = ops.bytes_at("w", w_off)
         if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
             v.prefetch_span(blk, pf, bb * n_blk)
-        ds = v.f16s(blk, [bb * i for i in range(n_blk)]) if n_blk > 1 else None
-        blocks = [(v.lane_splat(ds if ds is not None else v.f16s(blk, [0]), i), self.signed_weights(v, blk, bb * i))
-                  for i in range(n_blk)]
-        xs = ops.shape("xq")[1]
-        per_slot = []
+        ds = v.f16s(blk, [bb * i for i in range(n_blk)])
+        weights = [self.signed_weights(v, blk, bb * i) for i in range(n_blk)]
+        xs, dxs = ops.shape("xq")[1], ops.shape("dx")[1]
         for g in range(g_count):
             n = builder.add(n0, _I64(g))
-            x = ops.bytes_at("xq", builder.add(builder.mul(n, xs), builder.add(builder.mul(k, _I64(256)), e0)))
-            scaled = [builder.fmul(builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8), d)
-                      for i, (d, q) in enumerate(blocks)]
-            per_slot.append(v.tree(scaled, builder.fadd))
-        total = v.sums(per_slot, builder.fadd)                   # one lane per slot
-        dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(k, ops.shape("dx")[1]), n0), g_count), align=4)
-        accp = ops.floats_at("acc", n0, g_count)
-        builder.store(builder.fadd(builder.load(accp, align=4), builder.fmul(dxv, total)), accp, align=4)
+            x = ops.bytes_at("xq", builder.add(builder.mul(n, xs),
+                                               builder.add(builder.mul(k, _I64(256)), builder.mul(blk0, _I64(32)))))
+            at = builder.add(builder.mul(n, dxs), builder.add(builder.mul(k, _I64(8)), blk0))
+            if n_blk == 8:
+                xd = builder.load(ops.floats_at("dx", at, 8), align=4)
+            else:
+                xd = builder.insert_element(ir.Constant(_F32X8, None),
+                                            builder.extract_element(builder.load(ops.floats_at("dx", at, 1), align=4), _I32(0)), _I32(0))
+            scales = builder.fmul(ds, xd)
+            lanes = slot_lanes(g)
+            chains = [builder.load(lanes, align=4), None]
+            for i, q in enumerate(weights):
+                p = builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8)
+                s = v.lane_splat(scales, i)
+                c = chains[i % 2]
+                chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
+            total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
+            builder.store(total, lanes, align=4)
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
-        """acc[n0 .. n0+G) = the row at byte row_off · x[n]: per activation block, its 8 blocks
-        summed together, a shorter tail block by block."""
-        accp = ops.floats_at("acc", n0, g_count)
-        builder.store(ir.Constant(accp.type.pointee, None), accp, align=4)
+        """acc[n0 .. n0+G) = the row at byte row_off · x[n]: spans of 8 blocks (one activation
+        chunk), a shorter tail block by block, each slot's lanes summed at the end in `_Vec.sums`'
+        fixed tree."""
+        lanes = cgutils.alloca_once(builder, _F32X8, size=g_count)    # promoted to registers
+        for g in range(g_count):
+            builder.store(ir.Constant(_F32X8, None), builder.gep(lanes, [_I32(g)]))
+
+        def slot_lanes(g):
+            return builder.gep(lanes, [_I32(g)])
+
         bb = self.block_bytes
         n_blk = builder.udiv(ops.shape("w")[1], _I64(bb))
-        with cgutils.for_range(builder, ops.shape("dx")[0]) as loop:
+        n_chunks = builder.udiv(builder.add(n_blk, _I64(7)), _I64(8))
+        with cgutils.for_range(builder, n_chunks) as loop:
             k = loop.index
             first = builder.mul(k, _I64(8))
             off = builder.add(row_off, builder.mul(first, _I64(bb)))
             whole = builder.icmp_unsigned("<=", builder.add(first, _I64(8)), n_blk)
             with builder.if_else(whole) as (span, tail):
                 with span:
-                    self.emit_span(builder, ops, off, k, _I64(0), n0, g_count, 8, pf)
+                    self.emit_span(builder, ops, off, k, _I64(0), slot_lanes, n0, g_count, 8, pf)
                 with tail:
                     with cgutils.for_range(builder, builder.sub(n_blk, first)) as t:
                         self.emit_span(builder, ops, builder.add(off, builder.mul(t.index, _I64(bb))), k,
-                                       builder.mul(t.index, _I64(32)), n0, g_count, 1, pf)
+                                       t.index, slot_lanes, n0, g_count, 1, pf)
+        totals = _Vec(builder).sums([builder.load(slot_lanes(g)) for g in range(g_count)], builder.fadd)
+        builder.store(totals, ops.floats_at("acc", n0, g_count), align=4)
 
 
 def _span_intrinsic(blocks: _SmallBlocks):
-    """Intrinsic factory: `_SmallBlocks.emit_span` as dot(w, w_off, xq, dx, k, e0, acc, n0, pf,
-    G, NB) (the decoded-tile matmul's Q8_0/Q4_0 path)."""
+    """Intrinsic factory: `_SmallBlocks.emit_span` as dot(w, w_off, xq, dx, k, blk0, acc, n0, pf,
+    G, NB) (the tiled matmul's Q8_0/Q4_0 path): acc (slots, 8) float32 holds each slot's 8 lanes,
+    to be summed as `_Vec.sums` does (`cpu.matmul._slot_total`)."""
 
-    def typer(typingctx, w, w_off, xq, dx, k, e0, acc, n0, pf, G, NB):
+    def typer(typingctx, w, w_off, xq, dx, k, blk0, acc, n0, pf, G, NB):
         if not (isinstance(G, types.IntegerLiteral) and isinstance(NB, types.IntegerLiteral)):
             return None
 
         def codegen(context, builder, sig, args):
-            _, w_off_v, _, _, k_v, e0_v, _, n0_v, pf_v, _, _ = args
+            _, w_off_v, _, _, k_v, blk0_v, _, n0_v, pf_v, _, _ = args
             ops = _Operands(context, builder, sig, args, w=0, xq=2, dx=3, acc=6)
-            blocks.emit_span(builder, ops, w_off_v, k_v, e0_v, n0_v, G.literal_value, NB.literal_value, pf_v)
+
+            def slot_lanes(g):
+                return ops.floats_at("acc", builder.mul(builder.add(n0_v, _I64(g)), _I64(8)), 8)
+
+            blocks.emit_span(builder, ops, w_off_v, k_v, blk0_v, slot_lanes, n0_v, G.literal_value,
+                             NB.literal_value, pf_v)
             return context.get_dummy_value()
 
         return types.none(w, types.intp, xq, dx, types.intp, types.intp, acc, types.intp, types.intp, G, NB), codegen

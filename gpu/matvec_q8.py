@@ -36,7 +36,7 @@ from numba import cuda, float32, int32, uint32
 
 from . import memory
 from .device import simulated
-from .intrinsics import device_function, group_reduce, round_to_int
+from .intrinsics import device_function, f16_bits_to_f32, group_reduce, pack_f16x2, round_to_int
 from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, kernel_factory, source_stamp
 from .kernel_source import specialise as _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
@@ -85,8 +85,14 @@ def _quantize_template(STAMP, LAYOUT):
         amax = partial[first, 0]
         for j in range(1, LANES_PER_X_BLOCK):
             amax = max(amax, partial[first + j, 0])
-        dx = amax / float32(127.0)
-        inv = float32(1.0) / dx if dx > float32(0.0) else float32(0.0)
+        if LAYOUT == NATURAL:
+            # Q8_0/Q4_0 weights: x rounded as llama.cpp's CPU does for them (cpu.activations'
+            # Q8_0): dx = fp16(amax/127), codes x·(127/amax) rounded half to even
+            dx = f16_bits_to_f32(pack_f16x2(amax / float32(127.0), float32(0.0)))
+            inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
+        else:
+            dx = amax / float32(127.0)
+            inv = float32(1.0) / dx if dx > float32(0.0) else float32(0.0)
         q0, q1, q2, q3 = round_to_int(v0 * inv), round_to_int(v1 * inv), round_to_int(v2 * inv), round_to_int(v3 * inv)
         q_sums[tid] = int32(q0 + q1 + q2 + q3)
         cuda.syncthreads()

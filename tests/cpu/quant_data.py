@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from cpu.ggml_types import BY_NAME
+from tests.reference.llama_cpp_rounding import round_activations
 
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
@@ -79,16 +80,7 @@ def dequantized(name: str, w: np.ndarray, cols: int) -> np.ndarray:
     return quants.dequantize(w, Q(type_id(name))).astype(np.float64).reshape(w.shape[0], cols)
 
 
-def quantized_x(x: np.ndarray) -> np.ndarray:
-    """x as the quantised kernels see it (int8 per 256 block, scale max|x|/127), as float64.
-    The rule is the one documented in cpu.matvec, recomputed here with numpy."""
-    n, cols = x.shape
-    out = np.zeros((n, cols), np.float64)
-    for c0 in range(0, cols, 256):
-        blk = x[:, c0:c0 + 256]
-        amax = np.abs(blk).max(axis=1, keepdims=True).astype(np.float32)
-        with np.errstate(divide="ignore"):
-            inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        q = np.clip(np.rint(blk * inv), -127, 127)
-        out[:, c0:c0 + 256] = q * (amax / np.float32(127)).astype(np.float32).astype(np.float64)
-    return out
+def quantized_x(name: str, x: np.ndarray) -> np.ndarray:
+    """x as the kernels' dots with `name` weights see it (float64): llama.cpp's activation
+    rounding for that type, from the numpy statement of ggml's quantisers (tests/reference)."""
+    return round_activations(x, Q(type_id(name)))

@@ -16,7 +16,7 @@ def reference(gate, wg, up, wu, x):
     """h from the float64 gate/up products, with x as the kernels see it (int8-rounded per 256
     block) for quantised weights."""
     def product(name, w):
-        xr = quantized_x(x) if name in QUANT_TYPES else x.astype(np.float64)
+        xr = quantized_x(name, x)
         wd = dequantized(name, w, x.shape[1])
         return xr @ wd.T, np.abs(xr) @ np.abs(wd).T
 

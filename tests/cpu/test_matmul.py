@@ -77,9 +77,13 @@ def test_largest_products_neither_overflow_nor_saturate(name, top):
 
 
 @pytest.mark.parametrize("n, cols", [(16, 1024), (40, 352)])
-def test_slot_quantisation_has_the_bytes_of_cpu_matvec(n, cols):
+@pytest.mark.parametrize("name", ("Q4_K", "Q8_0"))
+def test_slot_quantisation_has_the_bytes_of_cpu_matvec(name, n, cols):
     """Exact halves (round half to even), zeros, the smallest and largest floats, ±inf and NaN,
-    a partial last block; finite rows must match byte for byte, every scale bit for bit."""
+    a partial last block; finite rows must match byte for byte, every scale bit for bit, in the
+    grouped layout; padding slots are zeros."""
+    if name == "Q4_K" and cols % 256:
+        cols = 1024
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((n, cols)) * rng.uniform(1e-3, 1e3, (n, 1))).astype(np.float32)
     x[0, :256] = np.append(np.arange(254) - 126.5, [127, -0.5])   # amax 127, inv 1: x·inv at exact halves
@@ -87,14 +91,18 @@ def test_slot_quantisation_has_the_bytes_of_cpu_matvec(n, cols):
     x[2, 5] = 1e-45
     x[3, 7] = 3.4e38
     x[4, 1], x[5, 300], x[6, 9] = -np.inf, np.nan, np.inf
-    xq, dx, bs = mm.quantize_slots(x)
-    want_q, want_d, want_s = quantize_activations(x)
-    n_blocks = want_d.shape[0]
-    assert np.array_equal(bits(dx[:, :, :].transpose(1, 0, 2).reshape(n_blocks, -1)[:, :n]), bits(want_d))
+    xq, dx, bs = mm.quantize_slots(type_id(name), x)
+    want_q, want_d, want_s = quantize_activations(type_id(name), x)
+    if name == "Q4_K":      # (groups, chunks, 8) → (chunks, slots)
+        got_d = dx.transpose(1, 0, 2).reshape(dx.shape[1], -1)
+        assert np.array_equal(bits(got_d[:, :n]), bits(want_d)) and not got_d[:, n:].any()
+    else:                   # (groups, 8, blocks) → (slots, blocks)
+        got_d = dx.reshape(-1, dx.shape[2])
+        assert np.array_equal(bits(got_d[:n]), bits(want_d)) and not got_d[n:].any()
     finite = np.isfinite(x).all(axis=1)
     assert np.array_equal(xq[:n][finite], want_q[finite])
     assert np.array_equal(bs[:n][finite], want_s[finite])
-    assert not xq[n:].any() and not dx.reshape(-1, n_blocks, 8).transpose(1, 0, 2).reshape(n_blocks, -1)[:, n:].any()
+    assert not xq[n:].any() and not bs[n:].any()
 
 
 def test_non_finite_input_shows_in_its_slot_only():

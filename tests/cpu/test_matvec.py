@@ -3,6 +3,7 @@ integer-overflow extremes, and input validation."""
 import numpy as np
 import pytest
 
+from cpu.activations import format_of
 from cpu.matvec import matvec
 from cpu.ggml_types import BY_NAME
 
@@ -20,20 +21,22 @@ def run(name, w, x):
 
 
 def check_against_references(name, w, x, out):
-    """Quantised types: tight against the product with the int8-rounded x (integer sums are exact,
-    only float32 rounding remains), and within the documented bound Σ|W|·d/2 of the exact product.
-    Float types: float32 accumulation of the exact product."""
+    """Tight against the product with x rounded as llama.cpp rounds it for this type (integer sums
+    are exact, only float32 rounding remains); quantised types also within the documented bound
+    of the exact product: Σ|W|·(d/2 + 127·|d − fp16(d)|), d = max|x_block|/127."""
     wd = dequantized(name, w, x.shape[1])
-    magnitude = np.abs(wd) @ np.abs(x.astype(np.float64)).T
+    xr = quantized_x(name, x)
+    rel = 1e-4 if name in QUANT_TYPES else 1e-5
+    assert np.all(np.abs(out.T - wd @ xr.T) <= rel * (np.abs(wd) @ np.abs(xr).T) + 1e-30)
     if name in QUANT_TYPES:
-        xq = quantized_x(x)
-        assert np.all(np.abs(out.T - wd @ xq.T) <= 1e-4 * (np.abs(wd) @ np.abs(xq).T) + 1e-30)
-        step = np.repeat(np.abs(x).reshape(x.shape[0], -1, 256).max(axis=2) / 127, 256, axis=1) \
-            if x.shape[1] % 256 == 0 else np.abs(x - xq) * 2
-        bound = np.abs(wd) @ (step.T / 2) + 1e-4 * magnitude
+        block = format_of(type_id(name)).block
+        n, cols = x.shape
+        pad = np.concatenate([x, np.zeros((n, -cols % block), np.float32)], axis=1)
+        step = np.repeat(np.abs(pad).reshape(n, -1, block).max(axis=2) / 127, block, axis=1)[:, :cols]
+        half_scale = format_of(type_id(name)).half_scale
+        bound = np.abs(wd) @ (step.T * (0.5 + (127 * 2.0 ** -11 if half_scale else 0))) \
+            + 1e-4 * (np.abs(wd) @ np.abs(x.astype(np.float64)).T)
         assert np.all(np.abs(out.T - wd @ x.astype(np.float64).T) <= bound)
-    else:
-        assert np.all(np.abs(out.T - wd @ x.astype(np.float64).T) <= 1e-5 * magnitude + 1e-30)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -69,11 +72,12 @@ def test_one_block_per_row(name, rows):
 @pytest.mark.parametrize("top", [True, False])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_largest_products_neither_overflow_nor_saturate(name, top, sign):
-    """Every weight and every activation at full scale and of one sign: the int8 x is exact
-    (x = ±max), so the result must equal the float64 product to float32 rounding."""
+    """Every weight and every activation at full scale and of one sign: every code is ±127 (x
+    = ±max), so the result must equal the float64 product with the rounded x (exact for Q8_K's
+    float scale; Q8_0's is fp16(1/127)) to float32 rounding."""
     w = extreme_rows(name, 3, 2048, top)
     x = np.full((2, 2048), sign, np.float32)
-    want = dequantized(name, w, 2048) @ x.astype(np.float64).T
+    want = dequantized(name, w, 2048) @ quantized_x(name, x).T
     assert np.allclose(run(name, w, x).T, want, rtol=1e-6, atol=0)
 
 

@@ -1,10 +1,13 @@
 """cpu.moe: router top-k + renormalised softmax against numpy, the expert-grouped MoE FFN against
 a per-row numpy float64 reference (weights dequantised by gguf-py), per-row bit identity, and the
 one-call fused kernel against the expert-by-expert path, bit for bit."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import cpu.moe
+import cpu.moe_kernel
 from cpu.moe import expert_groups, moe_ffn, route
 from cpu.moe_kernel import group_slots
 from cpu.ggml_types import F32
@@ -103,7 +106,7 @@ def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng, n_ff: int 
 
 def as_f64(kind_id, data, cols):
     name = next(n for n in ("F32", "F16", "BF16", *QUANT_TYPES) if type_id(n) == kind_id)
-    return dequantized(name, np.ascontiguousarray(data), cols), name in QUANT_TYPES
+    return dequantized(name, np.ascontiguousarray(data), cols), name
 
 
 def silu(v):
@@ -114,8 +117,8 @@ def reference_swiglu_down(gate, up, down, x):
     """W_down(SiLU(W_gate x) ⊙ W_up x) in float64 with each input rounded as the kernels see it
     (int8 per 256 for quantised weights), and the magnitude Σ|W_down|·|h| that bounds the error."""
     (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols) for m in (gate, up, down))
-    h = silu((quantized_x(x) if q_g else x) @ wg.T) * ((quantized_x(x) if q_u else x) @ wu.T)
-    hr = quantized_x(h.astype(np.float32)) if q_d else h
+    h = silu(quantized_x(q_g, x) @ wg.T) * (quantized_x(q_u, x) @ wu.T)
+    hr = quantized_x(q_d, h.astype(np.float32))
     return hr @ wd.T, np.abs(hr) @ np.abs(wd).T
 
 
@@ -252,3 +255,24 @@ def test_moe_ffn_rejects_mismatched_buffers():
         moe_ffn(ffn, x, np.zeros((3, D), np.float32))
     with pytest.raises(ValueError, match="x"):
         moe_ffn(ffn, x.astype(np.float64), np.zeros((2, D), np.float32))
+
+
+def test_gate_and_up_that_round_x_differently_run_expert_by_expert():
+    """Q4_K gate (x as Q8_K) with Q8_0 up (x as Q8_0): the one-call kernel quantises x once for
+    both, so it refuses the layer and moe_ffn runs it expert by expert, each product meeting x
+    rounded for its own type (the float64 reference rounds the same way)."""
+    rng = np.random.default_rng(9)
+    ffn = make_ffn("Q4_K", "Q6_K", fused=False, shared=True, rng=rng)
+    ffn = dataclasses.replace(ffn, up=make_ffn("Q8_0", "Q6_K", fused=False, shared=False, rng=rng).up)
+    x = rng.standard_normal((3, D)).astype(np.float32)
+    experts, weights = route(x @ ffn.router.data.view(np.float32).T, K)
+    assert not cpu.moe._run_fused(ffn, x, experts, weights, np.empty((3, D), np.float32))
+    kinds = (ffn.gate, ffn.up, ffn.down)
+    with pytest.raises(ValueError, match="round activations alike"):
+        cpu.moe_kernel.routed_experts(tuple(m.wtype for m in kinds), *(m.data.reshape(-1, m.data.shape[-1]) for m in kinds),
+                                      np.zeros((3, E), np.int64), F, x, experts, weights, np.empty((3, D), np.float32),
+                                      1, 0)
+    out = np.full((3, D), np.nan, np.float32)
+    moe_ffn(ffn, x, out)
+    want, magnitude = reference_moe(ffn, x)
+    assert np.all(np.abs(out - want) <= 5e-4 * magnitude + 1e-6)

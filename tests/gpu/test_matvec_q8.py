@@ -1,7 +1,9 @@
 """The int8-activation matvec (gpu/matvec_q8.py) of the quantised types.
 
-Oracles: a numpy quantiser of x written from the spec (blocks of 32, dx = max|x|/127, xq =
-round-half-even(x · (1/dx)), float sums in the quantiser's tree order), and gguf's
+Oracles: a numpy quantiser of x written from the spec (blocks of 32; for Q8_0/Q4_0 llama.cpp's
+Q8_0 rounding, dx = fp16(max|x|/127), xq = round-half-even(x · (127/max|x|)), the same numbers
+as cpu.activations; for the K-quants dx = max|x|/127, xq = round-half-even(x · (1/dx)); float
+sums in the quantiser's tree order), and gguf's
 `dequantize` for the weights. With x̂ = dx·xq the kernel computes, up to float32 rounding,
     A·x̂ + (W − A)·x
 where A is the part of W that multiplies the quants (W itself, or for the K-quants W with its
@@ -16,7 +18,8 @@ from numba import cuda
 
 from gpu import matvec_q8
 from gpu.kernel_source import MAX_SLOTS
-from gpu.quants_q8 import K64, Q6K64, START, UNITS
+from gpu.quants_q8 import K64, NATURAL, Q6K64, START, UNITS
+from cpu import activations as cpu_activations
 from cpu import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
@@ -27,15 +30,21 @@ MIN_FIELD = {"Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 dmin in a block
 TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
 
 
-def quantize_reference(x: np.ndarray):
-    """(xq (n, cols) int, dx (n, blocks), float sums (n, blocks), int sums (n, blocks, 2))."""
+def quantize_reference(x: np.ndarray, layout: int = NATURAL):
+    """(xq (n, cols) int, dx (n, blocks), float sums (n, blocks), int sums (n, blocks, 2)).
+    NATURAL (the Q8_0/Q4_0 layout): llama.cpp's Q8_0 rounding, dx = fp16(amax/127) and
+    x·(127/amax); the 64-weight K-quant layouts: dx = amax/127 in float32 and x·(1/dx)."""
     n, cols = x.shape
     blocks = x.astype(np.float32).reshape(n, cols // 32, 8, 4)   # 8 lanes of 4 elements each
     amax = np.abs(blocks).max(axis=(2, 3))
     p = (blocks[..., 0] + blocks[..., 1]) + (blocks[..., 2] + blocks[..., 3])
     sums = ((p[..., 0] + p[..., 1]) + (p[..., 2] + p[..., 3])) + ((p[..., 4] + p[..., 5]) + (p[..., 6] + p[..., 7]))
     dx = amax / np.float32(127.0)
-    inv = np.divide(np.float32(1.0), dx, out=np.zeros_like(dx), where=dx > 0)
+    if layout == NATURAL:
+        dx = dx.astype(np.float16).astype(np.float32)
+        inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0)
+    else:
+        inv = np.divide(np.float32(1.0), dx, out=np.zeros_like(dx), where=dx > 0)
     xq = np.rint(blocks.reshape(n, -1, 32) * inv[..., None]).astype(np.int64)
     assert np.abs(xq).max() <= 127
     return xq.reshape(n, cols), dx, sums, xq.reshape(n, -1, 2, 16).sum(-1)
@@ -61,7 +70,7 @@ def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray, lanes: in
     """
     w = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
     a = scale_part(t, w_bytes).astype(np.float64)
-    xq, dx, _, _ = quantize_reference(x)
+    xq, dx, _, _ = quantize_reference(x, UNITS[t.id].x_layout)
     x_hat = xq * np.repeat(dx.astype(np.float64), 32, axis=1)
     x64 = x.astype(np.float64)
     want = x_hat @ a.T + x64 @ (w - a).T
@@ -72,10 +81,12 @@ def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray, lanes: in
 
 
 def rounding_bound(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Bound on |A·(x − x̂)|: |xq − x/dx| ≤ 1/2 + 256u (x/dx ≤ 127 through two float32 roundings)."""
+    """Bound on |A·(x − x̂)|: |xq − x/dx| ≤ 1/2 + 256u (x/dx ≤ 127 through two float32 roundings),
+    plus 127·|dx − fp16(dx)| ≤ 127·2**-11·dx where dx is an fp16 (NATURAL)."""
     a = scale_part(t, w_bytes).astype(np.float64)
-    _, dx, _, _ = quantize_reference(x)
-    step = np.repeat(dx.astype(np.float64), 32, axis=1) * (0.5 + 256 * U)
+    _, dx, _, _ = quantize_reference(x, UNITS[t.id].x_layout)
+    half = 127 * 2.0 ** -11 if UNITS[t.id].x_layout == NATURAL else 0.0
+    step = np.repeat(dx.astype(np.float64), 32, axis=1) * (0.5 + 256 * U + half)
     return step @ np.abs(a).T
 
 
@@ -89,9 +100,9 @@ def test_quantiser_matches_the_numpy_spec_bit_for_bit():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 96)).astype(np.float32) * np.float32(3.0)
     x[0, 32:64] = 0.0                            # an all-zero block: dx = 0, xq = 0
-    x[1, :32] = np.float32(0.5)                  # ties: x/dx = 127 exactly for all
-    x[2, 64:96] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.25)  # dx = 0.5: x·inv = k + .5, ties
-    x[2, 64] = np.float32(63.5)
+    x[1, :32] = np.float32(0.5)                  # x·(127/amax) = 127 exactly for all
+    x[2, 64:96] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)   # amax 127: x·inv = k + .5, ties
+    x[2, 64] = np.float32(127.0)
     xq_dev, xm_dev = matvec_q8.quantize(cuda.to_device(x))
     xq_words, xm = xq_dev.copy_to_host(), xm_dev.copy_to_host().reshape(3, -1, 4)
     want_q, dx, sums, halves = quantize_reference(x)
@@ -100,6 +111,22 @@ def test_quantiser_matches_the_numpy_spec_bit_for_bit():
     np.testing.assert_array_equal(xm[..., 0].view(np.float32), dx)
     np.testing.assert_array_equal(xm[..., 1].view(np.float32), sums)
     np.testing.assert_array_equal(xm[..., 2:].view(np.int32), halves)
+
+
+def test_q8_0_and_q4_0_activations_are_the_cpu_kernels_bit_for_bit():
+    """The GPU's x for Q8_0/Q4_0 weights (NATURAL layout) has the codes and scales of the CPU
+    kernels' (cpu.activations Q8_0, llama.cpp's rounding), so both backends round alike."""
+    assert UNITS[gt.Q8_0.id].x_layout == NATURAL and UNITS[gt.Q4_0.id].x_layout == NATURAL
+    rng = np.random.default_rng(4)
+    x = (rng.standard_t(2, (2, 256)) * rng.uniform(1e-3, 1e3, (2, 1))).astype(np.float32)
+    x[0, :32] = np.append(np.arange(31) - 15.5, [127])       # ties
+    x[1, 32:64] = 0.0
+    xq_dev, xm_dev = matvec_q8.quantize(cuda.to_device(x))
+    got_q = xq_dev.copy_to_host().view(np.int8).reshape(2, 256)
+    got_d = xm_dev.copy_to_host().reshape(2, -1, 4)[..., 0].view(np.float32)
+    cpu_q, cpu_d, _ = cpu_activations.quantize(cpu_activations.format_of(gt.Q8_0.id), x)
+    np.testing.assert_array_equal(got_q, cpu_q)
+    np.testing.assert_array_equal(got_d.view(np.uint32), cpu_d.view(np.uint32))
 
 
 def lane_columns(layout: int, blk: int, p: int, k: int) -> np.ndarray:
@@ -123,7 +150,7 @@ def test_quantiser_lays_x_out_for_the_64_weight_lanes(layout):
     xq_dev, xm_dev = matvec_q8.quantize(cuda.to_device(x), layout=layout)
     xq = xq_dev.copy_to_host()
     xm = xm_dev.copy_to_host()
-    want_q, dx, sums, halves = quantize_reference(x)
+    want_q, dx, sums, halves = quantize_reference(x, layout)
     assert xq.shape == (2, 2 * 512)  # padded to whole steps
     got_bytes = xq.view(np.int8).astype(np.int64)
     for blk in range(10):

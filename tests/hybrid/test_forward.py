@@ -15,8 +15,9 @@ from tests.reference.llama_cpp_ref import margin_mismatches
 from tests.reference.qwen35_ref import _decoder_block, load_model, reference_hidden, reference_logits
 
 # The reference multiplies the exactly dequantised weights in float64. Our quantised matvecs
-# round activations to int8 per 256 block (as llama.cpp does, which lands ~0.2 (Q8_0) and
-# ~1.5 (Q4_K_M) logits from exact math on these files; logit scale ~20), so the bounds are
+# round activations to int8 as llama.cpp does for each weight type (per 32 for Q8_0, per 256
+# for K-quants: cpu.activations), which lands ~0.2 (Q8_0) and ~1.5 (Q4_K_M) logits from exact
+# math on these files (logit scale ~20), so the bounds are
 # loose; the float-activation run below is the tight check of the forward's math.
 LOGIT_TOL = {"Q8_0": 0.5, "Q4_K_M": 1.5}
 MEAN_TOL = 0.1

@@ -22,23 +22,62 @@ _Q8_0_WEIGHTS = (T.Q4_0, T.Q8_0)
 _Q8_K_WEIGHTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 
 
+def q8_0(x: np.ndarray):
+    """ggml's x86 AVX2 `quantize_row_q8_0` of rows x (n, cols): (qs int8 (n, cols), d float32
+    (n, cols/32), the fp16 value widened). amax per 32, d = fp16(amax/127), id = 127/amax (0 for
+    amax 0), qs = round-half-even(x·id) (`_mm256_round_ps` NEAREST), saturated by the packs."""
+    n, cols = x.shape
+    xb = x.reshape(n, cols // 32, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=2)
+    with np.errstate(over="ignore"):   # amax/127 past 65504 is inf in fp16, as in ggml
+        d = (amax / np.float32(127)).astype(np.float32).astype(np.float16).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    qs = np.rint(xb * inv[:, :, None]).astype(np.int32)
+    return np.clip(qs, -128, 127).astype(np.int8).reshape(n, cols), d
+
+
+def q8_1(x: np.ndarray):
+    """ggml's x86 `quantize_row_q8_1`: Q8_0's (qs, d) and s = fp16(d_f32·Σqs) per block, d_f32
+    the unrounded amax/127."""
+    qs, d = q8_0(x)
+    n, cols = x.shape
+    d32 = (np.abs(x.reshape(n, cols // 32, 32)).max(axis=2) / np.float32(127)).astype(np.float32)
+    sums = qs.reshape(n, cols // 32, 32).astype(np.int32).sum(axis=2)
+    with np.errstate(over="ignore"):
+        return qs, d, (d32 * sums.astype(np.float32)).astype(np.float16).astype(np.float32)
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int: add 1.5·2**23, keep the low 23 bits − 2**22 (half to even)."""
+    bits = (v.astype(np.float32) + np.float32(12582912.0)).astype(np.float32).view(np.int32)
+    return (bits & 0x007FFFFF) - 0x00400000
+
+
+def q8_k(x: np.ndarray):
+    """ggml's `quantize_row_q8_K_ref` (what its x86 build calls) of rows x (n, cols), signs as
+    ggml has them: (qs int8 (n, cols), d float32 (n, cols/256), bsums int16 (n, cols/16)).
+    max = the value of largest |x| (the first such), iscale = −127/max, qs = min(127,
+    nearest_int(iscale·x)), d = 1/iscale; an all-zero block has d = 0, qs = 0."""
+    n, cols = x.shape
+    xb = x.reshape(n, cols // 256, 256).astype(np.float32)
+    mx = np.take_along_axis(xb, np.abs(xb).argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127) / mx, np.float32(0)).astype(np.float32)
+        d = np.where(mx != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    qs = np.minimum(127, _nearest_int(iscale[:, :, None] * xb)).astype(np.int8)
+    bsums = qs.reshape(n, cols // 16, 16).astype(np.int32).sum(axis=2).astype(np.int16)
+    return qs.reshape(n, cols), d, bsums
+
+
 def _q8_0(x: np.ndarray) -> np.ndarray:
-    blocks = x.reshape(-1, 32)
-    amax = np.abs(blocks).max(axis=1, keepdims=True)
-    safe = np.where(amax > 0, amax, 1.0)
-    q = np.where(amax > 0, np.round(blocks * (np.float32(127.0) / safe)), 0.0)
-    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float64)
-    return (q * d).reshape(x.shape)
+    qs, d = q8_0(x.reshape(-1, x.shape[-1]))
+    return (qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)).reshape(x.shape)
 
 
 def _q8_k(x: np.ndarray) -> np.ndarray:
-    blocks = x.reshape(-1, 256)
-    signed_max = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
-    safe = np.where(signed_max != 0, signed_max, 1.0)
-    iscale = np.where(signed_max != 0, np.float32(-127.0) / safe, 0.0).astype(np.float32)
-    q = np.minimum(np.round(iscale * blocks), 127.0)
-    d = np.where(iscale != 0, 1.0 / np.where(iscale != 0, iscale, 1.0), 0.0).astype(np.float32)
-    return (q * d).reshape(x.shape)
+    qs, d, _ = q8_k(x.reshape(-1, x.shape[-1]))
+    return (qs.astype(np.float64) * np.repeat(d.astype(np.float64), 256, axis=1)).reshape(x.shape)
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -55,7 +94,8 @@ def round_activations(x: np.ndarray, weight_type: int) -> np.ndarray:
     elif weight_type in _Q8_K_WEIGHTS:
         out = _q8_k(x32)
     elif weight_type == T.F16:
-        out = x32.astype(np.float16)
+        with np.errstate(over="ignore"):   # past the half range: inf, as F16C's conversion gives
+            out = x32.astype(np.float16)
     elif weight_type == T.BF16:
         out = _bf16(x32)
     else:  # F32 weights multiply f32 activations as they are
