@@ -1,9 +1,6 @@
-"""The FFN on the GPU for weights placed there: SwiGLU and the expert-grouped MoE FFN.
-
-Both are built from the device matvec (`gpu.matvec`, slot-for-slot bit identical) plus small
-elementwise kernels, so every row keeps the bits of a one-row call, as on the CPU:
-* swiglu: gate and up products, then h = SiLU(g) · u;
-* MoE, two placements (gpu/ops.py picks):
+"""The MoE FFN on the GPU (the twin of `cpu/moe.py`), built from the device matvec and SwiGLU
+(`gpu/ffn.py`, slot-for-slot bit identical) plus small gather/scatter/sum kernels, so every row
+keeps the bits of a one-row call, as on the CPU. Two placements (gpu/ops.py picks):
   - `hybrid_moe_ffn`, routed experts in host memory (the planner's placement): router logits and
     routing on the device, then ONE hand-off per layer (`memory.host_call`) in which the host
     counts and runs the selected experts with the fused CPU kernel (`cpu.moe.run_routed`);
@@ -30,41 +27,14 @@ from numba import cuda, float32
 
 from cpu.moe import bind_routed, expert_groups, route, router_logits, routed_ffn, run_routed
 
-from . import expert_cache, graphs, memory
-from .memory import THREADS, stream
-from .matvec import matvec as device_matvec
+from . import expert_cache
+from .runtime import graphs, memory
+from .runtime.memory import THREADS, stream
 
 
 def _blocks(size: int) -> int:
     return -(-size // THREADS)
 
-
-@cuda.jit(cache=True)
-def _silu_times(g, u):
-    k = cuda.grid(1)
-    cols = g.shape[1]
-    if k < g.shape[0] * cols:
-        t = k // cols
-        c = k - t * cols
-        gv = g[t, c]
-        g[t, c] = gv / (float32(1.0) + math.exp(-gv)) * u[t, c]
-
-
-def silu_times(g, u) -> None:
-    """g ← SiLU(g) ⊙ u, both (n, F) on the device."""
-    if g.size:
-        _silu_times[_blocks(g.size), THREADS, stream()](g, u)
-
-
-def swiglu(wtype_gate: int, w_gate, wtype_up: int, w_up, x, h_out, matvec=device_matvec) -> None:
-    """h_out = SiLU(x · W_gateᵀ) · (x · W_upᵀ) on the device."""
-    up = memory.scratch("swiglu_up", tuple(h_out.shape))
-    matvec(wtype_gate, w_gate, x, h_out)
-    matvec(wtype_up, w_up, x, up)
-    silu_times(h_out, up)
-
-
-# --- MoE --------------------------------------------------------------------------------------
 
 @cuda.jit(cache=True)
 def _gather_rows(x, rows, first, xe):

@@ -12,9 +12,9 @@ import math
 
 from numba import cuda, float32
 
-from .device import simulated
+from .runtime.device import simulated
 from .intrinsics import device_function, warp_reduce
-from .memory import stream
+from .runtime.memory import stream
 
 # The simulator runs every thread as a Python thread: one warp per block keeps it quick.
 WARPS = 1 if simulated() else 4
@@ -186,23 +186,3 @@ def gated_rms_norm(o, z, w, eps, out):
     """GDN output norm: per v-head RMSNorm(o_j; w) over d_v, then ⊙ SiLU(z_j); o, z, out (n, H_v·d_v)."""
     n, width = o.shape
     _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS, stream()](o, z, w, float(eps), out)
-
-
-@cuda.jit(cache=True)
-def _l2_norm_heads(x, n_heads, d, eps):
-    n = x.shape[0]
-    lane = cuda.threadIdx.x & 31
-    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    it = min(item, n * n_heads - 1)
-    t = it // n_heads
-    base = (it - t * n_heads) * d
-    inv = float32(1.0 / max(math.sqrt(warp_sum_squares(x[t, base:base + d], d, lane)), eps))
-    if item < n * n_heads:
-        for i in range(lane, d, 32):
-            x[t, base + i] *= inv
-
-
-def l2_norm_heads(x, n_heads, d, eps):
-    """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row."""
-    n = x.shape[0]
-    _l2_norm_heads[warp_blocks(n * n_heads), THREADS, stream()](x, int(n_heads), int(d), float(eps))

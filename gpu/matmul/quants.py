@@ -29,8 +29,8 @@ from numba import float32, uint32
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
 
-from .device import simulated
-from .intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4,
+from ..runtime.device import simulated
+from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4,
                          small_uint_to_f32)
 
 ZERO = float32(0.0)

@@ -1,6 +1,7 @@
-"""Embedding rows on the GPU: float32 copies of chosen rows of a device weight (get_rows).
+"""dequantize_rows on the GPU (the twin of `cpu/quants.py`'s): float32 copies of chosen rows of a
+device weight, i.e. embedding rows (get_rows).
 
-Reuses the matvec's per-type lane decoding (`gpu/quants.py`): one warp per requested row walks
+Reuses the matvec's per-type lane decoding (`gpu/matmul/quants.py`): one warp per requested row walks
 it tile by tile; each lane decodes its unit of the tile into shared memory at the slot the
 matvec stages x in (`i·32 + (lane ^ i)` for its weight i), and the warp then writes the tile
 out in column order, looking each column's slot up through the type's `owner` map. The values
@@ -16,11 +17,12 @@ from numba import cuda, float32, uint32
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
 
-from .matvec import SOURCE_STAMP, _specialise
-from .memory import stream
-from .quants import UNITS, LaneUnit
+from .matmul.kernel_source import SOURCE_STAMP
+from .matmul.kernel_source import specialise as _specialise
+from .matmul.quants import UNITS, LaneUnit
+from .runtime.memory import stream
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.matmul.kernel_source.specialise).
 load = prepare = weight = owner = None
 
 
