@@ -212,6 +212,8 @@ def step_key(fn, args, address) -> tuple:
     def part(a):
         if a is None or isinstance(a, (bool, int, float, str)):
             return a
+        if isinstance(a, np.generic):           # a numpy count or flag: its value
+            return a.item()
         if isinstance(a, tuple):
             return tuple(part(e) for e in a)
         if hasattr(a, "identity"):
