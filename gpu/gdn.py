@@ -5,7 +5,8 @@ first; rings (R, …) with R = 0 for no snapshots), so states move between the t
 
 Per-slot bit identity: every token is one step of the same per-channel / per-row code,
 whatever n is, so an n-token call leaves exactly the states and outputs of n one-token calls.
-(The per-head L2 norm between the two is `l2_norm_heads`, built like the norms of `gpu/norm.py`.)
+(The per-head L2 norm between the two is `l2_norm_heads`; its kernel lives in `gpu/norm.py`, beside
+the reduction it shares with the norms.)
 
 The forward calls them through `gdn_mixer`, which fuses them with their neighbours for a decode
 or verify step: the conv, the L2 norm and the gates in one launch; the delta rule and the
@@ -23,7 +24,7 @@ from cpu.errors import HybridError
 from .intrinsics import load_f32_l2, warp_max_u64, warp_reduce
 from .runtime import memory
 from .runtime.memory import THREADS, stream
-from .norm import WARPS, warp_blocks, warp_sum_squares
+from .norm import WARPS, _l2_norm_heads, warp_blocks
 
 MAX_CONV_KERNEL = 8            # the window lives in registers (every released model has K = 4)
 MAX_STATE = 128                # d_k bound (every qwen35/qwen3next size): state rows stay in registers
@@ -413,20 +414,6 @@ def _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, norm):
     blocks = -(-(n_v * -(-d_v // ROWS)) // WARPS)
     _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), beta, decay,
                                                     ssm, out, ring_ssm, *norm)
-
-
-@cuda.jit(cache=True)
-def _l2_norm_heads(x, n_heads, d, eps):
-    n = x.shape[0]
-    lane = cuda.threadIdx.x & 31
-    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    it = min(item, n * n_heads - 1)
-    t = it // n_heads
-    base = (it - t * n_heads) * d
-    inv = float32(1.0 / max(math.sqrt(warp_sum_squares(x[t, base:base + d], d, lane)), eps))
-    if item < n * n_heads:
-        for i in range(lane, d, 32):
-            x[t, base + i] *= inv
 
 
 def l2_norm_heads(x, n_heads, d, eps):

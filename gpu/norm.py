@@ -186,3 +186,20 @@ def gated_rms_norm(o, z, w, eps, out):
     """GDN output norm: per v-head RMSNorm(o_j; w) over d_v, then ⊙ SiLU(z_j); o, z, out (n, H_v·d_v)."""
     n, width = o.shape
     _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS, stream()](o, z, w, float(eps), out)
+
+
+# The kernel of `gpu.gdn.l2_norm_heads` (the op sits in gdn.py, as on the CPU). It stays beside
+# `warp_sum_squares`: under the simulator that helper is plain Python and sees the simulated
+# `cuda` (cuda.local) only while a kernel of this module runs.
+@cuda.jit(cache=True)
+def _l2_norm_heads(x, n_heads, d, eps):
+    n = x.shape[0]
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    it = min(item, n * n_heads - 1)
+    t = it // n_heads
+    base = (it - t * n_heads) * d
+    inv = float32(1.0 / max(math.sqrt(warp_sum_squares(x[t, base:base + d], d, lane)), eps))
+    if item < n * n_heads:
+        for i in range(lane, d, 32):
+            x[t, base + i] *= inv

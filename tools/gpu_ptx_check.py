@@ -96,7 +96,7 @@ def op_targets():
         ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
         ("head_rms_norm", norm._head_rms_norm, (m3, m1, f64, m3)),
         ("gated_rms_norm", norm._gated_rms_norm, (m2, m2, m1, f64, m2)),
-        ("l2_norm_heads", gdn._l2_norm_heads, (m2, i64, i64, f64)),
+        ("l2_norm_heads", norm._l2_norm_heads, (m2, i64, i64, f64)),
         ("rope_neox", rope._rope_neox, (m3, a(i64, 1), a(f64, 1))),
         ("kv_append", attention._kv_append, (m3, m3, m3, m3, a(i64, 1))),
         ("attention parts", attention._attention_parts, (m3, m3, m3, a(i64, 1), i64, m3, m3, m4)),
