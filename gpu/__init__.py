@@ -1,4 +1,4 @@
 """Numba CUDA kernels, same op names as `cpu/`. Importing needs no GPU."""
-from .device import available, require_cuda, simulated
+from .runtime.device import available, require_cuda, simulated
 
 __all__ = ["available", "require_cuda", "simulated"]

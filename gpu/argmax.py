@@ -16,9 +16,9 @@ from numba import cuda, float32, int32
 
 from cpu.argmax import PICK_ID, PICK_MAX, PICK_P
 
-from . import memory
-from .device import simulated
-from .memory import stream
+from .runtime import memory
+from .runtime.device import simulated
+from .runtime.memory import stream
 
 THREADS = 32 if simulated() else 512
 UNROLL = 8

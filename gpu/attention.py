@@ -23,10 +23,10 @@ from numba import cuda, float32
 
 from cpu.errors import HybridError
 
-from . import memory
-from .device import simulated
+from .runtime import memory
+from .runtime.device import simulated
 from .intrinsics import warp_reduce
-from .memory import THREADS, stream
+from .runtime.memory import THREADS, stream
 
 MAX_HEAD_DIM = 256                    # qwen35/qwen3next use 256; local arrays need a bound
 PER_LANE = MAX_HEAD_DIM // 32

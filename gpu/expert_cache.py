@@ -6,11 +6,11 @@ Why: the routed experts are most of a MoE model's bytes per token and stay in ho
 (hybrid/placement.py), so the CPU's read bandwidth sets the decode speed, while the GPU idles
 through each layer's hand-off. Every expert the GPU holds is read at HBM speed instead, and during
 that idle time. And the host's DRAM has bandwidth the CPU's cores leave unused: the GPU reads ~45
-GB/s of registered host memory over PCIe while the cores read ~88 (gpu/host_mapping.py), so it
+GB/s of registered host memory over PCIe while the cores read ~88 (gpu/runtime/host_mapping.py), so it
 can take a share of the uncached experts too. The planner gives each MoE layer the same number of
 slots (`Plan.expert_cache`); the PCIe share is a fraction of each row's uncached experts.
 
-Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
+Per MoE layer (gpu/moe.py `hybrid_moe_ffn`), with the router on the device:
   1. `route` on the device: each row's top-k experts and their renormalised weights (the rule of
      cpu.moe.route), and where each (row, rank) pair runs (`where`, n × k codes): from its cache
      slot s (code s ≥ 0); over PCIe, for the last `pcie_count[u]` of the row's u uncached ranks
@@ -24,7 +24,7 @@ Per MoE layer (gpu/ffn.py `hybrid_moe_ffn`), with the router on the device:
      mapped host memory into staging slots, on a side stream (the copy waits on PCIe, not on
      the SMs): the shared expert runs beside the first part, the gate and up products of each
      pair's row and SiLU(g)·u beside the second, then the down product (one launch per matrix
-     kind for all the pairs, from cache or staging slots, `gpu.matvec_q8.experts_matvec`; a CPU
+     kind for all the pairs, from cache or staging slots, `gpu.matmul.matvec_q8.experts_matvec`; a CPU
      pair returns at once). Fetching first and computing from VRAM beat computing straight
      from host memory: three dependent launches each waited out PCIe's latency on ~0.6 MB
      (35B-A3B shape, H100 box: a 0.5 share made steps slower);
@@ -47,13 +47,13 @@ import math
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint32, uint64
 
-from . import memory
-from .device import simulated
-from .host_mapping import DeviceViews
-from .pcie import PCIE_MAX_ROWS, pcie_counts
+from .runtime import memory
+from .runtime.device import simulated
+from .runtime.host_mapping import DeviceViews
+from .runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
-from .matvec_q8 import UNITS, experts_matvec, quantize
-from .memory import THREADS, stream
+from .matmul.matvec_q8 import UNITS, experts_matvec, quantize
+from .runtime.memory import THREADS, stream
 
 MAX_EXPERTS = 1024         # experts per layer the routing kernel takes (Qwen3.5/3.6 MoE: 256, Qwen3-Next: 512)
 MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE: 8 or 10)

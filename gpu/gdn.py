@@ -5,7 +5,8 @@ first; rings (R, …) with R = 0 for no snapshots), so states move between the t
 
 Per-slot bit identity: every token is one step of the same per-channel / per-row code,
 whatever n is, so an n-token call leaves exactly the states and outputs of n one-token calls.
-(The per-head L2 norm between the two is `gpu.norm.l2_norm_heads`.)
+(The per-head L2 norm between the two is `l2_norm_heads`; its kernel lives in `gpu/norm.py`, beside
+the reduction it shares with the norms.)
 
 The forward calls them through `gdn_mixer`, which fuses them with their neighbours for a decode
 or verify step: the conv, the L2 norm and the gates in one launch; the delta rule and the
@@ -20,14 +21,12 @@ from numba import cuda, float32, float64, int64, uint64
 
 from cpu.errors import HybridError
 
-from .device import simulated
 from .intrinsics import load_f32_l2, warp_max_u64, warp_reduce
-from . import memory
-from .memory import THREADS, stream
-from .norm import l2_norm_heads
+from .runtime import memory
+from .runtime.memory import THREADS, stream
+from .norm import WARPS, _l2_norm_heads, warp_blocks
 
 MAX_CONV_KERNEL = 8            # the window lives in registers (every released model has K = 4)
-WARPS = 1 if simulated() else 4
 MAX_STATE = 128                # d_k bound (every qwen35/qwen3next size): state rows stay in registers
 PER_LANE = MAX_STATE // 32
 ROWS = 4                       # value rows per warp: one butterfly reduces all of them, k̂ is read once
@@ -415,3 +414,9 @@ def _delta_rule(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm, norm):
     blocks = -(-(n_v * -(-d_v // ROWS)) // WARPS)
     _gated_delta_rule[blocks, 32 * WARPS, stream()](u, int(n_k_heads), bool(grouped), beta, decay,
                                                     ssm, out, ring_ssm, *norm)
+
+
+def l2_norm_heads(x, n_heads, d, eps):
+    """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row."""
+    n = x.shape[0]
+    _l2_norm_heads[warp_blocks(n * n_heads), 32 * WARPS, stream()](x, int(n_heads), int(d), float(eps))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
-from .device import simulated
+from .runtime.device import simulated
 
 FULL_MASK = 0xFFFFFFFF
 
@@ -230,7 +230,7 @@ if not simulated():
             offset >>= 1
         return value
 
-    # ---- tensor-core GEMM (gpu/gemm_mma.py) ------------------------------------------------------
+    # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py) ------------------------------------------------------
 
     @intrinsic
     def _cvt_rn_f16x2_f32(typingctx, lo, hi):
@@ -331,7 +331,7 @@ if not simulated():
         aligned (in shared memory: a quarter of the wavefronts of four 4-byte stores)."""
         _st_v4_u32(array, index, w0, w1, w2, w3)
 
-    # ---- int8 matvec (gpu/quants_q8.py) -----------------------------------------------------------
+    # ---- int8 matvec (gpu/matmul/quants_q8.py) -----------------------------------------------------------
 
     _dp4a_us = asm_u32x3("dp4a.u32.s32 $0, $1, $2, $3;", types.int32)
 
@@ -416,7 +416,7 @@ else:
         cuda.syncthreads()
         return np.uint64(scratch[base:base + 32].max())
 
-    # ---- tensor-core GEMM (gpu/gemm_mma.py): plain-Python stand-ins ------------------------------
+    # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py): plain-Python stand-ins ------------------------------
 
     def pack_f16x2(lo, hi):
         from .mma_layout import pack_halves

@@ -12,9 +12,9 @@ import math
 
 from numba import cuda, float32
 
-from .device import simulated
+from .runtime.device import simulated
 from .intrinsics import device_function, warp_reduce
-from .memory import stream
+from .runtime.memory import stream
 
 # The simulator runs every thread as a Python thread: one warp per block keeps it quick.
 WARPS = 1 if simulated() else 4
@@ -188,6 +188,9 @@ def gated_rms_norm(o, z, w, eps, out):
     _gated_rms_norm[warp_blocks(n * (width // w.shape[0])), THREADS, stream()](o, z, w, float(eps), out)
 
 
+# The kernel of `gpu.gdn.l2_norm_heads` (the op sits in gdn.py, as on the CPU). It stays beside
+# `warp_sum_squares`: under the simulator that helper is plain Python and sees the simulated
+# `cuda` (cuda.local) only while a kernel of this module runs.
 @cuda.jit(cache=True)
 def _l2_norm_heads(x, n_heads, d, eps):
     n = x.shape[0]
@@ -200,9 +203,3 @@ def _l2_norm_heads(x, n_heads, d, eps):
     if item < n * n_heads:
         for i in range(lane, d, 32):
             x[t, base + i] *= inv
-
-
-def l2_norm_heads(x, n_heads, d, eps):
-    """In place: x[t, h·d:(h+1)·d] /= max(‖·‖₂, eps) for the first n_heads heads of each row."""
-    n = x.shape[0]
-    _l2_norm_heads[warp_blocks(n * n_heads), THREADS, stream()](x, int(n_heads), int(d), float(eps))

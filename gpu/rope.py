@@ -12,7 +12,7 @@ from numba import cuda, float32, float64
 
 import cpu.rope
 
-from .memory import THREADS, stream, upload
+from .runtime.memory import THREADS, stream, upload
 
 
 def rope_inv_freq(n_rot: int, theta: float):

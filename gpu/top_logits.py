@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, int64, uint32
 
-from .device import simulated
-from .memory import stream
+from .runtime.device import simulated
+from .runtime.memory import stream
 
 THREADS = 32 if simulated() else 512    # 1024 runs out of registers (int64 keys)
 BINS = 256                      # one byte of the key or id per round

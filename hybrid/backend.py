@@ -1,14 +1,17 @@
-"""What the forward needs from a backend besides its op set: where arrays live and how rows move.
+"""The runtime: where arrays live, where each part of the forward runs, and how rows move.
 
-A backend allocates the activations and session states, copies between host and backend
-arrays, and places weights. Two of them:
+The forward (hybrid/forward.py) is the model's math against an op set; a backend owns everything
+about running it: it allocates the activations and session states, copies between host and
+backend arrays, places the weights, decides where an FFN or an embedding lookup runs, and runs
+each step (`run_step`: a GPU backend captures it as a CUDA graph and replays it). Two of them:
 
 * `CPUBackend`: numpy arrays, the `cpu.ops` kernels; every method is the plain numpy idiom.
 * `GPUBackend`: device arrays and the `gpu.ops` kernels for the trunk; the FFN of a layer whose
   weights stay in host memory runs on the CPU through one hand-off (its input rows go down to
   pinned host memory, `cpu.ops` runs there, the result goes back up: DESIGN.md §3), except in
   calls of many rows (prompt chunks): there the layer's weights are copied to the device and
-  the FFN runs there (`gpu.weight_stream`), one transfer instead of n rows of CPU work.
+  the FFN runs there (`gpu.runtime.weight_stream`), one transfer instead of n rows of CPU work.
+  A matrix op whose weight an -ot rule left in host memory hands off on its own (`gpu.ops`).
 
 Placement: which matrices a GPU backend uploads. `placement` is a function tensor name →
 "gpu" | "cpu" (e.g. `hybrid.placement.Plan.side`), a mapping name → side (missing: "cpu"), a
@@ -33,7 +36,6 @@ Placement = Callable[[str], str] | Mapping[str, str] | Collection[str] | None
 
 class CPUBackend:
     name = "cpu"
-    host_ops = None        # the FFN never needs a hand-off: everything is in host memory
 
     def __init__(self, ops=None):
         self._ops = ops
@@ -64,11 +66,17 @@ class CPUBackend:
     def fill_zero(self, a) -> None:
         a.fill(0)
 
-    def ffn_on_host(self, ffn) -> bool:
-        return False
+    def ffn(self, ffn, x, h, out, math) -> None:
+        """out = FFN(x): math(ops, ffn, x, h, out) with this backend's op set."""
+        math(self.ops, ffn, x, h, out)
 
-    def run_step(self, key, body) -> None:
-        body()
+    def embed_rows(self, table, ids) -> np.ndarray:
+        """float32 (n, cols) rows `ids` of the embedding matrix `table`."""
+        return self.ops.dequantize_rows(table.wtype, table.data, ids, table.cols)
+
+    def run_step(self, fn, *args) -> None:
+        """fn(*args): one step (see GPUBackend.run_step)."""
+        fn(*args)
 
     def planning(self):
         """What a warm-up's plan pass runs in (hybrid/kernel_prep.py): nothing to change here."""
@@ -95,26 +103,27 @@ class GPUBackend:
     def __init__(self, ops=None, cuda_graphs: bool = True, stream_weights: bool = True,
                  stream_min_rows: int | None = None, register_host_memory: bool = True):
         """stream_weights: run the host FFNs of calls with ≥ stream_min_rows rows on the device on
-        streamed weights (None: gpu.weight_stream.STREAM_MIN_ROWS); register_host_memory=False
+        streamed weights (None: gpu.runtime.weight_stream.STREAM_MIN_ROWS); register_host_memory=False
         stages those copies through pinned buffers instead of page-locking the mapped file."""
-        from gpu.device import require_cuda
+        from gpu import require_cuda
         require_cuda()
         import cpu.ops
-        import gpu.graphs
-        import gpu.memory
-        from gpu.weight_stream import STREAM_MIN_ROWS, WeightStreamer
+        import gpu.ffn
+        import gpu.runtime.graphs
+        import gpu.runtime.memory
+        from gpu.runtime.weight_stream import STREAM_MIN_ROWS, WeightStreamer
         if ops is None:
             import gpu.ops as ops
         self.ops = ops
         self.host_ops = cpu.ops
-        self.memory = gpu.memory
-        self.graphs = gpu.graphs.StepGraphs(enabled=cuda_graphs)
+        self.memory = gpu.runtime.memory
+        self.graphs = gpu.runtime.graphs.StepGraphs(enabled=cuda_graphs)
         min_rows = (STREAM_MIN_ROWS if stream_min_rows is None else stream_min_rows) if stream_weights else None
-        self.streamer = WeightStreamer(min_rows, register=register_host_memory)
+        self.streamer = WeightStreamer(gpu.ffn.dense_ffn, min_rows, register=register_host_memory)
 
     @property
     def stream_stats(self):
-        """gpu.weight_stream.StreamStats: copy / device FFN / CPU FFN time of the calls so far."""
+        """gpu.runtime.weight_stream.StreamStats: copy / device FFN / CPU FFN time of the calls so far."""
         return self.streamer.stats
 
     def zeros(self, shape, dtype=np.float32):
@@ -137,23 +146,24 @@ class GPUBackend:
     def fill_zero(self, a) -> None:
         self.memory.fill_zero(a)
 
-    def ffn_on_host(self, ffn) -> bool:
-        """True when every matrix of this FFN stayed in host memory: run it there in one hand-off
-        (or, for many rows, on streamed weights: `streams_ffn`)."""
-        return not any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn))
+    def ffn(self, ffn, x, h, out, math) -> None:
+        """out = FFN(x) for device rows x, where the FFN's weights live: math(ops, ffn, x, h, out)
+        with the device op set when any of its matrices is on the device (each product then runs
+        where its weights are: gpu.ops); for an FFN wholly in host memory, on streamed weights in
+        a call of many rows (a prompt chunk: one transfer beats n rows of CPU work), else with the
+        CPU op set on the rows handed down to the host (one round trip). h: the hidden scratch."""
+        if any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn)):
+            math(self.ops, ffn, x, h, out)
+        elif self.streamer.wants(ffn, x.shape[0]):
+            self.streamer.run(ffn, x, h, out)
+        else:
+            host_ops, h_shape = self.host_ops, h.shape
+            self._host_call((x,), (out,), lambda x_host, out_host: math(
+                host_ops, ffn, x_host, self.memory.host_buffer("ffn_hidden", tuple(h_shape)), out_host))
 
-    def streams_ffn(self, ffn, n_rows: int) -> bool:
-        """True when a call of n_rows should copy this host FFN's weights to the device and run
-        it there (`stream_ffn`) rather than hand the rows to the CPU."""
-        return self.streamer.wants(ffn, n_rows)
-
-    def stream_ffn(self, ffn, x, h, out) -> None:
-        """out = FFN(x) on the device, its weights streamed from host memory; h: hidden scratch."""
-        self.streamer.run(ffn, x, h, out)
-
-    def host_call(self, inputs, outputs, fn) -> None:
+    def _host_call(self, inputs, outputs, fn) -> None:
         """fn(*inputs_host, *outputs_host) on pinned host copies of device arrays; the outputs go
-        back up. The forward's CPU FFN hand-off: fn's time counts as CPU FFN time in stream_stats."""
+        back up. The FFN hand-off: fn's time counts as CPU FFN time in stream_stats."""
         stats = self.stream_stats
 
         def timed(*arrays):
@@ -163,15 +173,24 @@ class GPUBackend:
             stats.cpu_ffn_calls += 1
         self.memory.host_call(inputs, outputs, timed)
 
-    def run_step(self, key, body) -> None:
-        """Run body (GPU work and host calls); a step seen before replays as a CUDA graph."""
-        self.graphs.run(key, body)
+    def embed_rows(self, table, ids):
+        """float32 (n, cols) rows `ids` of the embedding matrix `table`, dequantised where it
+        lives: a table in host memory (the planner's placement) gives host rows, which the
+        caller copies straight into its step's input buffer (no device array made per call)."""
+        ops = self.ops if self.memory.is_device(table.data) else self.host_ops
+        return ops.dequantize_rows(table.wtype, table.data, ids, table.cols)
+
+    def run_step(self, fn, *args) -> None:
+        """fn(*args) as one step: GPU work and host calls that read and write only args' buffers
+        (and the weights). The first run of a step is eager, the second captured as a CUDA graph,
+        and every later one with the same arguments replays it (`step_key`)."""
+        self.graphs.run(step_key(fn, args, self.memory.address), lambda: fn(*args))
 
     @contextlib.contextmanager
     def planning(self):
         """What a warm-up's plan pass runs in (hybrid/kernel_prep.py), whose skipped kernels leave
         garbage: steps run eagerly and count as not seen (a capture would keep the skipped
-        launches), and host calls are skipped (gpu.memory.skip_host_calls)."""
+        launches), and host calls are skipped (gpu.runtime.memory.skip_host_calls)."""
         graphs, self.graphs.enabled = self.graphs.enabled, False
         self.memory.skip_host_calls = True
         try:
@@ -183,10 +202,6 @@ class GPUBackend:
     def one_offs(self) -> int:
         """Steps that ran once-only work: a key's first eager run or its capture."""
         return self.graphs.one_offs
-
-    def host_scratch(self, shape) -> np.ndarray:
-        """Pinned float32 host scratch for the FFN hidden of a hand-off."""
-        return self.memory.host_buffer("ffn_hidden", tuple(shape))
 
     def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
         """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
@@ -205,6 +220,28 @@ class GPUBackend:
         return placed
 
 
+def step_key(fn, args, address) -> tuple:
+    """What a captured step is bound to, so a replay is right exactly when this matches: the
+    function (and its object's identity, if it has one: a state), and per argument its identity
+    (a state or the forward's scratch: `identity`), the address, shape and type of a buffer
+    (`address(array)`), or the value of a flag or count. A graph replays the launches it recorded,
+    with the buffers and scalars they were given."""
+    def part(a):
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        if isinstance(a, np.generic):           # a numpy count or flag: its value
+            return a.item()
+        if isinstance(a, tuple):
+            return tuple(part(e) for e in a)
+        if hasattr(a, "identity"):
+            return type(a).__name__, a.identity
+        if hasattr(a, "shape") and hasattr(a, "dtype"):
+            return address(a), a.shape, a.dtype.str
+        raise HybridError(f"a step's arguments are buffers, states, flags and counts; got {type(a).__name__}")
+    owner = getattr(fn, "__self__", None)
+    return (fn.__qualname__, None if owner is None else getattr(owner, "identity", None), *map(part, args))
+
+
 def _with_expert_caches(weights, slots, pcie_share: float):
     """weights with an ExpertCache of slots[i] experts and the PCIe share on each MoE layer i
     (the MTP block is layer n_layer) whose routed experts stayed in host memory and whose router
@@ -212,7 +249,7 @@ def _with_expert_caches(weights, slots, pcie_share: float):
     from dataclasses import replace
 
     from gpu.expert_cache import ExpertCache, cacheable
-    from gpu.memory import is_device
+    from gpu.runtime.memory import is_device
 
     from .weights import MoEFFN
 

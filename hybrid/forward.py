@@ -1,4 +1,5 @@
 """The layer loop, written once against an `ops` namespace (cpu.ops or gpu.ops) and a backend.
+It is the model's math; where each part runs is the backend's business (hybrid/backend.py).
 
 Per trunk layer (MODEL_FORMAT.md §3.2):
     a = RMSNorm(x; attn_norm);  x += GDN(a) or GatedAttention(a, pos)
@@ -14,7 +15,8 @@ Not thread-safe: one Forward drives one call at a time (the scratch is shared).
 Backends (hybrid/backend.py): "cpu" runs everything on numpy arrays; "gpu" keeps activations
 and states on the device, and a layer whose FFN weights stayed in host memory (the default
 placement) hands its FFN rows to the CPU and takes the result back (DESIGN.md §3). Either way
-forward() returns host arrays.
+forward() returns host arrays. A call's layers and head are one step (`Backend.run_step`),
+which the GPU backend replays as a CUDA graph.
 """
 from __future__ import annotations
 
@@ -34,8 +36,7 @@ from .config import ModelConfig
 from .errors import HybridError
 from .sampling import Picks, TopLogits
 from .state import DEFAULT_N_CTX, SessionState
-from .weights import (AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, bind_weights, embed_tokens,
-                      lm_head)
+from .weights import AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, bind_weights, lm_head
 
 LOGITS_MODES = ("last", "all", "none")
 _identities = itertools.count()
@@ -51,7 +52,7 @@ class Forward:
                  expert_cache=None, pcie_share: float = 0.0):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
         own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
-        cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/graphs.py);
+        cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/runtime/graphs.py);
         expert_cache: layer → routed experts the GPU backend copies to VRAM; pcie_share: the share
         of each row's other routed experts its kernels read from host memory over PCIe
         (gpu/expert_cache.py)."""
@@ -107,10 +108,7 @@ class Forward:
             head = b.result("picks", (rows, PICK_COLUMNS))
         elif top and rows:
             head = b.result("top", (rows, 2 * TopLogits.count(top, c.n_vocab)))
-        # Everything from here to the logits reads only device buffers that stay put for this
-        # (call size, state): the GPU backend may capture it once as a CUDA graph and replay it.
-        b.run_step((n, snapshot, logits, None if head is None else head.shape, state.identity, s.identity),
-                   lambda: self._layers_and_head(state, s, snapshot, hidden, out, head, top > 0))
+        b.run_step(self._layers_and_head, state, s, snapshot, hidden, out, head, top > 0)
         state.advance(n, snapshot)
         if head is not None:
             got = b.to_host(head)
@@ -118,13 +116,9 @@ class Forward:
         return (None if out is None else b.to_host(out)), b.to_host(hidden)
 
     def embed(self, ids: np.ndarray, table=None):
-        """Embedding rows of ids from `table` (token_embd when None), dequantised where the table
-        lives: a table in host memory (the planner's placement) gives host rows, which the caller
-        copies straight into its step's input buffer, with no device array allocated per call."""
-        m = self.weights.token_embd if table is None else table
-        host_ops = self.backend.host_ops
-        ops = host_ops if host_ops is not None and m.location == "cpu" else self.ops
-        return embed_tokens(self.weights, ids, ops, table=m)
+        """Embedding rows of ids from `table` (token_embd when None), host or backend rows, for
+        the caller to copy into its step's input buffer (Backend.embed_rows)."""
+        return self.backend.embed_rows(self.weights.token_embd if table is None else table, ids)
 
     def _layers_and_head(self, state: SessionState, s: "_Scratch", snapshot: bool, hidden, out, head,
                          top: bool) -> None:
@@ -168,8 +162,8 @@ class Forward:
         return s
 
     def attention_block_on(self, layer: AttentionLayer, x, kv, s: "_Scratch") -> None:
-        """attention_block on prepared rows (prepare_rows): only device work and host calls, so
-        it can be part of a captured step."""
+        """attention_block on prepared rows (prepare_rows): it only runs ops, so it can be part of
+        a step (Backend.run_step)."""
         b = self.backend
         b.copy(s.x, x)
         self.ops.rms_norm(s.x, layer.attn_norm, self.config.rms_eps, s.a)
@@ -220,20 +214,11 @@ class Forward:
         ops.matvec(layer.out.wtype, layer.out.data, s.y, s.m)
 
     def _ffn(self, ffn, s: "_Scratch") -> None:
-        """m = FFN(a), where the FFN's weights live. A backend whose FFN stayed in host memory
-        either streams its weights to the device for a call of many rows (a prompt chunk: one
-        transfer beats n rows of CPU work) or sends the rows down, runs the CPU op set on them,
-        and sends the result back up."""
-        b = self.backend
-        if not b.ffn_on_host(ffn):
-            self._run_ffn(self.ops, ffn, s.a, s.h, s.m)
-        elif b.streams_ffn(ffn, s.a.shape[0]):
-            b.stream_ffn(ffn, s.a, s.h, s.m)
-        else:
-            host_ops, h_shape = b.host_ops, s.h.shape
-            b.host_call((s.a,), (s.m,), lambda a, m: self._run_ffn(host_ops, ffn, a, b.host_scratch(h_shape), m))
+        """m = FFN(a), run by the backend where the FFN's weights live (Backend.ffn)."""
+        self.backend.ffn(ffn, s.a, s.h, s.m, self._ffn_math)
 
-    def _run_ffn(self, ops, ffn, a, h, m) -> None:
+    def _ffn_math(self, ops, ffn, a, h, m) -> None:
+        """m = FFN(a) with the op set `ops` (h: the SwiGLU hidden)."""
         if isinstance(ffn, DenseFFN):
             ops.swiglu(ffn.gate.wtype, ffn.gate.data, ffn.up.wtype, ffn.up.data, a, h)
             ops.matvec(ffn.down.wtype, ffn.down.data, h, m)

@@ -236,7 +236,7 @@ def _locate(dispatcher):
     can find it (`cpu.variants.Variants` for the kernels made per weight type); None if it
     cannot be named."""
     from cpu.variants import Variants
-    kernel_source = sys.modules.get("gpu.kernel_source")     # loaded whenever a GPU kernel exists
+    kernel_source = sys.modules.get("gpu.matmul.kernel_source")     # loaded whenever a GPU kernel exists
     made = kernel_source.made_by(dispatcher) if kernel_source is not None else None
     if made is not None:
         return made

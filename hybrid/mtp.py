@@ -76,8 +76,7 @@ class MTPHead:
         head, hidden = self._result_views(result, n_out, first, D)
         out = b.result("mtp_logits", (n_out, V)) if pick else head
         kv = state.mtp_kv[self.layer]
-        b.run_step(("mtp", n, logits, pick, state.identity, rows.identity, out_rows.identity),
-                   lambda: self._block(emb, h_prev, kv, rows, out_rows, hidden, out, head if pick else None))
+        b.run_step(self._block, emb, h_prev, kv, rows, out_rows, hidden, out, head if pick else None)
         state.mtp_n_past += n
         if result is None:
             return None, None

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
+from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 
 from .config import ModelConfig
 from .generate import PREFILL_CHUNK
@@ -303,7 +303,7 @@ def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
 
 def streaming_bytes(c: ModelConfig, groups: Mapping[str, str], size: Mapping[str, int]) -> int:
     """Two device slots, each the largest dense FFN layer: a prompt chunk runs a host FFN layer
-    on the GPU from one while the next layer's weights arrive in the other (gpu/weight_stream.py).
+    on the GPU from one while the next layer's weights arrive in the other (gpu/runtime/weight_stream.py).
     MoE experts are not streamed."""
     if c.is_moe:
         return 0
@@ -501,7 +501,7 @@ def _too_small(budget: int, must: list[_Unit], vram: dict[str, int], n_ctx: int,
 def gpu_free_memory() -> int | None:
     """Free VRAM in bytes on the current CUDA device; None without a real GPU. numba.cuda is
     imported only when a driver reports a device (importing it has side effects; DEVICE.md)."""
-    from gpu.device import available
+    from gpu import available
     if not available():
         return None
     from numba import cuda

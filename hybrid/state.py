@@ -92,7 +92,7 @@ class SessionState:
             slot = n_keep - 1
             # two copies per GDN layer, ~150 µs each from Python on the GPU backend (10 ms per
             # drafting step on a 30-GDN-layer MoE, measured): one captured step replays them all
-            self.backend.run_step(("rollback", slot, self.identity), lambda: self._restore(slot))
+            self.backend.run_step(self._restore, slot)
         self.n_past = self.ring_base + n_keep
         self.ring_len = 0
 

@@ -148,12 +148,6 @@ def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pc
     return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache, pcie_share)
 
 
-def embed_tokens(weights: ModelWeights, token_ids: np.ndarray, ops, table: Matrix | None = None) -> np.ndarray:
-    """float32 (n, D) embedding rows (get_rows through the quant kernels)."""
-    m = weights.token_embd if table is None else table
-    return ops.dequantize_rows(m.wtype, m.data, token_ids, m.cols)
-
-
 def lm_head(weights: ModelWeights, hidden: np.ndarray, out: np.ndarray, ops) -> None:
     """out (n, n_vocab) = W_output · hidden (n, D), hidden already through output_norm."""
     ops.matvec(weights.output.wtype, weights.output.data, hidden, out)

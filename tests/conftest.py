@@ -8,7 +8,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # numba.cuda chooses real GPU or simulator once, at its first import, from this variable; any
 # test module (CPU ones too, through hybrid.forward's backends) may be the first to import it,
 # so the choice is made here, before collection starts.
-from gpu.device import available as _gpu_available, simulated as _gpu_simulated  # noqa: E402
+from gpu import available as _gpu_available, simulated as _gpu_simulated  # noqa: E402
 
 if not _gpu_available() and not _gpu_simulated():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"

@@ -1,5 +1,6 @@
 """The import contracts in pyproject.toml ([tool.importlinter]): cpu/ and gpu/ import nothing from
-hybrid/, gpu/ builds only on cpu/, and no package's modules import each other in a circle."""
+hybrid/, gpu/ builds only on cpu/, no package's modules import each other in a circle, and inside
+gpu/ the op set builds on the matmul family, which builds on the runtime, which imports no kernel."""
 import shutil
 import subprocess
 import sys
@@ -13,4 +14,4 @@ def test_import_contracts_are_kept():
     out = subprocess.run([lint, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "2 kept, 0 broken" in out.stdout
+    assert "4 kept, 0 broken" in out.stdout

@@ -14,7 +14,8 @@ import sys
 
 from numba import cuda
 
-from gpu import bench, require_cuda
+import gpu_bench_kernels as bench
+from gpu import require_cuda
 from cpu import ggml_types as gt
 
 SLOTS = (1, 2, 4, 8)
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
             regs = "/".join(str(row[n].registers) for n in SLOTS if n in row)
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)
                   + f"  regs {regs}" + label)
-    print("\nn=1, x quantised once per input (gpu.matvec.matvecs) — the int8 kernel alone:")
+    print("\nn=1, x quantised once per input (gpu.matmul.matvec.matvecs) — the int8 kernel alone:")
     for t, rows, cols in cases[:len(DECODE_SHAPES)]:
         rates = bench.bench_matvec_shared_input(t, rows, cols)
         if rates:

@@ -63,8 +63,68 @@ def main(argv: list[str]) -> int:
 
 def targets(every_shape: bool) -> list:
     """(name, python function, argument types) of every kernel to check."""
-    from gpu import bench, matvec, ops
-    return [*matvec.ptx_targets(every_shape=every_shape), *ops.ptx_targets(), *bench.ptx_targets()]
+    # imported here, not at the top: main() first checks that the compiler libraries exist
+    import gpu_bench_kernels
+    from gpu import quants
+    from gpu.matmul import gemm, matvec
+    return [*matvec.ptx_targets(every_shape=every_shape), *op_targets(), *quants.ptx_targets(),
+            *gemm.ptx_targets(),        # prompt-chunk products (matvec calls of many rows)
+            *gpu_bench_kernels.ptx_targets()]
+
+
+def op_targets():
+    """(name, python function, argument types) of every kernel the op set (gpu/ops.py) adds to
+    the matmul family, with the argument types the forward calls them with."""
+    from numba import types
+
+    from gpu import argmax, attention, ffn, gdn, moe, norm, ops, rope
+    from gpu import expert_cache as ec
+    from gpu import top_logits as top
+    from gpu.runtime import memory
+
+    f32, f64, i64 = types.float32, types.float64, types.int64
+
+    def a(dtype, ndim, layout="C"):
+        return types.Array(dtype, ndim, layout)
+
+    m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
+    kernels = [
+        ("argmax parts", argmax._argmax_parts, (m2, i64, m3)),
+        ("argmax merge", argmax._argmax_merge, (m3, i64, m2)),
+        ("top_logits", top._top_logits, (a(types.uint32, 2), a(types.uint32, 2))),
+        ("rms_norm", norm._rms_norm, (m2, m1, f64, m2)),
+        ("add_rms_norm", norm._add_rms_norm, (m2, m2, m1, f64, m2)),
+        ("head_rms_norm", norm._head_rms_norm, (m3, m1, f64, m3)),
+        ("gated_rms_norm", norm._gated_rms_norm, (m2, m2, m1, f64, m2)),
+        ("l2_norm_heads", norm._l2_norm_heads, (m2, i64, i64, f64)),
+        ("rope_neox", rope._rope_neox, (m3, a(i64, 1), a(f64, 1))),
+        ("kv_append", attention._kv_append, (m3, m3, m3, m3, a(i64, 1))),
+        ("attention parts", attention._attention_parts, (m3, m3, m3, a(i64, 1), i64, m3, m3, m4)),
+        ("attention merge", attention._attention_merge, (m3, a(i64, 1), i64, m3, m3, m4, m2)),
+        ("conv1d_silu", gdn._conv1d_silu, (m2, m2, m2, m2, m3)),
+        ("conv1d_silu tokens", gdn._conv1d_silu_tokens, (m2, m2, m2, m2, m3)),
+        ("conv state advance", gdn._conv_state_advance, (m2, m2)),
+        ("gdn_gates", gdn._gdn_gates, (m2, m2, m1, m1, m2, m2)),
+        ("gdn conv_norm_gates", gdn._conv_norm_gates, (m2, m2, m2, m2, m3, i64, i64, f64, m2, m2, m1, m1, m2, m2)),
+        ("gated_delta_rule", gdn._gated_delta_rule, (m2, i64, types.boolean, m2, m2, m3, m2, m4,
+                                                     m2, m1, f64, m2, a(types.int32, 2))),
+        ("add_inplace", ops._add_inplace, (m2, m2)),
+        ("silu_times", ffn._silu_times, (m2, m2)),
+        ("moe gather_rows", moe._gather_rows, (m2, a(i64, 1), i64, m2)),
+        ("moe scatter_rows", moe._scatter_rows, (m2, a(i64, 1), a(i64, 1), i64, m3)),
+        ("moe weighted_sum", moe._weighted_sum, (m3, m2, m2)),
+        ("moe add_gated", moe._add_gated, (m2, m2, m2)),
+        ("expert cache route", ec._route, (a(types.uint32, 2), a(types.int32, 1), a(types.int32, 1), a(i64, 2), m2,
+                                           a(types.int32, 2), m2, m2, a(i64, 2), m2)),
+        ("expert cache silu_times", ec._silu_times_gpu, (m2, m2, a(types.int32, 2))),
+        ("expert cache fetch", ec._fetch, (a(types.int32, 2), a(i64, 2),
+                                           *(a(types.uint32, 2), i64, a(types.uint32, 2)) * 2)),
+        ("expert cache finish", ec._finish, (m2, m2, m2, a(types.int32, 2), m2, m2, m2, types.boolean)),
+        ("fill_zero", memory._fill_zero_kernel, (m1,)),
+        ("copy_2d", memory._copy_2d_kernel, (a(f32, 2, "A"), a(f32, 2, "A"))),
+    ]
+    for name, kernel, argtypes in kernels:
+        yield name, kernel.py_func, argtypes
 
 
 def compile_share(job) -> list[tuple[int, str, bool]]:

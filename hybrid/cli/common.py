@@ -266,7 +266,7 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
     from ..api import load
     rules, ngl_cpu = layer_rules(n_gpu_layers, n_cpu_moe)
     if rules and device != "cuda" and not cpu_only:
-        from gpu.device import available
+        from gpu import available
         if not available():
             rules = []       # nothing to split without a GPU: said below, once the CPU run is loaded
     template = read_template(chat_template_file)

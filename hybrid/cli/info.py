@@ -73,7 +73,7 @@ def _hypothetical(plan: dict) -> bool:
     """A GPU plan on a machine without a CUDA GPU: what would fit such a card, not what runs here."""
     if plan.get("budget") is None:
         return False
-    from gpu.device import available
+    from gpu import available
     return not available()
 
 

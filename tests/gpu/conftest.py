@@ -5,7 +5,7 @@ NUMBA_ENABLE_CUDASIM once, at its first import, and any test module may be the f
 """
 import pytest
 
-from gpu.device import available, simulated
+from gpu import available, simulated
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 import pytest
 
 import gpu
-from gpu import device
+from gpu.runtime import device
 from hybrid.errors import HybridError
 
 

@@ -14,11 +14,11 @@ import cpu.moe
 import cpu.moe_kernel
 import cpu.ops
 import gpu.expert_cache as ec
-from gpu import memory
-import gpu.matvec_q8 as mq
-import gpu.ffn
+from gpu.runtime import memory
+import gpu.matmul.matvec_q8 as mq
+import gpu.moe
 import gpu.ops
-from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
+from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from tests.cpu.quant_data import random_rows, type_id
 from tests.gpu.test_moe import D, E, F, K, RecordingStats, hand_offs, host_copy, hybrid_moe  # noqa: F401
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
@@ -128,7 +128,7 @@ def test_each_gpu_pair_has_the_bits_of_a_one_slot_matvec_wherever_it_reads_from(
     t = type_id(kind)
     x_dev = cuda.to_device(x)
     out = cuda.to_device(np.full((n * k, rows), np.nan, np.float32))
-    s = gpu.memory.stream()
+    s = gpu.runtime.memory.stream()
     mq.experts_matvec(t, cuda.to_device(stack), cuda.to_device(staged), cuda.to_device(where),
                       mq.quantize(x_dev, s, mq.UNITS[t].x_layout), out, False, s)
     got = out.copy_to_host()
@@ -160,11 +160,11 @@ def test_fetch_copies_each_pcie_pair_into_its_staging_slot():
     for stage in staged:
         stage.copy_to_device(np.full(stage.shape, 7, np.uint8))
     host_experts = cuda.to_device(np.where(where == ec.ON_CPU, experts, ~experts))
-    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.memory.stream(), kinds=(2,))
+    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.runtime.memory.stream(), kinds=(2,))
     got = [stage.copy_to_host() for stage in staged]
     assert (got[0] == 7).all() and (got[1] == 7).all()                # down only: as the second part of `run`
     assert np.array_equal(got[2][1], moe.down.data[3])
-    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.memory.stream())
+    ec.fetch(cache, cuda.to_device(where), host_experts, staged, gpu.runtime.memory.stream())
     got = [stage.copy_to_host() for stage in staged]
     for (i, r), slot in {(0, 0): 1, (1, 0): 2, (1, 1): 3}.items():
         for kind, m in enumerate((moe.gate, moe.up, moe.down)):
@@ -201,7 +201,7 @@ def test_hybrid_moe_with_gpu_experts_matches_the_cpu_op_in_one_hand_off(hand_off
     def recording(ffn, x, experts, weights, out, stats=None):
         ran_on_host.append(np.where(experts >= 0, experts, -1))
         real(ffn, x, experts, weights, out, stats)
-    monkeypatch.setattr(gpu.ffn, "run_routed", recording)
+    monkeypatch.setattr(gpu.moe, "run_routed", recording)
 
     out, stats = cuda.to_device(np.full_like(x, np.nan)), RecordingStats()
     gpu.ops.moe_ffn(gpu_moe, cuda.to_device(x), out, stats)

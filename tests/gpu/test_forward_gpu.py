@@ -9,7 +9,7 @@ and the all-device placement are each checked once against the CPU forward.
 import numpy as np
 import pytest
 
-from gpu.device import simulated
+from gpu import simulated
 from hybrid.errors import HybridError
 from hybrid.forward import Forward
 from hybrid.generate import generate_tokens

@@ -1,11 +1,11 @@
-"""gpu.gemm against gguf's dequantiser + a float64 matmul, per type and per precision (the float32
+"""gpu.matmul.gemm against gguf's dequantiser + a float64 matmul, per type and per precision (the float32
 FMA kernel and the fp16 tensor-core kernel); the per-row bit identity the GEMM promises (any n,
 any tile of one precision); which precision a type gets; the matvec's routing of large calls;
 SwiGLU of a prompt chunk; the fp16 range caveat.
 
 Tiles never divide the shapes: the last row tile and token tile are partial, and the dense
 types' last K step is too (their column count is no multiple of 32). On the CUDA simulator
-the shapes are tiny and so are the tiles (gpu.gemm.TILES); more small tiles there take the
+the shapes are tiny and so are the tiles (gpu.matmul.gemm.TILES); more small tiles there take the
 kernels' other paths (threads left without a weight unit, several units per thread, several
 warps). The simulator runs the tensor-core kernel with a numpy model of the mma instruction
 (gpu/mma_layout.py): its staging and addressing are checked there too, the instruction's own
@@ -18,9 +18,9 @@ from gguf.quants import dequantize
 from numba import cuda
 
 import gpu.ffn
-from gpu.device import available, simulated
-from gpu.gemm import GEMM_MIN_ROWS, TILES, MmaTile, Tile, choose_tile, gemm, precision_for
-from gpu.matvec import matvec
+from gpu import available, simulated
+from gpu.matmul.gemm import GEMM_MIN_ROWS, TILES, MmaTile, Tile, choose_tile, gemm, precision_for
+from gpu.matmul.matvec import matvec
 from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 from tests.gpu.test_matvec import TYPES, assert_close, random_weights, reference
@@ -216,12 +216,12 @@ def test_fp16_range_caveat_overflow_is_not_hidden():
 
 
 def test_tile_choice_takes_big_tiles_for_big_calls_and_small_ones_to_fill_the_sms(monkeypatch):
-    import gpu.gemm
+    import gpu.matmul.gemm
     big, medium, small = Tile(16, 16, 8, 8, 1.0, 1), Tile(16, 16, 8, 4, 0.85, 2), Tile(16, 16, 4, 4, 0.7, 2)
     mma_big, mma_quarter = MmaTile(8, 2, 8, 1, 1.0), MmaTile(4, 2, 4, 3, 0.6)
     mma_half = MmaTile(4, 2, 8, 3, 1.0)          # the big tile's warps, 4 to a block, 3 blocks per SM
-    monkeypatch.setattr(gpu.gemm, "TILES", (big, medium, small, mma_big, mma_half, mma_quarter))
-    monkeypatch.setattr(gpu.gemm, "_sm_count", lambda: 132)
+    monkeypatch.setattr(gpu.matmul.gemm, "TILES", (big, medium, small, mma_big, mma_half, mma_quarter))
+    monkeypatch.setattr(gpu.matmul.gemm, "_sm_count", lambda: 132)
     assert choose_tile(17408, 2048, "fp32") == big     # thousands of blocks either way: least work per FMA
     assert choose_tile(5120, 64, "fp32") == small      # 40 big blocks would leave 92 SMs idle
     # fp16 by default. 272 blocks of 128 x 128 at one per SM: 3 rounds for 2.06 SMs' worth; 544
@@ -231,18 +231,18 @@ def test_tile_choice_takes_big_tiles_for_big_calls_and_small_ones_to_fill_the_sm
     assert choose_tile(5120, 64) == mma_quarter
     # A split K doubles the blocks: for the long rows of a down projection the half tiles fill
     # all SMs three deep where one split leaves them at two or fewer
-    assert gpu.gemm.estimated_time(mma_half, 5120, 256, splits=2) < gpu.gemm.estimated_time(mma_half, 5120, 256)
+    assert gpu.matmul.gemm.estimated_time(mma_half, 5120, 256, splits=2) < gpu.matmul.gemm.estimated_time(mma_half, 5120, 256)
     assert choose_tile(5120, 256, cols=17408) == mma_half
     with pytest.raises(HybridError, match="no 'bf16' tiles"):
         choose_tile(64, 64, "bf16")
 
 
 def test_split_k_rows_keep_their_bits_and_match_the_reference(monkeypatch):
-    """K split in parts whose partial sums add in split order (gpu.gemm_mma.k_splits, forced
+    """K split in parts whose partial sums add in split order (gpu.matmul.gemm_mma.k_splits, forced
     here for short rows; three uneven parts of a Q4_K row's 4 K steps on the simulator): the
     tensor-core GEMM's result is still within its bound, and a row's bits still do not depend
     on n or the tile."""
-    from gpu import gemm_mma
+    from gpu.matmul import gemm_mma
     t = gt.Q4_K
     rng = np.random.default_rng(17)
     cols = n_cols(t, "fp16")

@@ -1,4 +1,4 @@
-"""CUDA-graph replay of forward steps (gpu/graphs.py).
+"""CUDA-graph replay of forward steps (gpu/runtime/graphs.py).
 
 On a real GPU: a forward whose steps are captured and replayed gives the same bits as the
 same forward launching every kernel from Python, for decode steps, verify steps with the
@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from gpu import graphs
-from gpu.device import simulated
+from gpu.runtime import graphs
+from gpu import simulated
 from hybrid.forward import Forward
 from tests.gpu.test_forward_gpu import PROMPT, model  # noqa: F401 (module fixture)
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)

@@ -1,4 +1,4 @@
-"""gpu.memory.host_call with `meanwhile` GPU work, eager and replayed from a CUDA graph.
+"""gpu.runtime.memory.host_call with `meanwhile` GPU work, eager and replayed from a CUDA graph.
 
 Everywhere: fn sees the inputs as they were when the call began, the outputs come back up, the
 meanwhile work lands, and work queued after the call sees both. On a real GPU, also the point of
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from gpu import graphs, memory
-from gpu.device import simulated
+from gpu.runtime import graphs, memory
+from gpu import simulated
 
 real_gpu = pytest.mark.skipif(simulated(), reason="the simulator runs every launch to completion at once")
 

@@ -1,11 +1,11 @@
-"""gpu/host_mapping.py: page ranges for registration, and device views of host arrays that kernels
+"""gpu/runtime/host_mapping.py: page ranges for registration, and device views of host arrays that kernels
 read in place (on a real GPU: registered and mapped, no copy; under the simulator: copies)."""
 import numpy as np
 import pytest
 from numba import cuda, int64
 
-from gpu.device import simulated
-from gpu.host_mapping import DeviceViews, page_ranges
+from gpu import simulated
+from gpu.runtime.host_mapping import DeviceViews, page_ranges
 
 
 def test_page_ranges_round_out_and_merge():

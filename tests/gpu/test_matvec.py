@@ -1,4 +1,4 @@
-"""gpu.matvec against gguf's dequantiser + a float64 matmul, and per-slot bit identity.
+"""gpu.matmul.matvec against gguf's dequantiser + a float64 matmul, and per-slot bit identity.
 
 Weights are random raw block bytes (every bit pattern of quants, scales and mins occurs) with
 sane fp16 scale fields; `gguf.quants.dequantize` says what they mean. On the simulator the
@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from numba import cuda
 
-from gpu.device import available, simulated
-from gpu.kernel_source import MAX_SLOTS
-from gpu.matvec import matvec
+from gpu import available, simulated
+from gpu.matmul.kernel_source import MAX_SLOTS
+from gpu.matmul.matvec import matvec
 from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 
@@ -26,7 +26,7 @@ ROWS = 389 if REAL_GPU else 5  # never a multiple of a block's rows: the tail bl
 
 def n_cols(t: gt.GGMLType) -> int:
     """Several column tiles, the last one partial (units past the row end must add nothing).
-    Tiles are 16 or 32 units of 32 lanes (gpu/quants.py)."""
+    Tiles are 16 or 32 units of 32 lanes (gpu/matmul/quants.py)."""
     if REAL_GPU:
         return 4096 + (256 if t.block_elems == 256 else t.block_elems * 3)
     return {256: 1280, 32: 1088 if t.name == "Q4_0" else 640, 1: 544}[t.block_elems]

@@ -1,4 +1,4 @@
-"""The int8-activation matvec (gpu/matvec_q8.py) of the quantised types.
+"""The int8-activation matvec (gpu/matmul/matvec_q8.py) of the quantised types.
 
 Oracles: a numpy quantiser of x written from the spec (blocks of 32; for Q8_0/Q4_0 llama.cpp's
 Q8_0 rounding, dx = fp16(max|x|/127), xq = round-half-even(x · (127/max|x|)), the same numbers
@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 from numba import cuda
 
-from gpu import matvec_q8
-from gpu.kernel_source import MAX_SLOTS
-from gpu.quants_q8 import K64, NATURAL, Q6K64, START, UNITS
+from gpu.matmul import matvec_q8
+from gpu.matmul.kernel_source import MAX_SLOTS
+from gpu.matmul.quants_q8 import K64, NATURAL, Q6K64, START, UNITS
 from cpu import activations as cpu_activations
 from cpu import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
@@ -131,7 +131,7 @@ def test_q8_0_and_q4_0_activations_are_the_cpu_kernels_bit_for_bit():
 
 def lane_columns(layout: int, blk: int, p: int, k: int) -> np.ndarray:
     """Columns of x that lane (blk, p) of a 64-weight type reads in its load k: the weights it
-    owns (gpu/quants_q8.py), written here from the block layouts, not from the kernel."""
+    owns (gpu/matmul/quants_q8.py), written here from the block layouts, not from the kernel."""
     if layout == K64:      # Q4_K/Q5_K chunk p: sub-blocks 2p (low nibbles) and 2p + 1 (high)
         first = 64 * p + 16 * k
     else:                  # Q6_K half p // 2, 16 bytes p % 2: groups 32k on
@@ -277,11 +277,11 @@ def test_misaligned_weight_rows():
 
 @pytest.mark.parametrize("n", [2, 9])
 def test_matrices_of_one_input_share_its_quantisation_and_keep_their_bits(n):
-    """gpu.matvec.matvecs (a GDN layer's projections of one x): every output has the bits of
+    """gpu.matmul.matvec.matvecs (a GDN layer's projections of one x): every output has the bits of
     its own matvec call, across x layouts (Q4_K, Q6_K, Q8_0 each lay x out differently, F32 takes
     the float kernel), with matrices of one type grouped into launches (four Q4_K: a group of
     three, then one alone) between the others, and past one launch's slots."""
-    from gpu.matvec import matvec, matvecs
+    from gpu.matmul.matvec import matvec, matvecs
     rng = np.random.default_rng(12)
     cols = 1280
     names = ["Q4_K", "Q6_K", "Q8_0", "Q4_K", "F32", "Q4_K", "Q4_K"]

@@ -1,7 +1,7 @@
 """The tensor-core GEMM's fragment bookkeeping, in numpy, no GPU needed.
 
 gpu/mma_layout.py transcribes the PTX ISA's fragment layout of mma.m16n8k16 (which lane holds
-which element of A, B, C/D); gpu/gemm_mma.py's addressing functions say in which order x is
+which element of A, B, C/D); gpu/matmul/gemm_mma.py's addressing functions say in which order x is
 converted (`fragment_source`), where each lane's A registers sit in shared memory
 (`fragment_slot`), which weights a lane decodes as its B registers (`unit_row`,
 `unit_column`) and where its accumulators go (`accumulator_position`). Here:
@@ -19,9 +19,9 @@ converted (`fragment_source`), where each lane's A registers sit in shared memor
 import numpy as np
 import pytest
 
-from gpu import gemm_mma
+from gpu.matmul import gemm_mma
 from gpu import mma_layout as L
-from gpu.gemm_mma import BK, BLOCK_WORDS, CHUNKS, MmaTile
+from gpu.matmul.gemm_mma import BK, BLOCK_WORDS, CHUNKS, MmaTile
 
 BANKS = 32
 TILES = [MmaTile(8, 2, 8, 1, 1.0), MmaTile(4, 2, 8, 3, 1.0), MmaTile(8, 1, 8, 2, 1.0), MmaTile(4, 2, 4, 3, 1.0),
@@ -82,7 +82,7 @@ def test_fragment_order_holds_every_x_word_once():
 
 
 def fragment_row(x: np.ndarray) -> np.ndarray:
-    """One x16 row (16 tokens × one K step) as gpu.gemm_mma.to_fp16_fragments writes it."""
+    """One x16 row (16 tokens × one K step) as gpu.matmul.gemm_mma.to_fp16_fragments writes it."""
     row = np.zeros(BLOCK_WORDS, np.uint32)
     for e in range(BLOCK_WORDS):
         token, word = (int(v) for v in fragment_source(u32(e)))
@@ -193,7 +193,7 @@ def test_fragment_loads_do_not_conflict():
 
 
 def test_copy_offsets_are_linear_in_the_copy_number():
-    # gpu.gemm_mma.copy_x adds 4·p·THREADS to both offsets of a thread's first copy: true when
+    # gpu.matmul.gemm_mma.copy_x adds 4·p·THREADS to both offsets of a thread's first copy: true when
     # the swizzle only depends on bits of c that a multiple of 32 leaves alone
     for threads in (32, 64, 128, 256):
         for tid in range(threads):

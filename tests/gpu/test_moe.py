@@ -10,8 +10,8 @@ import pytest
 from numba import cuda
 
 import cpu.ops
-import gpu.graphs
-import gpu.memory
+import gpu.runtime.graphs
+import gpu.runtime.memory
 import gpu.ops
 from hybrid.forward import MoEStats
 from cpu.ggml_types import F32
@@ -36,7 +36,7 @@ class RecordingStats(MoEStats):
 
 def page_backed(a: np.ndarray) -> np.ndarray:
     """a copied into pages of its own, as a tensor of the mapped GGUF file is: the PCIe share
-    page-locks an expert stack's pages read-only for the GPU (gpu/host_mapping.py), and a heap
+    page-locks an expert stack's pages read-only for the GPU (gpu/runtime/host_mapping.py), and a heap
     array's pages would hold other arrays too (a later copy down into one of them fails)."""
     pages = np.frombuffer(mmap.mmap(-1, -(-a.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE), np.uint8)
     out = pages[:a.nbytes].view(a.dtype).reshape(a.shape)
@@ -77,7 +77,7 @@ def hand_offs(monkeypatch):
     """Counts host hand-offs (through either name the GPU code calls them by) and fails a
     capture-blocking call: the hybrid path must stay capturable."""
     calls = []
-    real = gpu.memory.host_call
+    real = gpu.runtime.memory.host_call
 
     def counting(inputs, outputs, fn, meanwhile=None, bind=None):
         calls.append(1)
@@ -86,9 +86,9 @@ def hand_offs(monkeypatch):
     def no_eager(why):
         raise AssertionError(f"the hybrid MoE path asked for eager execution: {why}")
 
-    monkeypatch.setattr(gpu.memory, "host_call", counting)
+    monkeypatch.setattr(gpu.runtime.memory, "host_call", counting)
     monkeypatch.setattr(gpu.ops, "host_call", counting)
-    monkeypatch.setattr(gpu.graphs, "require_eager", no_eager)
+    monkeypatch.setattr(gpu.runtime.graphs, "require_eager", no_eager)
     return calls
 
 

@@ -10,8 +10,8 @@ from numba import cuda
 
 import cpu.ops
 import gpu.ops
-from gpu import memory
-from gpu.device import simulated
+from gpu.runtime import memory
+from gpu import simulated
 from cpu import ggml_types as gt
 from hybrid.forward import MoEStats
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN

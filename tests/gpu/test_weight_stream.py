@@ -1,4 +1,4 @@
-"""gpu.weight_stream: host FFN weights copied to the device per call, double-buffered.
+"""gpu.runtime.weight_stream: host FFN weights copied to the device per call, double-buffered.
 
 * The streamer alone: FFNs with weights in host memory, run in and out of the expected order,
   against a float64 SwiGLU; which calls copied and which found their weights already there.
@@ -19,9 +19,10 @@ from numba import cuda
 
 import cpu.ops
 import gpu.ops
-from gpu import memory
-from gpu.device import available, simulated
-from gpu.weight_stream import StreamStats, WeightStreamer
+from gpu.runtime import memory
+from gpu import available, simulated
+from gpu.ffn import dense_ffn
+from gpu.runtime.weight_stream import StreamStats, WeightStreamer
 from cpu import ggml_types as gt
 from hybrid.backend import GPUBackend
 from hybrid.forward import Forward
@@ -56,7 +57,7 @@ def test_streamed_ffns_match_float64_in_and_out_of_order(register):
     # F32: the float kernel, so float64 is tight (quantised types round x to int8: test_matvec_q8)
     ffns = [host_ffn(rng, D, F, gt.F32) for _ in range(3)]
     # staging buffers smaller than a matrix, and not a divisor of its size: several pieces
-    streamer = WeightStreamer(min_rows=1, register=register, stage_bytes=1000)
+    streamer = WeightStreamer(dense_ffn, min_rows=1, register=register, stage_bytes=1000)
     streamer.set_order(ffns)
     x = rng.standard_normal((n, D)).astype(np.float32)
     x_dev = cuda.to_device(x)
@@ -89,12 +90,12 @@ def test_only_dense_host_ffns_of_enough_rows_are_streamed():
     ffn = host_ffn(rng, 32, 32)
     on_device = DenseFFN(ffn.gate, ffn.up, Matrix("down", ffn.down.wtype, memory.upload(ffn.down.data), 32, 32))
     assert streamable_ffn(ffn, memory.is_device) and not streamable_ffn(on_device, memory.is_device)
-    streamer = WeightStreamer(min_rows=16)
+    streamer = WeightStreamer(dense_ffn, min_rows=16)
     assert not streamer.wants(ffn, 64)              # only the FFNs the backend named
     streamer.set_order([ffn])
     assert streamer.wants(ffn, 16) and not streamer.wants(ffn, 15)
     assert not streamer.wants(on_device, 64)
-    none = WeightStreamer(min_rows=None)
+    none = WeightStreamer(dense_ffn, min_rows=None)
     none.set_order([ffn])
     assert not none.wants(ffn, 1 << 20)
 

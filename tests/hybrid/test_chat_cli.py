@@ -47,7 +47,7 @@ def test_bad_option_gives_a_clear_message(args, message):
 
 from typer.testing import CliRunner              # noqa: E402
 
-from gpu.device import available as gpu_available  # noqa: E402
+from gpu import available as gpu_available  # noqa: E402
 from hybrid.cli import app                        # noqa: E402
 from hybrid.errors import HybridError             # noqa: E402
 

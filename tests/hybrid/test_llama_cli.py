@@ -11,7 +11,7 @@ import time
 import pytest
 
 import hybrid
-from gpu.device import available as gpu_available
+from gpu import available as gpu_available
 from hybrid.cli.chat import join_lines
 from hybrid.cli.display import status_text, visible, LiveStream
 from hybrid.cli.llama_flags import rewrite

@@ -10,11 +10,11 @@ covered op by op in tests/gpu/test_moe.py. On a real GPU the planner's placement
 import numpy as np
 import pytest
 
-import gpu.memory
+import gpu.runtime.memory
 import gpu.ops
 import hybrid.speculative as speculative
-from gpu import graphs
-from gpu.device import simulated
+from gpu.runtime import graphs
+from gpu import simulated
 from hybrid.forward import Forward, MoEStats
 from hybrid.generate import generate_tokens
 from hybrid.model_file import open_model
@@ -67,7 +67,7 @@ def test_forward_matches_the_cpu_with_one_hand_off_per_moe_layer(hybrid, model_f
     want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")
 
     hand_offs, calls_in_moe = [], []
-    real_host_call, real_moe = gpu.memory.host_call, gpu.ops.moe_ffn
+    real_host_call, real_moe = gpu.runtime.memory.host_call, gpu.ops.moe_ffn
 
     def counting_host_call(inputs, outputs, fn, meanwhile=None, bind=None):
         hand_offs.append(1)
@@ -78,7 +78,7 @@ def test_forward_matches_the_cpu_with_one_hand_off_per_moe_layer(hybrid, model_f
         real_moe(moe, x, out, stats)
         calls_in_moe.append(len(hand_offs) - before)
 
-    monkeypatch.setattr(gpu.memory, "host_call", counting_host_call)
+    monkeypatch.setattr(gpu.runtime.memory, "host_call", counting_host_call)
     monkeypatch.setattr(gpu.ops, "host_call", counting_host_call)
     monkeypatch.setattr(gpu.ops, "moe_ffn", counting_moe)
     got, _ = hybrid.forward(hybrid.new_state(32), ids, logits="all")
@@ -176,7 +176,7 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
         state.reset()
 
     log = []
-    real_add, real_draft, real_to_host = MoEStats.add, speculative.draft_tokens, gpu.memory.to_host
+    real_add, real_draft, real_to_host = MoEStats.add, speculative.draft_tokens, gpu.runtime.memory.to_host
 
     def add(stats, ffn, rows, *rest):       # every hand-off counts its rows, eager or replayed
         log.append(("moe rows", rows))
@@ -194,14 +194,14 @@ def test_once_warm_a_drafting_step_replays_and_hands_each_draft_one_moe_row(mode
 
     monkeypatch.setattr(MoEStats, "add", add)
     monkeypatch.setattr(speculative, "draft_tokens", draft_tokens)
-    monkeypatch.setattr(gpu.memory, "to_host", to_host)
-    cache, scratch = fw.backend.graphs, {k: id(v) for k, v in gpu.memory._scratch.items()}
+    monkeypatch.setattr(gpu.runtime.memory, "to_host", to_host)
+    cache, scratch = fw.backend.graphs, {k: id(v) for k, v in gpu.runtime.memory._scratch.items()}
     captures, replays = cache.captures, cache.replays
     events = drafting(fw, plain, state, n_tokens)
 
     assert [e.id for e in events if hasattr(e, "id")] == plain[:n_tokens]
     assert cache.captures == captures and not cache._eager and cache.replays > replays
-    assert {k: id(v) for k, v in gpu.memory._scratch.items()} == scratch
+    assert {k: id(v) for k, v in gpu.runtime.memory._scratch.items()} == scratch
     steps = []                          # the log split at each step's draft (the prefill before it dropped)
     for entry in log:
         if entry == ("draft",):

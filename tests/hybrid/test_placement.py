@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import hybrid.placement as placement
 from hybrid.cli import app
 from hybrid.errors import HybridError
-from gpu.pcie import PCIE_MAX_ROWS, pcie_counts
+from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from hybrid.placement import (CPU, GPU, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
                               plan_for, plan_placement)
 from hybrid.synth import plan_model, preset

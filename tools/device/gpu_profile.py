@@ -34,10 +34,10 @@ def main(argv: list[str]) -> int:
 
     from numba import cuda
 
-    import gpu.memory as memory
+    import gpu.runtime.memory as memory
     import gpu.ops as ops
     import hybrid
-    from gpu.bench import spin
+    from tools.gpu_bench_kernels import spin
 
     model = hybrid.load(args.model, device="cuda", vram=args.vram, cuda_graphs=False)
     model.warmup()

@@ -134,9 +134,9 @@ def instrument(prof: Profile, gpu: bool, samples: list):
     patch(cpu.ops, "moe_ffn", lambda f: prof.wrap("hand-off (cpu moe_ffn)", f))
     if not gpu:
         return
-    import gpu.ffn
-    import gpu.graphs as graphs
-    import gpu.memory as memory
+    import gpu.moe
+    import gpu.runtime.graphs as graphs
+    import gpu.runtime.memory as memory
 
     def count_gpu_pairs(experts):        # over the sampled calls: the pairs marked ~e ran on the GPU
         if prof.on and len(samples) < 64:
@@ -158,9 +158,9 @@ def instrument(prof: Profile, gpu: bool, samples: list):
                 call()
             return replayed
         return bind_routed
-    patch(gpu.ffn, "run_routed", counted)
-    patch(gpu.ffn, "bind_routed", counted_bound)
-    patch(gpu.ffn, "router_logits", lambda f: prof.wrap("router (cpu)", f))
+    patch(gpu.moe, "run_routed", counted)
+    patch(gpu.moe, "bind_routed", counted_bound)
+    patch(gpu.moe, "router_logits", lambda f: prof.wrap("router (cpu)", f))
     patch(memory, "synchronize", lambda f: prof.wrap("GPU wait", f))
     patch(memory, "to_host", lambda f: prof.wrap("to host", f))
     patch(memory, "upload", lambda f: prof.wrap("upload", f))

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     from numba import cuda
 
     from cpu.bandwidth import _parallel_sum, read_bandwidth
-    from gpu.bench import read_all
+    from tools.gpu_bench_kernels import read_all
     import numba
 
     cuda.current_context()                     # the driver calls below need a context

@@ -8,7 +8,7 @@ Loads MODEL with hybrid.load on the GPU (the VRAM plan puts the trunk there, mos
 host memory), then for each prompt length n and chunk size prefills n random tokens in chunks
 (the engine's hybrid.generate.PREFILL_CHUNK is 256; a bigger chunk streams each layer's
 weights fewer times per prompt). Prints pp t/s (mean ± sd over --reps) and, for the last
-repetition, the split gpu.weight_stream.StreamStats measures:
+repetition, the split gpu.runtime.weight_stream.StreamStats measures:
 
   copy     host→device transfer of the streamed FFN weights (device time on the copy stream;
            it overlaps the GPU work when the double buffer keeps up) and its GB/s
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     lengths, chunks = args.n or [512, 2048], args.chunk or [256]
 
     import hybrid
-    from gpu.weight_stream import STREAM_MIN_ROWS
+    from gpu.runtime.weight_stream import STREAM_MIN_ROWS
     from hybrid.units import format_size
 
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ there, and the host waits for it (`synchronize`) only where it reads device data
 exception, `beside`, forks work onto a second stream and joins it back (a MoE layer's fetch of
 experts over PCIe, which waits on the bus, beside its shared expert and expert products, which
 use the SMs). One explicit stream, not the legacy default one, because CUDA can capture a
-stream's work into a graph (gpu/graphs.py) and cannot capture the legacy default stream.
+stream's work into a graph (gpu/runtime/graphs.py) and cannot capture the legacy default stream.
 """
 from __future__ import annotations
 
@@ -139,6 +139,16 @@ def wait_for(event) -> None:
 def is_device(a) -> bool:
     """True for a numba device array (weights placed on the GPU), False for a host ndarray."""
     return not isinstance(a, np.ndarray) and hasattr(a, "copy_to_host")
+
+
+def address(a) -> int | None:
+    """Where a's first element lives: a device array's device address (the simulator's: the
+    address of the host array it wraps), a host array's own. A captured graph is bound to it."""
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    if simulated():
+        return a._ary.__array_interface__["data"][0]
+    return a.device_ctypes_pointer.value
 
 
 def zeros(shape, dtype=np.float32):
@@ -321,7 +331,7 @@ def copy_raw(dst, src, up: bool) -> None:
         check(cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, dst.nbytes, handle))
 
 
-# The CUDA-graph capture in progress, set by gpu/graphs.py while it records a step: host_call
+# The CUDA-graph capture in progress, set by gpu/runtime/graphs.py while it records a step: host_call
 # then records into it instead of running (kept here so that this module needs not import graphs).
 capturing = None
 # Set while a warm-up only looks for the kernels it would compile (hybrid/kernel_prep.py): the
@@ -342,7 +352,7 @@ def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     it, so work queued later sees both.
 
     This is the one place where a forward waits for the device (the CPU FFN hand-off). Inside
-    a CUDA-graph capture (gpu/graphs.py) it ends one captured segment and starts the next, and
+    a CUDA-graph capture (gpu/runtime/graphs.py) it ends one captured segment and starts the next, and
     fn runs at replay: fn must not keep the host arrays or rely on anything but them. `bind`,
     if given, is fn's faster form for replays: bind(*inputs_host, *outputs_host) is called once
     at capture (with the staging buffers a replay's copies fill) and returns what each replay

@@ -1,10 +1,10 @@
 """Decode matvec of the quantised types on int8 activations: out[s, row] = W[row, :] · x[s, :].
 
 Decoding every weight to float32 costs ~5-7 instructions and made the float kernel
-(gpu/matvec.py) instruction-bound at 15-26 % of the memory bandwidth. Here (llama.cpp's "mmvq"
+(gpu/matmul/matvec.py) instruction-bound at 15-26 % of the memory bandwidth. Here (llama.cpp's "mmvq"
 idea) x is quantised once per call to int8 in blocks of 32 (`quantize`), and each weight unit
 is dotted with it by `dp4a`, four int8 products per instruction; the scales are applied in
-float32 once per 16 or 32 weights. Per-type lane work: gpu/quants_q8.py.
+float32 once per 16 or 32 weights. Per-type lane work: gpu/matmul/quants_q8.py.
 
 Work split: a group of L lanes (L = 32, 16, 8 or 4; `lanes_per_row`) owns R consecutive rows,
 a warp 32/L such groups; lane l of a group takes units l, l + L, l + 2L, ... of every one of its
@@ -16,7 +16,7 @@ for Q8_0/Q4_0. A lane issues the loads of U units of its R rows (R·U = the type
 weights of the K-quants) before it uses any, so that several loads per lane are in flight; x
 (small, L1/L2-resident) is read from global memory, nothing goes through shared memory. For the
 64-weight types the quantiser lays x out so that each 16-byte x load of a warp is one contiguous
-run (gpu/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the group at the end
+run (gpu/matmul/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the group at the end
 by a fixed butterfly.
 
 Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
@@ -34,9 +34,9 @@ import functools
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from . import memory
-from .device import simulated
-from .intrinsics import device_function, f16_bits_to_f32, group_reduce, pack_f16x2, round_to_int
+from ..runtime import memory
+from ..runtime.device import simulated
+from ..intrinsics import device_function, f16_bits_to_f32, group_reduce, pack_f16x2, round_to_int
 from .kernel_source import MAX_ROWS_X_SLOTS, MAX_SLOTS, WARPS, kernel_factory, source_stamp
 from .kernel_source import specialise as _specialise
 from .quants_q8 import K64, NATURAL, Q6K64, START, UNITS, Dp4aUnit, step_slot, x_row_words
@@ -47,9 +47,10 @@ QUANTIZE_THREADS = 32 if simulated() else 128
 LANES_PER_X_BLOCK = 8    # quantiser: each lane takes 4 elements (one packed int8 word)
 
 
-SOURCE_STAMP = source_stamp("kernel_source.py", "matvec_q8.py", "quants_q8.py", "quants.py", "intrinsics.py")
+SOURCE_STAMP = source_stamp("matmul/kernel_source.py", "matmul/matvec_q8.py", "matmul/quants_q8.py", "matmul/quants.py",
+                            "intrinsics.py")
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.matmul.kernel_source.specialise).
 load = prepare = load_x = dot = add_unit = None
 
 
@@ -138,7 +139,7 @@ def quantize_kernel(layout: int = NATURAL):
 
 def quantize(x_dev, stream=None, layout: int = NATURAL):
     """(xq, xm): x_dev (n, cols) float32 quantised to int8 per block of 32, in scratch buffers
-    that the next call overwrites (see the module docstring of gpu/quants_q8.py). The 64-weight
+    that the next call overwrites (see the module docstring of gpu/matmul/quants_q8.py). The 64-weight
     layouts need cols % 256 == 0."""
     n, cols = x_dev.shape
     xq = memory.scratch("matvec_q8.xq", (n, x_row_words(cols, layout)), np.uint32)
@@ -407,7 +408,7 @@ def default_rows_per_warp(n_slots: int, rows: int, lanes: int = 32) -> int:
 
 def matvec(type_id: int, w_dev, x_dev, out_dev, rows: int, cols: int, n: int, stream,
            rows_per_warp: int | None = None, lanes: int | None = None, quantized=None) -> None:
-    """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.quants.check_matvec): quantise x, then one
+    """out_dev[s, :] = W @ x_dev[s, :] (checked by gpu.matmul.quants.check_matvec): quantise x, then one
     launch per MAX_SLOTS slots. `rows_per_warp` (rows per lane group) and `lanes` (lanes per
     row, which changes the bits) override the defaults for benchmarks and tests. `quantized`:
     (xq, xm) of `quantize(x_dev, ..., layout=x_layout(type_id))`, already on the stream."""

@@ -1,10 +1,10 @@
 """Quantised matrix x many rows on the GPU: out (n, rows) = x (n, cols) · Wᵀ, a tiled GEMM.
 
-The decode matvec (gpu/matvec.py) is weight-stationary and re-reads W for every 8 slots; a
+The decode matvec (gpu/matmul/matvec.py) is weight-stationary and re-reads W for every 8 slots; a
 prompt chunk of hundreds of rows needs the weights reused from on-chip memory instead. Two
 kernels, one template per ggml type and tile:
 
-* the tensor-core kernel (gpu/gemm_mma.py): fp16 products, float32 sums, mma.sync, weights
+* the tensor-core kernel (gpu/matmul/gemm_mma.py): fp16 products, float32 sums, mma.sync, weights
   decoded straight into the instruction's registers and x converted to fp16 once per call; the
   default for every type but F32 (see `precision_for`; its numerics and fp16 range caveat are
   there);
@@ -14,7 +14,7 @@ kernels, one template per ggml type and tile:
 The float32 kernel: a block owns a tile of BM weight rows × BN token rows of `out` and walks K
 in steps of BK = 32 columns (one Q8_0/Q4_0 block, one K-quant sub-block): the block's threads
 cooperatively decode the (BM × 32) weight tile into shared memory as float32 (each thread one or
-more 16-weight "units", gpu/gemm_units.py) and stage the (BN × 32) x tile next to it; each
+more 16-weight "units", gpu/matmul/gemm_units.py) and stage the (BN × 32) x tile next to it; each
 thread then accumulates a register micro-tile of TM rows × TN tokens with FMAs, reading one
 column of each shared tile per k. Software pipeline: the next step's raw weight words and x
 values are loaded into registers before this step's FMAs, so global-memory latency overlaps
@@ -25,7 +25,7 @@ tensor-core kernel one fixed permutation inside each K step of 64). So every out
 depend only on its weight row, its x row and the kernel's precision: not on n, the tile shape
 or the row's place in the tile (a GEMM call gives a row the bits of that row in any other GEMM
 call of the same precision). They differ from the matvec's bits (other summation order), which
-is why the matvec keeps calls of fewer than GEMM_MIN_ROWS rows (gpu/matvec.py routes the rest
+is why the matvec keeps calls of fewer than GEMM_MIN_ROWS rows (gpu/matmul/matvec.py routes the rest
 here).
 
 Thread layout in the FMA loop: thread (tr, tt) = (tid % TR, tid // TR) owns weight rows
@@ -44,11 +44,12 @@ from numba import cuda, float32, uint32
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
 
-from . import gemm_mma, memory
-from .device import simulated
+from . import gemm_mma
+from ..runtime import memory
+from ..runtime.device import simulated
 from .gemm_mma import MmaTile
 from .gemm_units import BK, GEMM_STAMP, UNITS, GemmUnit
-from .intrinsics import device_function, fma
+from ..intrinsics import device_function, fma
 from .kernel_source import kernel_factory
 from .kernel_source import specialise as _specialise
 from .quants import check_matvec as _check
@@ -56,7 +57,7 @@ from .quants import check_matvec as _check
 __all__ = ["GEMM_MIN_ROWS", "BK", "TILES", "Tile", "MmaTile", "UNITS", "GemmUnit", "precision_for",
            "choose_tile", "estimated_time", "gemm", "kernel", "kernel_argtypes", "ptx_targets"]
 
-# Calls with at least this many rows go through the GEMM (gpu/matvec.py routes them). At 32
+# Calls with at least this many rows go through the GEMM (gpu/matmul/matvec.py routes them). At 32
 # rows the matvec already reads W four times (8 slots per pass) while a GEMM tile reads it once.
 GEMM_MIN_ROWS = 32
 
@@ -96,7 +97,7 @@ class Tile:
 # chunk is 80 blocks of 128×128 for 132 SMs). ptxas gives the 8×8 tiles ~160-215 registers per
 # thread (one 256-thread block per SM), 8×4 ~95-140 (two), 4×4 ~80-112 (two or three), none
 # spilled.
-# Tensor-core tiles (gpu/gemm_mma.py: warps stacked along the rows, each 8·NB rows × all the
+# Tensor-core tiles (gpu/matmul/gemm_mma.py: warps stacked along the rows, each 8·NB rows × all the
 # block's tokens). sm_90 registers per thread (Q4_K / Q6_K, under the launch bound, none
 # spilled), instructions per mma in the main loop, shared memory per block:
 # * mma128x128w8: 8 warps of 16 rows × 128 tokens, one block per SM; 171 / 191 registers,
@@ -116,8 +117,8 @@ class Tile:
 # every tile fills the GPU (H200, Q4_K and Q6_K FFN shapes, relative to mma64x128w4: 128x128w8
 # 0.80-0.89, 64x64w4 0.70-0.75, 64x128w8 0.63-0.72): the smaller block with 12 warps per SM beats
 # the fewer instructions of the big one. The call's block count, the SM count and
-# `blocks_per_sm` do the rest (`choose_tile`). `python -m
-# gpu.bench --gemm` times every tile on the FFN shapes to check the choice. The simulator runs
+# `blocks_per_sm` do the rest (`choose_tile`). `python
+# tools/gpu_bench_kernels.py --gemm` times every tile on the FFN shapes to check the choice. The simulator runs
 # each thread as a Python thread: tiny tiles, one warp for the tensor-core one.
 if simulated():
     TILES = (Tile(4, 4, 2, 2, 1.0), MmaTile(1, 1, 1, 1, 1.0))
@@ -135,13 +136,13 @@ def precision_for(wtype: int) -> str:
     """The GEMM precision a weight type gets: "fp32" for F32 weights (whoever stores float32
     asks for float32 arithmetic), "fp16" tensor cores for the rest, whose values carry no more
     than fp16's 11 significant bits (F16, BF16) or far fewer (quantised types). The fp16 range
-    caveat for activations is in gpu/gemm_mma.py."""
+    caveat for activations is in gpu/matmul/gemm_mma.py."""
     return "fp32" if int(wtype) == gt.F32.id else "fp16"
 
 
 # ---------------------------------------------------------------- the float32 kernel
 
-# Bound per ggml type in each specialised kernel's globals (see gpu.kernel_source.specialise).
+# Bound per ggml type in each specialised kernel's globals (see gpu.matmul.kernel_source.specialise).
 load = store = fma_column = None
 
 
@@ -304,7 +305,7 @@ def estimated_time(tile: Tile | MmaTile, rows: int, n: int, splits: int = 1) -> 
 def choose_tile(rows: int, n: int, precision: str = "fp16", cols: int | None = None) -> Tile | MmaTile:
     """The tile of `precision` with the least `estimated_time`: big tiles do less work per
     product, small ones spread a small call over more SMs. `cols` tells the tensor-core tiles
-    how many K ranges the call is split into (gpu.gemm_mma.k_splits); without it, one. Any
+    how many K ranges the call is split into (gpu.matmul.gemm_mma.k_splits); without it, one. Any
     choice within one precision gives the same bits."""
     candidates = [tile for tile in TILES if tile.precision == precision]
     if not candidates:
@@ -321,13 +322,13 @@ def gemm(wtype: int, w_dev, x_dev, out_dev, stream=None, tile: Tile | MmaTile | 
     """out_dev = x_dev · Wᵀ on the device: W is `wtype` rows of raw GGUF blocks.
 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
-    (n, rows). Same checks and argument order as gpu.matvec.matvec, for any n ≥ 1 (the matvec
-    sends calls of GEMM_MIN_ROWS rows or more here). Asynchronous on `stream` (gpu.memory's
+    (n, rows). Same checks and argument order as gpu.matmul.matvec.matvec, for any n ≥ 1 (the matvec
+    sends calls of GEMM_MIN_ROWS rows or more here). Asynchronous on `stream` (gpu.runtime.memory's
     when None). The kernel is the tensor-core one or the float32 one as `precision_for(wtype)`
     says; `tile` (one of TILES, a benchmark and test knob) picks a kernel and shape instead.
     Tiles of one precision give the same bits. The tensor-core kernel first converts x to fp16
-    fragments into a scratch buffer, and long rows (gpu.gemm_mma.k_splits) add their split
-    partial sums from another (gpu.memory.scratch, one per shape), on the same stream.
+    fragments into a scratch buffer, and long rows (gpu.matmul.gemm_mma.k_splits) add their split
+    partial sums from another (gpu.runtime.memory.scratch, one per shape), on the same stream.
     """
     lane_unit, rows, cols, n = _check(wtype, w_dev, x_dev, out_dev)
     tile = tile or choose_tile(rows, n, precision_for(wtype), cols)

@@ -1,4 +1,4 @@
-"""How warp lanes dot each quantised type's blocks with int8 activations (gpu/matvec_q8.py).
+"""How warp lanes dot each quantised type's blocks with int8 activations (gpu/matmul/matvec_q8.py).
 
 A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p of block blk
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
@@ -20,7 +20,7 @@ Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit)
 p is the same for all of a lane's units: what depends on it alone is computed once per lane
 (the compiler hoists it out of the kernel's loop), so the decoding is branch-free selects.
 
-Activations (gpu/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
+Activations (gpu/matmul/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
 per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term),
 the int sums of xq over its two halves of 16 (the zero points of Q4_0 and Q6_K). Where each goes
 depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
@@ -36,7 +36,7 @@ from numba import int32, uint32, uint64
 
 from cpu import ggml_types as gt
 
-from .intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
+from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
 from .quants import int8_to_f32, store4

@@ -13,7 +13,7 @@ a different row) saturated the L1. Here the weights never touch shared memory (6
 instructions per mma on the 16-row × 128-token warp tiles):
 
 * a warp owns 8·NB weight rows × all BN tokens of its block; lane (g, t) = (lane / 4, lane % 4)
-  decodes, per K step of 64 columns, one 16-weight unit (gpu/gemm_units.py) of each of its NB
+  decodes, per K step of 64 columns, one 16-weight unit (gpu/matmul/gemm_units.py) of each of its NB
   rows 8j + g: columns 16t .. 16t + 15. The four lanes of a row read one 64-column span of it
   (a quarter of the L1 traffic of a lane per row), and each decoded weight serves the BN tokens
   of the block from registers;
@@ -38,7 +38,7 @@ the weights' own quantisation error (Q8_0 ~2^-8, Q4_K ~2^-4). fp16 tops out at 6
 wrong. We accept that, as llama.cpp's fp16 cuBLAS prompt path does: decoded weights are small,
 the inputs of the attention/GDN projections and FFN gate/up are RMS-normed, and the FFN down
 projection's input silu(gate)·up, the one unnormalised operand, stays far below 65504 in the
-models we serve. F32 weights stay on the float32 kernel (gpu.gemm.precision_for).
+models we serve. F32 weights stay on the float32 kernel (gpu.matmul.gemm.precision_for).
 
 Bits. One chain of mma steps per output, in increasing K step and k16 step, with the same k
 permutation whatever the tile; long rows split K into a fixed number of such chains whose
@@ -57,9 +57,9 @@ from dataclasses import dataclass
 
 from numba import cuda, float32, uint32
 
-from .device import simulated
+from ..runtime.device import simulated
 from .gemm_units import GEMM_STAMP, GemmUnit
-from .intrinsics import device_function, mma_m16n8k16, pack_f16x2
+from ..intrinsics import device_function, mma_m16n8k16, pack_f16x2
 from .kernel_source import specialise as _specialise
 
 BK = 64              # columns per K step: four k16 steps, one 16-weight unit per lane and row
@@ -337,7 +337,7 @@ def build_sum_splits():
 
 # ---------------------------------------------------------------- the GEMM kernel
 
-# Bound per ggml type and tile in each specialised kernel's globals (see gpu.kernel_source.specialise).
+# Bound per ggml type and tile in each specialised kernel's globals (see gpu.matmul.kernel_source.specialise).
 load = store = copy_x = fetch = decode = multiply = None
 
 

@@ -1,5 +1,5 @@
-"""Per-type loading and decoding of GGUF weights for the prompt-chunk GEMMs (gpu/gemm.py's float32
-kernel and gpu/gemm_mma.py's tensor-core kernel share them).
+"""Per-type loading and decoding of GGUF weights for the prompt-chunk GEMMs (gpu/matmul/gemm.py's float32
+kernel and gpu/matmul/gemm_mma.py's tensor-core kernel share them).
 
 A "unit" is 16 consecutive weights of one row, half of a 32-column block (one Q8_0/Q4_0
 block, one K-quant sub-block): the unit of column `col` (a multiple of 16) is its half
@@ -17,7 +17,7 @@ two device functions:
   past the row end (dense types only: their column count need not be a multiple of 32) load
   the last column, in bounds, and store zeros.
 
-Formulas: docs/MODEL_FORMAT.md §6 (the same as gpu/quants.py, another split of the work).
+Formulas: docs/MODEL_FORMAT.md §6 (the same as gpu/matmul/quants.py, another split of the work).
 `w` is a weight row viewed as the type's natural word (the matvec's choice, so the same
 alignment rules hold), `w8` the same bytes as uint8.
 """
@@ -32,8 +32,8 @@ from numba import cuda, float32, uint32
 
 from cpu import ggml_types as gt
 
-from .device import simulated
-from .intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma,
+from ..runtime.device import simulated
+from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits_to_f32, fma,
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
@@ -61,7 +61,7 @@ if not simulated():
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    from .intrinsics import asm_u32x3
+    from ..intrinsics import asm_u32x3
 
     _and_or = asm_u32x3("lop3.b32 $0, $1, $2, $3, 0xea;")                # (a & b) | c
     _bit_select = asm_u32x3("lop3.b32 $0, $1, $2, $3, 0xe4;")            # (a & c) | (b & ~c)
@@ -158,7 +158,7 @@ else:
 
 
 def _gemm_source_stamp() -> int:
-    """Part of every GEMM kernel's cache key (see gpu.kernel_source.specialise): Numba's disk cache
+    """Part of every GEMM kernel's cache key (see gpu.matmul.kernel_source.specialise): Numba's disk cache
     only watches the file that defines a kernel, and the GEMM kernels are built from these
     files' device functions too."""
     here = pathlib.Path(__file__).parent
@@ -189,7 +189,7 @@ class GemmUnit:
 # Any column count: a unit past the row end loads the last column (in bounds) and stores zeros.
 # F32: raw[p, i] = the bits of weight i (16 words: on the 4-warp tensor-core tiles ptxas
 # spills a few of them, a path F32 weights take only when a caller names the tile, see
-# gpu.gemm.precision_for). F16 / BF16: raw[p, m] = weights 2m and 2m + 1 (low half first), one
+# gpu.matmul.gemm.precision_for). F16 / BF16: raw[p, m] = weights 2m and 2m + 1 (low half first), one
 # aligned 4-byte load each when the rows hold an even number of columns (so every row starts
 # 4-byte aligned), else two 2-byte loads joined.
 
@@ -300,7 +300,7 @@ def q5_k_load(w, w8, col, cols, raw, p):
 @device_function
 def kquant_scale_min(s0, s1, s2, j):
     """get_scale_min_k4(j): 6-bit (scale, min) j of a Q4_K/Q5_K block, as float32, from the
-    12 scale bytes as three little-endian words. (gpu.quants has the same with a branch; here
+    12 scale bytes as three little-endian words. (gpu.matmul.quants has the same with a branch; here
     both halves are computed and one selected, so that the decode stays one basic block the
     compiler can interleave with the tensor-core products.)"""
     shift = uint32(8 * (j & 3))

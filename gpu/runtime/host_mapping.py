@@ -1,7 +1,7 @@
 """Host memory the GPU reads in place: page-locked ranges of the mapped GGUF file.
 
 Two users: the weight streamer copies a prompt chunk's FFN weights with the copy engine straight
-from the registered mapping (gpu/weight_stream.py), and a decode step's fetch kernel copies the
+from the registered mapping (gpu/runtime/weight_stream.py), and a decode step's fetch kernel copies the
 routed experts the GPU takes from it, by pointers the routing picks on the device
 (gpu/expert_cache.py). Registration page-locks the ranges
 (cuMemHostRegister, read-only: the file is mapped read-only) and maps them into the device's

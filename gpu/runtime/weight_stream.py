@@ -3,7 +3,7 @@
 In hybrid mode most FFN matrices stay in host memory (the mapped GGUF file) and a decode step
 hands its few rows to the CPU. A prompt chunk of n rows would make the CPU read every weight
 byte for n rows; copying the layer's weights to the GPU once and running the chunk's FFN there
-as a GEMM (gpu/gemm.py) costs one transfer instead. `WeightStreamer.run` does that:
+as a GEMM (gpu/matmul/gemm.py) costs one transfer instead. `WeightStreamer.run` does that:
 
 * two device slots, each big enough for one layer's gate, up and down matrices, filled on a
   copy stream of their own; layer i computes from one slot while layer i+1's weights copy into
@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit, prange
 
-from . import ffn as device_ffn
 from . import graphs, memory
-from .host_mapping import page_ranges, register_host_ranges, unregister_host_ranges
 from .device import simulated
-from .matvec import matvec as device_matvec
+from .host_mapping import page_ranges, register_host_ranges, unregister_host_ranges
 
 # Stream a host FFN's weights when a call has at least this many rows. Streaming costs the
 # layer's bytes / host→device bandwidth once (27B shape, Q4_K_M: ~160 MB per layer, ~55 GB/s
@@ -136,11 +134,13 @@ class _Slot:
 class WeightStreamer:
     """Runs dense FFNs whose weights are in host memory on the GPU, streaming the weights in."""
 
-    def __init__(self, min_rows: int = STREAM_MIN_ROWS, register: bool = True,
+    def __init__(self, dense_ffn, min_rows: int = STREAM_MIN_ROWS, register: bool = True,
                  stage_bytes: int = STAGE_BYTES, stats: StreamStats | None = None):
-        """min_rows: the fewest rows a call must have to be streamed; register=False skips the
-        page-locking of the mapping (always stage: tests, comparisons); stage_bytes: the size of
-        each pinned staging buffer."""
+        """dense_ffn(wtypes, weights, x, h, out): the device FFN run on the streamed weights
+        (`gpu.ffn.dense_ffn`; passed in, so the runtime imports no op); min_rows: the fewest rows
+        a call must have to be streamed; register=False skips the page-locking of the mapping
+        (always stage: tests, comparisons); stage_bytes: the size of each pinned staging buffer."""
+        self.dense_ffn = dense_ffn
         self.min_rows = min_rows
         self.stats = stats or StreamStats()
         self.register = register              # read at the first copy
@@ -203,8 +203,7 @@ class WeightStreamer:
         before = stats.mark(compute)
         slot.ready.wait(compute)                      # the weights have arrived
         start = stats.mark(compute)
-        device_ffn.swiglu(ffn.gate.wtype, gate, ffn.up.wtype, up, x, h, matvec=device_matvec)
-        device_matvec(ffn.down.wtype, down, h, out)   # both GEMMs for a prompt chunk (gpu.gemm)
+        self.dense_ffn((ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype), (gate, up, down), x, h, out)
         stats.span("wait_seconds", before, start)
         stats.span("ffn_seconds", start, stats.mark(compute))
         slot.released.record(compute)

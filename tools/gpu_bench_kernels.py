@@ -1,9 +1,12 @@
 """GPU memory bandwidth, matvec and GEMM throughput, host→device copy rate, timed on the device
 with CUDA events.
 
-    python -m gpu.bench --gemm [--quick]    # prompt-chunk GEMMs of a dense 27B's FFN, every tile
-    python -m gpu.bench --h2d               # host→device GB/s: pinned, registered, pageable
-    python -m gpu.bench --attention         # decode attention µs by context length (35B-A3B heads)
+    python tools/gpu_bench_kernels.py --gemm [--quick]  # prompt-chunk GEMMs of a dense 27B's FFN, every tile
+    python tools/gpu_bench_kernels.py --h2d             # host→device GB/s: pinned, registered, pageable
+    python tools/gpu_bench_kernels.py --attention       # decode attention µs by context length (35B-A3B heads)
+
+Also the library of tools/gpu_bench.py (matvec GB/s per type), tools/gpu_ptx_check.py (these
+kernels' PTX) and the scripts in tools/device/ (`spin`, `read_all`).
 
 Timing trick: a one-thread kernel first sleeps for a few milliseconds on the stream while Python
 enqueues the start event, the timed launches and the end event behind it. The events then measure
@@ -15,15 +18,23 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from numba import cuda, uint32
+from numba import cuda, types, uint32
 
-from cpu import ggml_types as gt
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from . import gemm as gemm_module
-from .intrinsics import load_u32x4
-from .matvec import MAX_ROWS_X_SLOTS, default_rows_per_warp, kernel, lanes_per_row, matvec
+from cpu import ggml_types as gt  # noqa: E402
+from gpu.attention import gated_attention  # noqa: E402
+from gpu.intrinsics import load_u32x4  # noqa: E402
+from gpu.matmul import gemm as gemm_module  # noqa: E402
+from gpu.matmul import matvec_q8  # noqa: E402
+from gpu.matmul.matvec import (MAX_ROWS_X_SLOTS, _uses_dp4a, default_rows_per_warp, kernel,  # noqa: E402
+                               lanes_per_row, matvec)
+from gpu.runtime import memory  # noqa: E402
+from gpu import require_cuda  # noqa: E402
+from gpu.runtime.host_mapping import register_host_ranges, unregister_host_ranges  # noqa: E402
 
 SPIN_NS = 1000
 
@@ -110,7 +121,6 @@ def time_launches(launch, repeats: int = 20, spin_us: int = 5000) -> Timing:
 
 def ptx_targets():
     """(name, python function, argument types) of the benchmark kernels, for the PTX check."""
-    from numba import types
     u32x4 = types.Array(types.uint32, 2, "C")
     yield "bench spin", spin.py_func, (types.int64,)
     yield "bench read_all", read_all.py_func, (u32x4, types.Array(types.uint32, 1, "C"))
@@ -180,8 +190,6 @@ def bench_matvec_shared_input(t: gt.GGMLType, rows: int, cols: int) -> tuple[flo
     """(GB/s of a one-slot matvec, GB/s of its kernel alone with x quantised beforehand, flagged):
     the second is what each matrix of one input costs when `matvecs` shares the quantisation (a
     GDN layer's four projections, attention's q/k/v). None for the float types (no quantise)."""
-    from . import matvec_q8, memory
-    from .matvec import _uses_dp4a
     if not _uses_dp4a(t.id):
         return None
     w = random_weights(t, rows, cols)
@@ -209,7 +217,7 @@ class GemmResult:
     cols: int
     n: int
     tile: str
-    chosen: bool            # the tile gpu.gemm.choose_tile picks for this shape
+    chosen: bool            # the tile gpu.matmul.gemm.choose_tile picks for this shape
     seconds: float
     tflops: float           # 2·rows·cols·n / seconds
     flagged: bool
@@ -217,7 +225,7 @@ class GemmResult:
 
 
 def bench_gemm(t: gt.GGMLType, rows: int, cols: int, n_rows=GEMM_ROWS) -> list[GemmResult]:
-    """Every tile of gpu.gemm on one weight shape, for each row count."""
+    """Every tile of gpu.matmul.gemm on one weight shape, for each row count."""
     w = random_weights(t, rows, cols)
     rng = np.random.default_rng(0)
     results = []
@@ -250,16 +258,15 @@ def print_gemm(quick: bool = False) -> None:
         layer = 2 * best[(gate[0].name, gate[1], gate[2], n)] + best[(down[0].name, down[1], down[2], n)]
         print(f"FFN layer, n={n}: {layer * 1e3:.2f} ms (chosen tiles) -> 64 such layers: "
               f"{n / (64 * layer):.0f} tokens/s for the FFN GEMMs alone")
-    print("'<' the tile gpu.gemm.choose_tile picks; '*' time may include idle gaps")
+    print("'<' the tile gpu.matmul.gemm.choose_tile picks; '*' time may include idle gaps")
 
 
 # --- host→device copies -----------------------------------------------------------------------------
 
 def host_to_device(nbytes: int = 1 << 30) -> dict[str, float]:
     """GB/s of one nbytes host→device copy from a pinned buffer, from a pageable buffer
-    registered with cuMemHostRegister (what gpu.weight_stream does with the mapped file) and
-    from plain pageable memory."""
-    from .host_mapping import register_host_ranges, unregister_host_ranges
+    registered with cuMemHostRegister (what gpu.runtime.weight_stream does with the mapped file)
+    and from plain pageable memory."""
     dev = cuda.device_array(nbytes, np.uint8)
     stream = cuda.stream()
 
@@ -288,8 +295,6 @@ def bench_attention(contexts=(16, 128, 512, 2048, 8192), n_head=16, n_head_kv=2,
                     rows=(1, 4)) -> list[tuple[int, int, float, float]]:
     """(rows, context, µs per call, GB/s of K/V read) of gpu.attention.gated_attention, each row
     seeing `context` positions (a decode or verify step that far into a sequence)."""
-    from . import memory
-    from .attention import gated_attention
     rng = np.random.default_rng(0)
     cache_shape = (n_head_kv, max(contexts) + max(rows), head_dim)
     k_cache, v_cache = (memory.upload(rng.standard_normal(cache_shape, np.float32)) for _ in range(2))
@@ -307,7 +312,6 @@ def bench_attention(contexts=(16, 128, 512, 2048, 8192), n_head=16, n_head_kv=2,
 
 
 def main(argv: list[str]) -> int:
-    from .device import require_cuda
     require_cuda()
     if "--attention" in argv:
         print(f"{'rows':>4} {'context':>8} {'µs':>8} {'KV GB/s':>8}")

@@ -9,7 +9,7 @@ import hashlib
 import pathlib
 import types as pytypes
 
-from .device import simulated
+from ..runtime.device import simulated
 
 # The simulator runs each thread as a Python thread: keep its blocks to one warp.
 WARPS = 1 if simulated() else 4
@@ -21,16 +21,16 @@ MAX_ROWS_X_SLOTS = 16
 
 
 def source_stamp(*names: str) -> int:
-    """Hash of these gpu/ source files: part of the cache key of the kernels built from them
+    """Hash of these source files (paths under gpu/): part of the cache key of the kernels built from them
     (see specialise), so a change to any of them compiles the kernels anew."""
-    here = pathlib.Path(__file__).parent
+    here = pathlib.Path(__file__).parents[1]     # gpu/
     digest = hashlib.sha256()
     for name in names:
         digest.update((here / name).read_bytes())
     return int.from_bytes(digest.digest()[:4], "little")
 
 
-SOURCE_STAMP = source_stamp("kernel_source.py", "matvec.py", "quants.py", "intrinsics.py")
+SOURCE_STAMP = source_stamp("matmul/kernel_source.py", "matmul/matvec.py", "matmul/quants.py", "intrinsics.py")
 
 
 def specialise(template_fn, constants: dict, functions: dict):

@@ -3,9 +3,9 @@
 Same op and argument order as `cpu.matvec.matvec`. Weight-stationary: every weight byte is read
 from global memory once per call and applied to all k slots.
 
-The quantised types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) go to gpu/matvec_q8.py: x rounded to int8
+The quantised types (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K) go to gpu/matmul/matvec_q8.py: x rounded to int8
 per block of 32 and dp4a products. This module's float kernel serves F32/F16/BF16 (its
-decoding of the other types in `quants.py` lives on in gpu/gemm.py and gpu/embed.py).
+decoding of the other types in `quants.py` lives on in gpu/matmul/gemm.py and gpu/quants.py).
 
 Work split of the float kernel (one kernel template, per-type decoding in `quants.py`):
 * a block of WARPS warps; each warp owns `rows_per_warp` (R) consecutive rows;
@@ -30,9 +30,10 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 
-from . import gemm, matvec_q8, memory
-from .device import simulated
-from .intrinsics import device_function, fma, warp_reduce
+from . import gemm, matvec_q8
+from ..runtime import memory
+from ..runtime.device import simulated
+from ..intrinsics import device_function, fma, warp_reduce
 from .kernel_source import BLOCK_THREADS, MAX_ROWS_X_SLOTS, MAX_SLOTS, SOURCE_STAMP, WARPS, kernel_factory
 from .kernel_source import specialise as _specialise
 from .quants import UNITS, LaneUnit, check_matvec as _check
@@ -217,14 +218,14 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
     """out_dev[s, :] = W @ x_dev[s, :] for every slot s; W is `wtype` rows of raw GGUF blocks.
 
     w_dev: uint8 device array (rows, row_bytes); x_dev: float32 (n, cols); out_dev: float32
-    (n, rows). Asynchronous on `stream` (gpu.memory's stream when None). `rows_per_warp` is a
+    (n, rows). Asynchronous on `stream` (gpu.runtime.memory's stream when None). `rows_per_warp` is a
     tuning knob for benchmarks; it never changes the result. So is `lanes` (lanes per row of the
-    dp4a kernel), which does change the bits (gpu/matvec_q8.py).
+    dp4a kernel), which does change the bits (gpu/matmul/matvec_q8.py).
 
-    Quantised types use int8 activations (gpu/matvec_q8.py): x is rounded per block of 32 to
+    Quantised types use int8 activations (gpu/matmul/matvec_q8.py): x is rounded per block of 32 to
     max|x|/127 steps, a relative error of up to 1/254 of the block's largest |x| per element.
 
-    Calls of gpu.gemm.GEMM_MIN_ROWS rows or more (prompt chunks) go to the tiled GEMM, which
+    Calls of gpu.matmul.gemm.GEMM_MIN_ROWS rows or more (prompt chunks) go to the tiled GEMM, which
     reads each weight once per tile of rows instead of once per 8 slots: its rows have the
     GEMM's bits (the same in every GEMM call), not a one-slot call's. A `rows_per_warp` or
     `lanes` (benchmarks) keeps any call on this kernel.

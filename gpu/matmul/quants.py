@@ -1,0 +1,402 @@
+"""Device-side block decoding for the GPU matvec: how each ggml type is split among warp lanes.
+
+A warp works through a row in tiles of `32 * elems` columns. In each tile every lane owns
+`elems` weights of the row (its "unit"), chosen so that the lane's loads are wide and coalesced
+and its weights share as few scale factors as possible. Per type four device functions say it:
+
+* `load(w, w8, row, col0, cols, lane, raw, r)` issues the loads of the lane's unit of tile
+  `col0` of `row` into `raw[r, :]` (uint32 registers) and nothing else: the kernel loads the
+  next tile while it multiplies this one, and any arithmetic on a loaded value here would wait
+  for DRAM on the spot. Indices are clamped so loads past the row end stay in bounds.
+* `prepare(raw, fac, r, col0, cols, lane)` turns the loaded words into float factors
+  `fac[r, :]` (scales, fp16 fields) once they have arrived. A unit past the row end gets zero
+  factors, so it adds exact zeros instead of needing a branch.
+* `weight(raw, fac, r, i, lane)` is the lane's i-th weight as float32 (i is a compile-time
+  constant once the kernel's loops are unrolled, so the shifts below are immediates).
+* `owner(ct)` maps column `ct` of a tile to (lane, i): the kernel stages x in shared memory in
+  that order, so a lane reads its x values from consecutive banks whatever its unit looks like.
+
+Layouts and formulas: docs/MODEL_FORMAT.md §6. `w` is the row-major weight viewed as the
+type's natural word (uint32 or uint16), `w8` the same bytes as uint8.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import float32, uint32
+
+from cpu import ggml_types as gt
+from cpu.errors import HybridError
+
+from ..runtime.device import simulated
+from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4,
+                         small_uint_to_f32)
+
+ZERO = float32(0.0)
+LOW16 = uint32(0xFFFF)
+SIXTEEN = uint32(16)
+
+
+@dataclass(frozen=True)
+class LaneUnit:
+    """How one ggml type is decoded by warp lanes (see the module docstring)."""
+    type: gt.GGMLType
+    word: np.dtype          # dtype `w` is viewed as
+    elems: int              # weights per lane per tile (<= 32: the x swizzle uses lane ^ i)
+    raw_words: int          # uint32 registers per row: the loaded unit
+    factors: int            # float32 registers per row: its decoded scales
+    load: object
+    prepare: object
+    weight: object
+    owner: object
+    aligned16: bool = False  # loads 16 bytes at a time: rows must start 16-byte aligned
+
+    @property
+    def tile_cols(self) -> int:
+        return 32 * self.elems
+
+
+# ---------------------------------------------------------------- shared scalar decoding
+
+@device_function
+def int8_to_f32(byte):
+    """A uint8 holding a two's-complement int8, as float32."""
+    return small_uint_to_f32(uint32(byte) ^ uint32(0x80), float32(128.0))
+
+
+@device_function
+def f16_or_zero(bits, live):
+    value = f16_bits_to_f32(bits & LOW16)
+    return value if live else ZERO
+
+
+@device_function
+def kquant_scale_min(s0, s1, s2, j):
+    """get_scale_min_k4(j): 6-bit (scale, min) j of a Q4_K/Q5_K block, as float32.
+
+    s0, s1, s2 are the block's 12 scale bytes as three little-endian words.
+    """
+    shift = uint32(8 * (j & 3))
+    a = (s0 >> shift) & uint32(0xFF)  # scales[j % 4]
+    b = (s1 >> shift) & uint32(0xFF)  # scales[4 + j % 4]
+    c = (s2 >> shift) & uint32(0xFF)  # scales[8 + j % 4]
+    if j < 4:
+        sc = a & uint32(63)
+        m = b & uint32(63)
+    else:
+        sc = (c & uint32(15)) | ((a >> uint32(6)) << uint32(4))
+        m = (c >> uint32(4)) | ((b >> uint32(6)) << uint32(4))
+    return small_uint_to_f32(sc, ZERO), small_uint_to_f32(m, ZERO)
+
+
+# ---------------------------------------------------------------- F32 / F16 / BF16
+# Lane l owns column 32*m + l of the tile, m = 0..15: plain coalesced loads of the raw bits.
+
+@device_function
+def dense_owner(ct):
+    return ct & 31, ct >> 5
+
+
+@device_function
+def dense_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(16):
+        raw[r, m] = uint32(w[row, min(col0 + 32 * m + lane, cols - 1)])
+
+
+@device_function
+def dense_prepare(raw, fac, r, col0, cols, lane):
+    for m in range(16):
+        if col0 + 32 * m + lane >= cols:
+            raw[r, m] = uint32(0)  # the bits of +0.0 in all three formats
+
+
+@device_function
+def f32_weight(raw, fac, r, i, lane):
+    return bits_to_f32(raw[r, i])
+
+
+@device_function
+def f16_weight(raw, fac, r, i, lane):
+    return f16_bits_to_f32(raw[r, i])
+
+
+@device_function
+def bf16_weight(raw, fac, r, i, lane):
+    return bits_to_f32(raw[r, i] << SIXTEEN)  # bf16 is the top half of an f32
+
+
+# ---------------------------------------------------------------- Q8_0 (34 B: d, qs[32])
+# Tile = 16 blocks. Step m = 0..7: lanes 0-15 take block 2m, lanes 16-31 block 2m+1; lane
+# l reads qs bytes 2k, 2k+1 (k = l % 16) as one uint16. Weight i = 2m + byte.
+# raw[r, m] = the two qs bytes | d bits << 16.
+
+@device_function
+def q8_0_owner(ct):
+    blk = ct >> 5
+    j = ct & 31
+    return (blk & 1) * 16 + (j >> 1), 2 * (blk >> 1) + (j & 1)
+
+
+@device_function
+def small_block(col0, m, lane, blocks_per_step, cols):
+    """(block index clamped into the row, live) of step m for 32-element blocks."""
+    lanes_per_block = 32 // blocks_per_step
+    blk = (col0 >> 5) + blocks_per_step * m + lane // lanes_per_block
+    n_blocks = cols >> 5
+    return min(blk, n_blocks - 1), blk < n_blocks
+
+
+@device_function
+def q8_0_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 2, cols)
+        qs = uint32(w[row, blk * 17 + 1 + (lane & 15)])
+        raw[r, m] = qs | (uint32(w[row, blk * 17]) << SIXTEEN)
+
+
+@device_function
+def q8_0_prepare(raw, fac, r, col0, cols, lane):
+    for m in range(8):
+        _, live = small_block(col0, m, lane, 2, cols)
+        fac[r, m] = f16_or_zero(raw[r, m] >> SIXTEEN, live)
+
+
+@device_function
+def q8_0_weight(raw, fac, r, i, lane):
+    byte = (raw[r, i >> 1] >> uint32(8 * (i & 1))) & uint32(0xFF)
+    return fac[r, i >> 1] * int8_to_f32(byte)
+
+
+# ---------------------------------------------------------------- Q4_0 (18 B: d, qs[16])
+# Tile = 32 blocks. Step m = 0..7: lane l takes block 4m + l // 8 and reads qs bytes 2k, 2k+1
+# (k = l % 8): low nibbles are elements 2k, 2k+1, high nibbles 16+2k, 17+2k.
+# Weight i = 4m + 2*high + byte. raw[r, m] = the two qs bytes | d bits << 16.
+
+@device_function
+def q4_0_owner(ct):
+    blk = ct >> 5
+    j = ct & 31
+    jj = j & 15
+    return (blk & 3) * 8 + (jj >> 1), 4 * (blk >> 2) + 2 * (j >> 4) + (jj & 1)
+
+
+@device_function
+def q4_0_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 4, cols)
+        qs = uint32(w[row, blk * 9 + 1 + (lane & 7)])
+        raw[r, m] = qs | (uint32(w[row, blk * 9]) << SIXTEEN)
+
+
+@device_function
+def q4_0_prepare(raw, fac, r, col0, cols, lane):
+    for m in range(8):
+        _, live = small_block(col0, m, lane, 4, cols)
+        fac[r, m] = f16_or_zero(raw[r, m] >> SIXTEEN, live)
+
+
+@device_function
+def q4_0_weight(raw, fac, r, i, lane):
+    t = i & 3
+    nib = (raw[r, i >> 2] >> uint32(8 * (t & 1) + 4 * (t >> 1))) & uint32(15)
+    return fac[r, i >> 2] * small_uint_to_f32(nib, float32(8.0))
+
+
+# ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
+# Tile = 4 blocks; 8 lanes per block. Lane l: block l // 8, chunk c = (l % 8) // 2, half hh =
+# l % 2, i.e. the 16 qs bytes 32c + 16hh + j (one 16-byte load). Low nibbles are elements
+# 64c + 16hh + j (sub-block 2c), high nibbles 64c + 32 + 16hh + j (sub-block 2c+1).
+# Weight i = 16*high + j. raw[r, 0:4] = qs, raw[r, 4:8] = the block header (d | dmin << 16,
+# scales[12]), Q5_K adds raw[r, 8:12] = qh bytes 16hh .. 16hh+15.
+# fac = d*sc1, dmin*m1, d*sc2, dmin*m2 (the lane's two sub-blocks).
+
+@device_function
+def kquant_owner(ct):
+    rem = ct & 63
+    l5 = rem & 31
+    return (ct >> 8) * 8 + ((ct & 255) >> 6) * 2 + (l5 >> 4), (rem >> 5) * 16 + (l5 & 15)
+
+
+@device_function
+def kquant_block(col0, lane, cols):
+    """(block index clamped into the row, live) of the lane's unit."""
+    blk = (col0 >> 8) + (lane >> 3)
+    n_blocks = cols >> 8
+    return min(blk, n_blocks - 1), blk < n_blocks
+
+
+@device_function
+def store4(raw, r, first, words):
+    a, b, c, d = words
+    raw[r, first] = a
+    raw[r, first + 1] = b
+    raw[r, first + 2] = c
+    raw[r, first + 3] = d
+
+
+@device_function
+def q4_k_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    word0 = blk * 36  # 144 bytes: header 16, qs 128
+    store4(raw, r, 0, load_u32x4(w, row, word0 + 4 + 8 * ((lane & 7) >> 1) + 4 * (lane & 1)))
+    store4(raw, r, 4, load_u32x4(w, row, word0))
+
+
+@device_function
+def q5_k_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    word0 = blk * 44  # 176 bytes: header 16, qh 32, qs 128
+    store4(raw, r, 0, load_u32x4(w, row, word0 + 12 + 8 * ((lane & 7) >> 1) + 4 * (lane & 1)))
+    store4(raw, r, 4, load_u32x4(w, row, word0))
+    store4(raw, r, 8, load_u32x4(w, row, word0 + 4 + 4 * (lane & 1)))
+
+
+@device_function
+def kquant_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    d = f16_or_zero(raw[r, 4], live)
+    dmin = f16_or_zero(raw[r, 4] >> SIXTEEN, live)
+    sc1, m1 = kquant_scale_min(raw[r, 5], raw[r, 6], raw[r, 7], 2 * c)
+    sc2, m2 = kquant_scale_min(raw[r, 5], raw[r, 6], raw[r, 7], 2 * c + 1)
+    fac[r, 0] = d * sc1
+    fac[r, 1] = dmin * m1
+    fac[r, 2] = d * sc2
+    fac[r, 3] = dmin * m2
+
+
+@device_function
+def q5_k_prepare(raw, fac, r, col0, cols, lane):
+    kquant_prepare(raw, fac, r, col0, cols, lane)
+    # chunk c uses bits 2c (low nibbles) and 2c+1 (high) of each qh byte: shift them to 0, 1
+    shift = uint32(2 * ((lane & 7) >> 1))
+    for k in range(4):
+        raw[r, 8 + k] = raw[r, 8 + k] >> shift
+
+
+@device_function
+def q4_k_weight(raw, fac, r, i, lane):
+    high = i >> 4
+    j = i & 15
+    nib = (raw[r, j >> 2] >> uint32(8 * (j & 3) + 4 * high)) & uint32(15)
+    return fma(fac[r, 2 * high], small_uint_to_f32(nib, ZERO), -fac[r, 2 * high + 1])
+
+
+@device_function
+def q5_k_weight(raw, fac, r, i, lane):
+    high = i >> 4
+    j = i & 15
+    shift = uint32(8 * (j & 3))
+    nib = (raw[r, j >> 2] >> (shift + uint32(4 * high))) & uint32(15)
+    bit = (raw[r, 8 + (j >> 2)] >> (shift + uint32(high))) & uint32(1)
+    q = nib | (bit << uint32(4))
+    return fma(fac[r, 2 * high], small_uint_to_f32(q, ZERO), -fac[r, 2 * high + 1])
+
+
+# ---------------------------------------------------------------- Q6_K (210 B, 2-byte aligned)
+# Tile = 2 blocks = 4 halves of 128. Step m = 0..3 is half m % 2 of block m // 2. Lane l reads
+# ql bytes 2l, 2l+1 and qh bytes 2(l%16), 2(l%16)+1 as uint16 (the block is only 2-byte
+# aligned): elements 2l, 2l+1 (low nibbles) and 2l+64, 2l+65 (high nibbles), scales l//8 and
+# 4 + l//8 of the half. Weight i = 4m + 2*high + byte.
+# raw[r, m] = ql | qh << 16; raw[r, 4+m] = scale lo | scale hi << 8 | d bits << 16;
+# fac[r, 2m + high] = d * scale.
+
+@device_function
+def q6_k_owner(ct):
+    rem = ct & 255
+    e = rem & 127
+    e6 = e & 63
+    return e6 >> 1, 4 * (2 * (ct >> 8) + (rem >> 7)) + 2 * (e >> 6) + (e6 & 1)
+
+
+@device_function
+def q6_k_block(col0, m, cols):
+    blk = (col0 >> 8) + (m >> 1)
+    n_blocks = cols >> 8
+    return min(blk, n_blocks - 1), blk < n_blocks
+
+
+@device_function
+def q6_k_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(4):
+        blk, _ = q6_k_block(col0, m, cols)
+        half = m & 1
+        base = blk * 105  # 210 bytes in uint16 words: ql 0..63, qh 64..95, scales 96..103, d 104
+        ql = uint32(w[row, base + 32 * half + lane])
+        qh = uint32(w[row, base + 64 + 16 * half + (lane & 15)])
+        raw[r, m] = ql | (qh << SIXTEEN)
+        scales = blk * 210 + 192 + 8 * half + (lane >> 3)
+        raw[r, 4 + m] = (uint32(w8[row, scales]) | (uint32(w8[row, scales + 4]) << uint32(8))
+                         | (uint32(w[row, base + 104]) << SIXTEEN))
+
+
+@device_function
+def q6_k_prepare(raw, fac, r, col0, cols, lane):
+    # lanes >= 16 hold elements 32..63 (+64): their 2-bit qh fields sit 2 bits higher
+    qh_shift = uint32(2 * (lane >> 4))
+    for m in range(4):
+        _, live = q6_k_block(col0, m, cols)
+        v = raw[r, m]
+        raw[r, m] = (v & LOW16) | (((v >> SIXTEEN) >> qh_shift) << SIXTEEN)
+        s = raw[r, 4 + m]
+        d = f16_or_zero(s >> SIXTEEN, live)
+        fac[r, 2 * m] = d * int8_to_f32(s & uint32(0xFF))
+        fac[r, 2 * m + 1] = d * int8_to_f32((s >> uint32(8)) & uint32(0xFF))
+
+
+@device_function
+def q6_k_weight(raw, fac, r, i, lane):
+    m = i >> 2
+    t = i & 3
+    shift = uint32(8 * (t & 1) + 4 * (t >> 1))
+    v = raw[r, m]
+    nib = (v >> shift) & uint32(15)
+    bits = (v >> (shift + SIXTEEN)) & uint32(3)
+    q = nib | (bits << uint32(4))
+    return fac[r, 2 * m + (t >> 1)] * small_uint_to_f32(q, float32(32.0))
+
+
+U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
+UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
+    LaneUnit(gt.F32, U32, 16, 16, 1, dense_load, dense_prepare, f32_weight, dense_owner),
+    LaneUnit(gt.F16, U16, 16, 16, 1, dense_load, dense_prepare, f16_weight, dense_owner),
+    LaneUnit(gt.BF16, U16, 16, 16, 1, dense_load, dense_prepare, bf16_weight, dense_owner),
+    LaneUnit(gt.Q8_0, U16, 16, 8, 8, q8_0_load, q8_0_prepare, q8_0_weight, q8_0_owner),
+    LaneUnit(gt.Q4_0, U16, 32, 8, 8, q4_0_load, q4_0_prepare, q4_0_weight, q4_0_owner),
+    LaneUnit(gt.Q4_K, U32, 32, 8, 4, q4_k_load, kquant_prepare, q4_k_weight, kquant_owner,
+             aligned16=True),
+    LaneUnit(gt.Q5_K, U32, 32, 12, 4, q5_k_load, q5_k_prepare, q5_k_weight, kquant_owner,
+             aligned16=True),
+    LaneUnit(gt.Q6_K, U16, 16, 8, 8, q6_k_load, q6_k_prepare, q6_k_weight, q6_k_owner),
+)}
+
+def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:
+    """The unit of a matvec's weight type, and (rows, n, cols), or a HybridError naming what
+    does not fit."""
+    unit = UNITS.get(int(wtype))
+    if unit is None:
+        raise HybridError(f"GPU matvec: unsupported tensor type {gt.type_name(int(wtype))}; "
+                          f"supported: {', '.join(u.type.name for u in UNITS.values())}")
+    if w_dev.dtype != np.uint8 or w_dev.ndim != 2:
+        raise HybridError(f"GPU matvec: weights must be a 2-D uint8 device array (rows, row_bytes), "
+                          f"got {w_dev.dtype} {w_dev.shape}")
+    if x_dev.dtype != np.float32 or x_dev.ndim != 2 or out_dev.dtype != np.float32 or out_dev.ndim != 2:
+        raise HybridError("GPU matvec: x and out must be 2-D float32 device arrays (n, cols), (n, rows)")
+    rows, row_bytes = w_dev.shape
+    n, cols = x_dev.shape
+    t = unit.type
+    if cols % t.block_elems or t.row_bytes(cols) != row_bytes:
+        raise HybridError(f"GPU matvec: {t.name} rows of {row_bytes} bytes do not hold "
+                          f"{cols} columns (x has shape {x_dev.shape})")
+    if out_dev.shape != (n, rows):
+        raise HybridError(f"GPU matvec: out has shape {out_dev.shape}, expected {(n, rows)}")
+    if n < 1 or rows < 1:
+        raise HybridError("GPU matvec: empty input")
+    for name, a in (("weights", w_dev), ("x", x_dev), ("out", out_dev)):
+        if not a.is_c_contiguous():
+            raise HybridError(f"GPU matvec: {name} must be C-contiguous")
+    if unit.aligned16 and not simulated() and w_dev.device_ctypes_pointer.value % 16:
+        raise HybridError(f"GPU matvec: {t.name} weights must start on a 16-byte boundary")
+    return unit, rows, cols, n
+
