@@ -51,7 +51,8 @@ def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, in
     t0 = time.perf_counter()
     ttft, content, usage = None, [], {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=3600) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise SystemExit(f"the server refused a turn ({r.status_code}): {r.read().decode(errors='replace')}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -83,8 +84,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--system-words", type=int, default=600, help="length of a synthetic system prompt")
-    ap.add_argument("serve_args", nargs="*", help="after --: flags for hybrid serve")
-    a = ap.parse_args()
+    # what follows `--` goes to hybrid serve as it is (argparse would give its first word to the
+    # optional model argument)
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    a.serve_args = argv[cut + 1:]
     system = "You are a helpful assistant. " + " ".join(f"rule{i % 97} applies" for i in range(a.system_words // 2))
     results = {}
     for mode, flags in (("cache on", []), ("cache off", ["--cache-mem", "0"])):
