@@ -4,8 +4,8 @@ A row is cut into parts (their size a function of the vocabulary alone), a block
 (row, part): threads stride over the part keeping their first maximum and a running
 Σ exp(x − max) (rescaled when the maximum rises, as in an online softmax), then combine in a
 fixed tree through shared memory, the lower id winning ties. A second launch merges each row's
-parts in the same tree. One block per row took 81 µs at 248k entries on the H100 (one SM
-doing every exp); the row, just written by lm_head, is read once from L2.
+parts in the same tree. One block per row left one SM doing every exp of a vocabulary-wide row;
+the row, just written by lm_head, is read once from L2.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ Same ops, arguments and cache layout as `cpu/attention.py`: k_cache, v_cache are
 (n_head_kv, n_ctx, d_h), head-major, so one query head streams its KV head's positions.
 
 Attention is split over the positions (as flash-decoding does), because a decode step has only
-n_head query rows to spread: one block per (query row, head) read the cache at ~12 GB/s, 0.64 ms
-per layer at 2048 positions on an H100. Two launches:
+n_head query rows to spread: one block per (query row, head) left most of the GPU idle and read
+the cache at a small fraction of its bandwidth. Two launches:
 * `_attention_parts`: one block per (row, KV head, part); a warp per query head of the KV head's
   group (they read the same K/V rows, which the cache then serves to the others). A part is a run of
   `part_size(n_kv)` positions (16 up to 1024 positions, then 1/64 of them); the warp keeps an

@@ -26,8 +26,7 @@ Per MoE layer (gpu/moe.py `hybrid_moe_ffn`), with the router on the device:
      pair's row and SiLU(g)·u beside the second, then the down product (one launch per matrix
      kind for all the pairs, from cache or staging slots, `gpu.matmul.matvec_q8.experts_matvec`; a CPU
      pair returns at once). Fetching first and computing from VRAM beat computing straight
-     from host memory: three dependent launches each waited out PCIe's latency on ~0.6 MB
-     (35B-A3B shape, H100 box: a 0.5 share made steps slower);
+     from host memory: three dependent launches each waited out PCIe's latency;
   3. `finish`: out = (host part) + Σ over the GPU's ranks, in rank order, of weight · output
      (+ the gated shared expert).
 Every row's arithmetic is the same whatever the number of rows (up to `PCIE_MAX_ROWS` rows for
@@ -60,9 +59,9 @@ MAX_TOP_K = 64             # experts per row the routing kernel picks (Qwen MoE:
 MAX_COUNTS = MAX_TOP_K + 1  # entries of a PCIe count table (a shared array's size must be a constant)
 X_COPY = 128               # entries of a routed row that one block of `_route` copies to the host
 MAX_PAIRS = 65535          # (row, rank) pairs of one call: the grid's y limit
-# blocks and threads per fetched matrix: 256 KB of loads in flight covers PCIe's latency (~90 KB
-# at ~45 GB/s and ~2 µs); 128 blocks (1 MB) timed the same on the 35B-A3B shape (H100 box, one
-# call: 7.89 vs 7.76 ms per token), so the fetch holds fewer of the SMs the kernels beside it use.
+# blocks and threads per fetched matrix: 256 KB of loads in flight covers PCIe's latency
+# (bandwidth × latency is well below it); four times as many blocks timed the same, so the fetch
+# holds fewer of the SMs the kernels beside it use.
 # The simulator runs each thread as a Python thread: a few do there.
 FETCH_BLOCKS, FETCH_THREADS = (2, 32) if simulated() else (32, 256)
 ON_CPU = -1                # a `where` code: the CPU runs the pair
@@ -226,15 +225,14 @@ def _route(bits, slot_of, pcie_count, experts, weights, where, x, x_out, experts
     each lane takes the largest `_pick_value` of its own experts (e ≡ lane mod 32), a shuffle
     butterfly gives the warp's largest, and the lane that holds the winner zeroes it. Then the
     lanes weigh the picks and lane 0 sums them in rank order, and places each pair (the module
-    docstring's rule). About k·E/32 compares per lane, no barrier per round: 5.7 µs a row on the
-    H200 at E = 256 (k = 8), 8.8 at E = 512 (k = 10), where a block that ranked every expert
-    against all E others (E² compares) took 12 and 40. Every global load after the rounds is
+    docstring's rule). About k·E/32 compares per lane, no barrier per round: faster than a block
+    that ranked every expert against all E others (E² compares), by 2-4× at E = 256..512. Every global load after the rounds is
     made by the lanes at once (one rank each), so lane 0's serial placement reads shared memory
     only: a load per rank in its loop cost a memory latency each.
     Also copies the routing to experts_out / weights_out and the row x[i] to x_out[i] (when
     x_out has rows): the host's copies, in mapped host memory, with no copy node after. The row
-    goes in blocks of its own (grid y ≥ 1, `X_COPY` entries each): one warp writing a 2048-wide
-    row over PCIe took 10 µs more than the routing itself."""
+    goes in blocks of its own (grid y ≥ 1, `X_COPY` entries each): one warp writing a
+    model-width row over PCIe took longer than the routing itself."""
     i = cuda.blockIdx.x
     t = cuda.threadIdx.x
     if cuda.blockIdx.y > 0:

@@ -361,8 +361,8 @@ def gated_delta_rule(u, n_k_heads, grouped, b, alpha, ssm_a, dt_bias, ssm, out, 
 def gdn_mixer(mix, z, b, alpha, weights, state, rings, n_k_heads, grouped, eps, u, o, y):
     """A GDN layer's mixer between its input and output projections, as `cpu.gdn.gdn_mixer`:
     conv1d_silu, l2_norm_heads of q and k, gated_delta_rule and gated_rms_norm, with their
-    bits, in two launches for a call of a few tokens (four at least otherwise). On the H100
-    they were five launches of 2-4 µs each, ~19 µs per layer of a decode step."""
+    bits, in two launches for a call of a few tokens (four at least otherwise): at decode sizes
+    each launch's fixed cost is most of its time."""
     conv_w, ssm_a, dt_bias, norm_w = weights
     conv, ssm = state
     ring_conv, ring_ssm = rings

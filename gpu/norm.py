@@ -29,9 +29,8 @@ def warp_blocks(items: int) -> int:
 # A model-width row (D = 2048..5120) gets a block of warps, about one warp per 128 entries, and
 # each thread holds its entries in registers (`_norm_row`). In a decode step the row's loads
 # miss the L2 (the layer's weights streamed through it), so what counts is how many loads each
-# thread waits out in turn. On the H200, in a graph after an 84 MB matvec: 8 warps looping over
-# the row 7.9 µs at D = 2048 and 18.1 at 5120; a warp per 128 entries, looping, 6.0 and 10.4;
-# with the entries in registers 5.1 and 8.9.
+# thread waits out in turn: more warps beat fewer looping ones, and registers beat reloading
+# (the timings are in docs/MEASUREMENTS.md).
 MAX_ROW_WARPS = 1 if simulated() else 32
 
 

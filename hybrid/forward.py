@@ -277,7 +277,7 @@ class MoEStats:
 
     def count(self, ffn: MoEFFN, experts: np.ndarray) -> None:
         """Count a call's routing: experts (rows, k), pairs the GPU runs marked ~e."""
-        # a set of a few dozen ints: ~1 µs, np.unique ~7 µs (40 hand-offs per decode step)
+        # a set of a few dozen ints is several times cheaper than np.unique (called per hand-off)
         self.add(ffn, experts.shape[0], len(set(expert_ids(experts).ravel().tolist())), experts.size)
 
     def add(self, ffn: MoEFFN, rows: int, distinct: int, pairs: int) -> None:

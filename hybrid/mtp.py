@@ -86,7 +86,7 @@ class MTPHead:
 
     def _result_views(self, result, n_out: int, first: int, D: int):
         """_split of a device result buffer, made once per buffer (the GPU backend keeps its result
-        buffers): a numba device view costs ~0.1 ms of host time to make, and a draft made four.
+        buffers): a numba device view costs host time to make, and a draft made four.
         The CPU backend's results are fresh arrays, split as they come."""
         if result is None or isinstance(result, np.ndarray):
             return _split(result, n_out, first, D)

@@ -51,10 +51,9 @@ MARGIN_MIN = 256 * MiB
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 # Of the routed experts a token picks that the GPU does not cache, the share it fetches from host
-# memory over PCIe while the CPU runs the rest (gpu/expert_cache.py). The host's DRAM serves both:
-# on the GPU machine the CPU read 88 GB/s while the GPU read 45 over PCIe. 35B-A3B shape at 12 GiB,
-# H100 box, one process: shares 0 / 0.25 / 0.375 / 0.5 gave 11.72 / 10.82 / 10.05 / 11.08 ms per
-# token (past 0.375 the GPU's side of a hand-off takes longer than the CPU's).
+# memory over PCIe while the CPU runs the rest (gpu/expert_cache.py). The host's DRAM serves both.
+# The share that gave the fastest token on the 35B-A3B shape at 12 GiB (tools/device/moe_pcie_sweep.py,
+# docs/MEASUREMENTS.md); past it the GPU's side of a hand-off takes longer than the CPU's.
 DEFAULT_PCIE_SHARE = 0.375
 
 

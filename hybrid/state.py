@@ -90,8 +90,8 @@ class SessionState:
                               f"forward left {self.ring_len} slot(s)")
         if n_keep < self.ring_len:
             slot = n_keep - 1
-            # two copies per GDN layer, ~150 µs each from Python on the GPU backend (10 ms per
-            # drafting step on a 30-GDN-layer MoE, measured): one captured step replays them all
+            # two copies per GDN layer, each a Python-level launch on the GPU backend (most of a
+            # drafting step's host time on a MoE model): one captured step replays them all
             self.backend.run_step(self._restore, slot)
         self.n_past = self.ring_base + n_keep
         self.ring_len = 0

@@ -114,9 +114,8 @@ class Tile:
 #   four times the big tile's blocks.
 # (The first version's 128 × 128 tile took ~15 / ~25 instructions per mma.)
 # Efficiencies (compared within one precision only) are the measured rates at n=2048, where
-# every tile fills the GPU (H200, Q4_K and Q6_K FFN shapes, relative to mma64x128w4: 128x128w8
-# 0.80-0.89, 64x64w4 0.70-0.75, 64x128w8 0.63-0.72): the smaller block with 12 warps per SM beats
-# the fewer instructions of the big one. The call's block count, the SM count and
+# every tile fills the GPU, relative to mma64x128w4 (docs/MEASUREMENTS.md): the smaller block
+# with 12 warps per SM beats the fewer instructions of the big one. The call's block count, the SM count and
 # `blocks_per_sm` do the rest (`choose_tile`). `python
 # tools/gpu_bench_kernels.py --gemm` times every tile on the FFN shapes to check the choice. The simulator runs
 # each thread as a Python thread: tiny tiles, one warp for the tensor-core one.

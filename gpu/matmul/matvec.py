@@ -252,7 +252,7 @@ def matvec(wtype: int, w_dev, x_dev, out_dev, stream=None, rows_per_warp: int | 
 def matvecs(products, x_dev, stream=None) -> None:
     """out = W @ x for every (wtype, w_dev, out_dev) of one input x_dev (a GDN layer's four
     projections, attention's q/k/v): as `matvec` each, with the same bits, but the int8 types
-    quantise x once per x layout instead of once per matrix (a launch of ~2 µs each saved)."""
+    quantise x once per x layout instead of once per matrix (a launch saved each)."""
     launch_stream = memory.stream() if stream is None else stream
     shared = x_dev.shape[0] < gemm.GEMM_MIN_ROWS
     by_layout: dict[int, list] = {}
@@ -262,7 +262,7 @@ def matvecs(products, x_dev, stream=None) -> None:
         else:
             matvec(wtype, w_dev, x_dev, out_dev, launch_stream)
     # one layout at a time: its quantised x lives in scratch the next quantise overwrites; the
-    # matrices of one type then go GROUP to a launch (a GDN layer's z, β, α: 2-4 µs launches)
+    # matrices of one type then go GROUP to a launch (a GDN layer's z, β, α: launch-bound sizes)
     for layout, group in by_layout.items():
         quantized = matvec_q8.quantize(x_dev, launch_stream, layout)
         n, cols = x_dev.shape

@@ -274,9 +274,8 @@ def units_in_flight(unit: Dp4aUnit, rows_per_warp: int) -> int:
 def lanes_per_row(unit: Dp4aUnit, cols: int) -> int:
     """L, the lanes that share a row (module docstring): 32 unless that leaves more than an
     eighth of the lane-steps idle in the row's last step; then, of 16, 8, 4 (at least a
-    block's units), the one with the fewest idle lane-steps, the widest on a tie. On the H200 a
-    5120-wide row (80 units, a sixth idle at 32) read fastest at 16; a 17408-wide one (272
-    units, 6% idle) at 32. A function of the row length alone, so every call on a matrix adds
+    block's units), the one with the fewest idle lane-steps, the widest on a tie (a 5120-wide
+    row, 80 units with a sixth idle at 32, read fastest at 16; a 17408-wide one at 32). A function of the row length alone, so every call on a matrix adds
     in the same order."""
     units = unit.units_per_row(cols)
 
@@ -394,12 +393,8 @@ def default_rows_per_warp(n_slots: int, rows: int, lanes: int = 32) -> int:
     """Rows per lane group. Two, so that each x value a lane loads serves two rows, except at
     one slot with lane groups narrower than the warp: one row per group (the warp still owns
     two) and twice the warps. Fewer when the matrix has too few rows to give every SM several
-    blocks. Any choice gives the same bits. Measured on the H200 (tools/gpu_bench.py --sweep,
-    % of the read bandwidth at n = 1; 32 lanes: two rows vs one 63-65 vs 54-66):
-    | 17408×5120 Q4_K (80 units)      | 32 lanes, 2 rows 63 | 16 lanes, 1 row 64 | 16, 2 rows 55 |
-    | 248320×5120 Q6_K (lm_head)      | 72                  | 80                 | 76            |
-    | 5120×17408 Q4_K (272 units)     | 65                  | 54-60              | (too few rows)|
-    (lanes_per_row keeps the last one at 32 lanes; at n = 4 it read 27% there, 37-39% at 16.)"""
+    blocks. Any choice gives the same bits. The sweep that chose it (`tools/gpu_bench.py
+    --sweep`) is in docs/MEASUREMENTS.md."""
     r = 1 if n_slots == 1 and lanes < 32 else 2
     while r > 1 and -(-rows // (WARPS * (32 // lanes) * r)) < 4 * _sm_count():
         r //= 2

@@ -16,8 +16,8 @@ pinned buffers that are never reallocated, so their addresses stay valid. A host
 `meanwhile` work is a graph of its own, launched after the segment's and before the host
 waits: the host waits for an event recorded between the two, so that graph runs on the GPU
 while the host call runs on the CPU. (One graph with an event-record node after the copies
-would save the second launch, but on the H200 the host's wait on that event returned only
-when the whole graph had run: no overlap.)
+would save the second launch, but the host's wait on that event returned only when the whole
+graph had run: no overlap.)
 
 Recording does not run anything: launches and copies are only captured, host calls only
 remembered, then the step is replayed. An op that cannot be captured (one that reads device

@@ -7,10 +7,10 @@ routed experts the GPU takes from it, by pointers the routing picks on the devic
 (cuMemHostRegister, read-only: the file is mapped read-only) and maps them into the device's
 address space, so a device pointer to them exists.
 
-Why the GPU should read host memory at all: on the GPU machine the CPU's 16 cores read ~85-98
-GB/s, and while they do, a kernel reading registered host memory still gets ~45 GB/s over PCIe
-(tools/device/pcie_share.py: 88.2 GB/s for the CPU and 44.6 for the GPU at once). The host's
-DRAM has more bandwidth than the cores pull; the GPU's reads use some of the rest.
+Why the GPU should read host memory at all: while every core streams weights, a kernel reading
+registered host memory still gets about half of PCIe's rate (tools/device/pcie_share.py measures
+both at once; figures in docs/MEASUREMENTS.md). The host's DRAM has more bandwidth than the cores
+pull; the GPU's reads use some of the rest.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
   steady-state decoding allocates nothing. GPU work that does not depend on the CPU function
   (`meanwhile`) runs on the device while the host runs it. An input or output may instead be
   `mapped` host memory that kernels write and read in place: then it has no copy at all (in a
-  captured step each copy is a graph node, ~2-3 µs of a hand-off's critical path).
+  captured step each copy is a graph node on a hand-off's critical path).
 
 Everything of gpu/ runs in order on ONE stream (`stream()`): kernels and copies are queued
 there, and the host waits for it (`synchronize`) only where it reads device data. The one
@@ -311,9 +311,8 @@ def host_buffer(key, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
 def copy_raw(dst, src, up: bool) -> None:
     """Queue one copy between host memory and a C-contiguous device array of the same size on
     the stream — host src to device dst when `up`, device src to host dst otherwise — by a
-    direct driver call: on the GPU machine Numba's copy_to_device cost ~80 µs of host time per
-    call and copy_to_host ~15, the driver's cuMemcpy*Async 2-4 (a decode step makes a few such
-    copies). The driver's rules for pageable host memory hold: a copy up has read src when this
+    direct driver call: Numba's copy_to_device / copy_to_host cost many times the driver call's
+    host time (a decode step makes a few such copies). The driver's rules for pageable host memory hold: a copy up has read src when this
     returns (src may be reused at once), a copy down has landed."""
     fast = driver()
     if not fast:

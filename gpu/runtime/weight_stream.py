@@ -34,12 +34,11 @@ from .device import simulated
 from .host_mapping import page_ranges, register_host_ranges, unregister_host_ranges
 
 # Stream a host FFN's weights when a call has at least this many rows. Streaming costs the
-# layer's bytes / host→device bandwidth once (27B shape, Q4_K_M: ~160 MB per layer, ~55 GB/s
-# pinned: ~3 ms, overlapped with the previous layer's work by the double buffer); the CPU
-# hand-off costs n rows × the same bytes at the CPU prompt kernels' rate (measured on the GPU
-# machine's 16 cores: ~230 GB of weight-bytes × rows per second, i.e. ~0.7 ms per row per
-# layer). Break-even is ~5 rows; 32 leaves room for the GPU's own FFN time and a copy that is
-# not fully hidden, and keeps decode (1 row) and drafting verify steps (≤ 8 rows) on the CPU.
+# layer's bytes / host→device bandwidth once (overlapped with the previous layer's work by the
+# double buffer); the CPU hand-off costs n rows × the same bytes at the CPU prompt kernels'
+# rate. Break-even was ~5 rows on the GPU machine (docs/MEASUREMENTS.md); 32 leaves room for the
+# GPU's own FFN time and a copy that is not fully hidden, and keeps decode (1 row) and drafting
+# verify steps (≤ 8 rows) on the CPU.
 STREAM_MIN_ROWS = 32
 SLOT_ALIGN = 256             # byte offset of each matrix in a slot (Q4_K/Q5_K need 16)
 STAGE_BYTES = 32 << 20       # pinned staging buffer size, when the mapping cannot be registered
@@ -105,7 +104,7 @@ def _event(timing: bool = False):
 
 @njit(cache=True, nogil=True, parallel=True)
 def _copy_bytes(dst, src):
-    """dst[:] = src[:] (uint8), in 1 MiB pieces over all cores: one core copies ~10 GB/s."""
+    """dst[:] = src[:] (uint8), in 1 MiB pieces over all cores: one core cannot fill the link."""
     piece = 1 << 20
     for p in prange((src.shape[0] + piece - 1) // piece):
         lo = p * piece

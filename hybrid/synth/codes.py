@@ -32,7 +32,7 @@ def random_blocks(rng: np.random.Generator, rows: int, n: int, t: GGMLType, sigm
 
 
 def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
-    # The bit generator's raw 64-bit words are ~1 GB/s; rng.bytes() is several times slower.
+    # The bit generator's raw 64-bit words: rng.bytes() is several times slower.
     words = rng.bit_generator.random_raw((n + 7) // 8)
     return words.view(np.uint8)[:n]
 
