@@ -197,3 +197,17 @@ def margin_mismatches(ref_logits, our_logits, tol: float) -> int:
         raise ValueError(f"logit shapes differ: {ref.shape} vs {ours.shape}")
     differs = ref.argmax(axis=-1) != ours.argmax(axis=-1)
     return int(np.count_nonzero(differs & (top2_gap(ref) > tol)))
+
+
+def llama_cpp_quantize(src, dst, ftype_name: str):
+    """Write `dst`: the GGUF at `src` quantised by llama.cpp's own quantizer (`llama_model_quantize`,
+    what `llama-quantize` runs) to the file type LLAMA_FTYPE_MOSTLY_<ftype_name>, with its
+    per-tensor type choices. Raises RuntimeError when llama.cpp refuses."""
+    require_llama_cpp()
+    import llama_cpp        # optional (the parity extra builds it): imported where it is needed, as above
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = 1
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantise {src} to {ftype_name}")
+    return dst
