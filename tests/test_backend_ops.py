@@ -24,6 +24,8 @@ not state: bit patterns pinned, extremes, in-place calls, validation, kernel-int
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -133,6 +135,15 @@ def within(got, want, bound, what=""):
     assert np.all(excess <= 0), f"{what}: max excess {excess.max():.3g}"
 
 
+@contextlib.contextmanager
+def float_edges_expected():
+    """Quiet numpy's overflow / divide warnings where an op meets them on purpose: the simulator
+    runs kernels in numpy scalars, on threads of its own (so np.errstate, per thread, would not)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"(overflow|divide by zero) encountered", RuntimeWarning)
+        yield
+
+
 def f32(a):
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -215,13 +226,14 @@ def run_matvecs(b: Backend, p, rng):
 
 # swiglu: gate and up of possibly different types
 
-SWIGLU_PAIRS = (("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q8_0", "Q4_0"), ("F16", "BF16"), ("F32", "Q4_K"))
+SWIGLU_PAIRS = (("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q8_0", "Q4_0"), ("Q6_K", "Q8_0"), ("F16", "BF16"), ("F32", "Q4_K"),
+                ("F32", "F32"))
 
 
 def swiglu_cases(backend):
     rows = 5 if backend == "gpu" else 19
     return [(f"{g}+{u}-{rows}x{256 if backend == 'gpu' else 512}-n{n}", dict(gate=g, up=u, rows=rows, n=n))
-            for g, u in SWIGLU_PAIRS for n in ((1, 3) if backend == "gpu" else (1, 3, 16))]
+            for g, u in SWIGLU_PAIRS for n in ((1, 3) if backend == "gpu" else (1, 3, 4, 8, 16))]
 
 
 def run_swiglu(b: Backend, p, rng):
@@ -233,7 +245,8 @@ def run_swiglu(b: Backend, p, rng):
 
     def call(xs):
         h = b.dev(np.full((xs.shape[0], rows), np.nan, np.float32))
-        b.ops.swiglu(BY_NAME[gate].id, wg_dev, BY_NAME[up].id, wu_dev, b.dev(xs), h)
+        with float_edges_expected():        # exp(−g) overflows for g ≪ 0: SiLU → −0, as meant
+            b.ops.swiglu(BY_NAME[gate].id, wg_dev, BY_NAME[up].id, wu_dev, b.dev(xs), h)
         return b.host(h)
 
     got = call(x)
@@ -248,11 +261,11 @@ def run_swiglu(b: Backend, p, rng):
 
 # norms
 
-NORM_TOL = dict(rtol=2e-5, atol=2e-6)
+NORM_TOL = {"cpu": dict(rtol=2e-6, atol=2e-6), "gpu": dict(rtol=2e-5, atol=2e-6)}   # the GPU sums in a tree
 
 
 def norm_cases(backend):
-    return [(f"{n}x{D}", dict(n=n, D=D)) for n, D in ((1, 64), (3, 300))]
+    return [(f"{n}x{D}", dict(n=n, D=D)) for n, D in ((1, 64), (5, 33), (3, 300 if backend == "gpu" else 512))]
 
 
 def run_rms_norm(b: Backend, p, rng):
@@ -260,7 +273,7 @@ def run_rms_norm(b: Backend, p, rng):
     w = f32(rng.standard_normal(p["D"]))
     out = b.dev(np.full_like(x, np.nan))
     b.ops.rms_norm(b.dev(x), b.dev(w), EPS, out)
-    np.testing.assert_allclose(b.host(out), ref_rms(x, w), **NORM_TOL)
+    np.testing.assert_allclose(b.host(out), ref_rms(x, w), **NORM_TOL[b.name])
 
 
 def run_add_rms_norm(b: Backend, p, rng):
@@ -270,7 +283,7 @@ def run_add_rms_norm(b: Backend, p, rng):
     x_dev, out = b.dev(x), b.dev(np.full_like(x, np.nan))
     b.ops.add_rms_norm(x_dev, b.dev(y), b.dev(w), EPS, out)
     np.testing.assert_array_equal(b.host(x_dev), x + y)          # the residual: one float32 add
-    np.testing.assert_allclose(b.host(out), ref_rms(x + y, w), **NORM_TOL)
+    np.testing.assert_allclose(b.host(out), ref_rms(x + y, w), **NORM_TOL[b.name])
 
 
 def run_add_inplace(b: Backend, p, rng):
@@ -292,7 +305,7 @@ def run_head_rms_norm(b: Backend, p, rng):
     w = f32(rng.standard_normal(d))
     out = b.dev(np.full((n, H, d), np.nan, np.float32))
     b.ops.head_rms_norm(b.dev(qg), b.dev(w), EPS, out)
-    np.testing.assert_allclose(b.host(out), ref_rms(qg[:, :, :d], w), **NORM_TOL)
+    np.testing.assert_allclose(b.host(out), ref_rms(qg[:, :, :d], w), **NORM_TOL[b.name])
 
 
 def run_gated_rms_norm(b: Backend, p, rng):
@@ -315,7 +328,7 @@ def run_l2_norm_heads(b: Backend, p, rng):
     want[:, :H * d] = ref_l2(x[:, :H * d].reshape(n, H, d)).reshape(n, -1)
     x_dev = b.dev(x)
     b.ops.l2_norm_heads(x_dev, H, d, EPS)
-    np.testing.assert_allclose(b.host(x_dev), want, **NORM_TOL)
+    np.testing.assert_allclose(b.host(x_dev), want, **NORM_TOL[b.name])
 
 
 # rope
@@ -450,7 +463,7 @@ def run_gdn_mixer(b: Backend, p, rng):
 # greedy picks and the best logits of a row
 
 def argmax_cases(backend):
-    return [(f"{n}x{V}", dict(n=n, V=V)) for n, V in ((1, 40), (4, 333))]
+    return [(f"{n}x{V}", dict(n=n, V=V)) for n, V in ((1, 40), (5, 333))]
 
 
 def run_argmax_rows(b: Backend, p, rng):
@@ -462,19 +475,20 @@ def run_argmax_rows(b: Backend, p, rng):
         x[2, :] = -np.inf
         x[2, V - 1] = 1.0                                 # one finite value, at the end
         x[3, 5] = np.nan                                  # refused by the sampler: max is NaN
+        x[4, :] = -np.inf                                 # masked: max is -inf
     out = b.dev(np.full((n, PICK_COLUMNS), 7.0, np.float32))
-    b.ops.argmax_rows(b.dev(x), out)
+    with float_edges_expected():            # the masked row's probability: 1 / 0
+        b.ops.argmax_rows(b.dev(x), out)
     got = b.host(out)
-    ok = [i for i in range(n) if not np.isnan(x[i]).any()]
+    ok = [i for i in range(n) if np.isfinite(x[i]).any() and not np.isnan(x[i]).any()]
     x64 = x[ok].astype(np.float64)
     np.testing.assert_array_equal(got[ok, PICK_ID], np.argmax(x[ok], axis=1))
     np.testing.assert_allclose(got[ok, PICK_P], 1 / np.exp(x64 - x64.max(axis=1, keepdims=True)).sum(axis=1), rtol=1e-5)
-    np.testing.assert_array_equal(got[ok, PICK_MAX], x[ok].max(axis=1))
-    assert all(np.isnan(got[i, PICK_MAX]) for i in range(n) if i not in ok)
+    np.testing.assert_array_equal(got[:, PICK_MAX], x.max(axis=1))             # NaN and -inf kept
 
 
 def top_cases(backend):
-    return [(f"5x{V}-top{c}", dict(V=V, count=c)) for V, c in ((333, 1), (333, 40))]
+    return [(f"5x{V}-top{c}", dict(V=V, count=c)) for V, c in ((333, 1), (333, 3), (333, 40))]
 
 
 def run_top_logits(b: Backend, p, rng):
