@@ -10,7 +10,9 @@ reason, never a missing row.
 
 * Weight types come from `cpu.ggml_types.SUPPORTED`, blocks from `tests/cpu/quant_data.py`
   (gguf's quantiser, or random valid blocks), their values from `gguf.quants.dequantize`.
-  A new type is a row by itself; `PRODUCT_REL` is the one place to give it a tolerance.
+  A new type is a row by itself: `PRODUCT_REL` gives it a tolerance where the default is not
+  its, `X_AS_IS` marks a kernel that takes x unrounded, and a backend without a kernel for it
+  shows a not-on entry by itself.
 * Activations meet a weight as each backend rounds them: the CPU as llama.cpp's CPU backend
   does (the format per type is `cpu.activations.FORMAT_OF`; the numbers come from the numpy
   statement in tests/reference/llama_cpp_rounding.py), the GPU's int8 kernels per block of 32
@@ -88,8 +90,17 @@ def product_rel(name: str) -> float:
     return PRODUCT_REL.get(name, PRODUCT_REL_QUANT)
 
 
-def on_gpu(name: str) -> bool:
-    return BY_NAME[name].id in GPU_UNITS
+def type_cases(name: str, backend: str, case_id: str, params: dict) -> tuple[str, dict]:
+    """One case of a weight type; where `backend` has no kernel for the type, an explicit
+    not-on-this-backend entry (reported as a skip) instead."""
+    if backend == "gpu" and BY_NAME[name].id not in GPU_UNITS:
+        return case_id, dict(not_on="no GPU kernel for this type (gpu.matmul.quants.UNITS)")
+    return case_id, params
+
+
+# (backend, type) pairs whose kernel takes x unrounded where llama.cpp's CPU rounds it (a
+# decode-then-dot kernel, say): one line each.
+X_AS_IS: set[tuple[str, str]] = set()
 
 
 # The weight type whose rounding each activation format is, for llama_cpp_rounding (Q8_1 has
@@ -117,8 +128,8 @@ def product_reference(name: str, w: np.ndarray, x: np.ndarray, backend: str):
         a = scale_part(t, w).astype(np.float64).reshape(wd.shape)
         x64 = x.astype(np.float64)
         return x_hat @ a.T + x64 @ (wd - a).T, np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(wd - a).T
-    if backend == "gpu" and t.id not in GPU_INT8_UNITS:
-        xr = x.astype(np.float64)                      # the float kernel: x as it is
+    if (backend == "gpu" and t.id not in GPU_INT8_UNITS) or (backend, name) in X_AS_IS:
+        xr = x.astype(np.float64)                      # a float kernel: x as it is
     else:
         xr = round_activations(x, _ROUNDED_AS[FORMAT_OF[t.id].name])
     return xr @ wd.T, np.abs(xr) @ np.abs(wd).T
@@ -169,9 +180,8 @@ def per_slot(backend: Backend, call, x, got):
 
 def matvec_cases(backend):
     rows = 5 if backend == "gpu" else 37                 # never a multiple of a tile's rows
-    return [(f"{name}-{rows}x{cols_for(name, backend)}-n{n}", dict(name=name, rows=rows, n=n))
-            for name in TYPES if backend == "cpu" or on_gpu(name)
-            for n in ((1, 3) if backend == "gpu" else (1, 3, cpu.ops._matmul.MIN_SLOTS))]
+    return [type_cases(name, backend, f"{name}-{rows}x{cols_for(name, backend)}-n{n}", dict(name=name, rows=rows, n=n))
+            for name in TYPES for n in ((1, 3) if backend == "gpu" else (1, 3, cpu.ops._matmul.MIN_SLOTS))]
 
 
 def run_matvec(b: Backend, p, rng):
@@ -550,15 +560,14 @@ def run_moe_ffn(b: Backend, p, rng):
 
     got = call(x)
     within(got, want, 5e-4 * magnitude + 1e-6)   # float32 sums, and activation rounding flips
-    if n > 1 and b.name == "cpu":
+    if n > 1:
         per_slot(b, call, x, got)
 
 
 # embedding rows
 
 def dequantize_cases(backend):
-    return [(f"{name}-5x{cols_for(name, backend)}", dict(name=name)) for name in TYPES
-            if backend == "cpu" or on_gpu(name)]
+    return [type_cases(name, backend, f"{name}-5x{cols_for(name, backend)}", dict(name=name)) for name in TYPES]
 
 
 def run_dequantize_rows(b: Backend, p, rng):
@@ -600,7 +609,8 @@ def _params():
                                    marks=pytest.mark.skip(reason=f"not on {backend.name}: {op.not_on[backend.name]}"))
                 continue
             for case_id, params in op.cases(backend.name):
-                yield pytest.param(op, params, backend, id=f"{op.name}-{case_id}-{backend.name}")
+                marks = [pytest.mark.skip(reason=f"not on {backend.name}: {params['not_on']}")] if "not_on" in params else []
+                yield pytest.param(op, params, backend, id=f"{op.name}-{case_id}-{backend.name}", marks=marks)
 
 
 @pytest.mark.parametrize("op, params, backend", list(_params()))

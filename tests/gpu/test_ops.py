@@ -1,7 +1,8 @@
-"""gpu.ops vs cpu.ops on the same inputs (the CPU ops are checked against float64 references in
-tests/cpu), plus the property lossless drafting needs: an n-row call gives every row the bits
-of a one-row call. Shapes are tiny and odd (not multiples of 32) because the CUDA simulator is
-slow and the lanes past a segment's end must add nothing."""
+"""gpu.ops vs cpu.ops on the same inputs (each op of both against its float64 reference:
+tests/test_backend_ops.py), plus the property lossless drafting needs: an n-row call gives every
+row the bits of a one-row call, in-place calls, fused ops against their parts, kernel paths.
+Shapes are tiny and odd (not multiples of 32) because the CUDA simulator is slow and the lanes
+past a segment's end must add nothing."""
 import sys
 
 import numpy as np
