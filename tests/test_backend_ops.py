@@ -41,6 +41,7 @@ import gpu.ops
 from cpu.activations import FORMAT_OF
 from cpu.argmax import PICK_COLUMNS, PICK_ID, PICK_MAX, PICK_P
 from cpu.ggml_types import SUPPORTED
+from cpu.matmul import MIN_SLOTS as MATMUL_MIN_SLOTS
 from gpu.matmul.quants import UNITS as GPU_UNITS
 from gpu.matmul.quants_q8 import NATURAL
 from gpu.matmul.quants_q8 import UNITS as GPU_INT8_UNITS
@@ -109,8 +110,8 @@ _ROUNDED_AS = {"Q8_0": T.Q8_0, "Q8_1": T.Q8_0, "Q8_K": T.Q4_K, "F16": T.F16, "BF
 
 
 def cols_for(name: str, backend: str) -> int:
-    """Columns of a weight row: several blocks with a partial 256-column span on the CPU; on the
-    simulator the fewest that still give more than one block."""
+    """Columns of a weight row: on the CPU several blocks (32-element blocks: one 256-column span
+    and a tail of 3 blocks); on the simulator the fewest that still give more than one block."""
     elems = BY_NAME[name].block_elems
     if backend == "gpu":
         return {256: 256, 32: 96}.get(elems, 64)
@@ -181,7 +182,7 @@ def per_slot(backend: Backend, call, x, got):
 def matvec_cases(backend):
     rows = 5 if backend == "gpu" else 37                 # never a multiple of a tile's rows
     return [type_cases(name, backend, f"{name}-{rows}x{cols_for(name, backend)}-n{n}", dict(name=name, rows=rows, n=n))
-            for name in TYPES for n in ((1, 3) if backend == "gpu" else (1, 3, cpu.ops._matmul.MIN_SLOTS))]
+            for name in TYPES for n in ((1, 3) if backend == "gpu" else (1, 3, MATMUL_MIN_SLOTS))]
 
 
 def run_matvec(b: Backend, p, rng):
@@ -203,7 +204,7 @@ def run_matvec(b: Backend, p, rng):
         per_slot(b, call, x, got)
 
 
-# matvecs: one x, several matrices of different types (the GPU rounds x once per format)
+# matvecs: one x, several matrices of different types (the GPU quantises x once for them all)
 
 MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"))
 
