@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from cpu.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED
+from cpu.ggml_types import BF16, DECODED_IDS, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED
 
+from .blocks import decode_block
 from .matvec import check_weights, frozen
 from .simd import f16_at
 from .variants import Variants
@@ -83,6 +84,9 @@ def _block_q6_k(w, o, y):
 
 
 def _make_dequantize_rows(wt):
+    t = SUPPORTED[wt]
+    elems, size = t.block_elems, t.block_bytes    # the block geometry, constants in the kernel
+
     @njit(cache=True, nogil=True)
     def _dequantize_rows(wtype, w, row_ids, out):
         # wtype == wt, the variant's type (a constant here: only its branch below is compiled).
@@ -109,6 +113,9 @@ def _make_dequantize_rows(wt):
             elif wt == _Q6_K:
                 for b in range(cols // 256):
                     _block_q6_k(flat, base + 210 * b, y[256 * b:])
+            else:                                    # a `cpu.blocks` type
+                for b in range(cols // elems):
+                    decode_block(wt, flat, base + size * b, y[elems * b:])
     return _dequantize_rows
 
 
@@ -133,7 +140,7 @@ def dequantize_rows(wtype: int, w: np.ndarray, row_ids, cols: int) -> np.ndarray
     if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
         raise ValueError(f"row_ids: ids must lie in [0, {w.shape[0]}), got {ids.min()}..{ids.max()}")
     ids = ids.astype(np.int64, copy=False)
-    if wtype not in (Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id):
+    if wtype in (F32.id, F16.id, BF16.id):
         return _float_rows(wtype, w[ids]).reshape(ids.size, cols)
     out = np.empty((ids.size, cols), np.float32)
     if ids.size:
@@ -146,4 +153,4 @@ def dequantize(wtype: int, w: np.ndarray, cols: int) -> np.ndarray:
     return dequantize_rows(wtype, w, np.arange(w.shape[0] if isinstance(w, np.ndarray) and w.ndim == 2 else 0), cols)
 
 
-assert set(SUPPORTED) == {F32.id, F16.id, BF16.id, Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id}
+assert set(SUPPORTED) == {F32.id, F16.id, BF16.id, Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id} | DECODED_IDS
