@@ -14,6 +14,9 @@ against the float64 product comes only from rounding x to 127 levels per block
 
 Float weights (F32, F16, BF16): float32 products with float32 sums in a fixed vector order, one
 code path for every slot (bit identity again holds).
+
+The other quantised types (`cpu.ggml_types.DECODED`: Q4_1 … IQ1_M, MXFP4) go to `cpu.decoded`:
+blocks decoded to float32 once for all slots, float activations.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import BF16, DECODED_IDS, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
 from .atomics import fetch_add
+from .decoded import matvec_decoded
 from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
@@ -267,6 +271,8 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, act=No
     if wtype in QUANT_TYPES:
         xq, dx, bs = act if act is not None else quantize_activations(x)
         _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
+    elif wtype in DECODED_IDS:
+        matvec_decoded(wtype, w, x, out)
     elif wtype == F32.id:
         _matvec_f32(w.view(np.float32), x, out, tiles)
     else:

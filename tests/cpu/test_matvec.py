@@ -6,10 +6,12 @@ import pytest
 from cpu.matvec import matvec
 from cpu.ggml_types import BY_NAME
 
-from .quant_data import QUANT_TYPES, TYPES, dequantized, extreme_rows, quantized_x, random_rows, type_id
+from .quant_data import DECODED_TYPES, QUANT_TYPES, TYPES, dequantized, extreme_rows, quantized_x, random_rows, type_id
 
-COLS = {"Q4_K": 512, "Q5_K": 512, "Q6_K": 512, "Q8_0": 352, "Q4_0": 352, "F32": 70, "F16": 70, "BF16": 70}
+COLS = {"Q4_K": 512, "Q5_K": 512, "Q6_K": 512, "Q8_0": 352, "Q4_0": 352, "F32": 70, "F16": 70, "BF16": 70,
+        **{name: 768 if BY_NAME[name].block_elems == 256 else 352 for name in DECODED_TYPES}}
 # Q8_0/Q4_0 at 352 = one full 256-column span + a 3-block tail; 37 rows = not a multiple of any tile
+# (nor of cpu.decoded.ROW_TILE); the decoded types: 3 or 11 blocks
 
 
 def run(name, w, x):
