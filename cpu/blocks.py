@@ -1,4 +1,4 @@
-"""Block decoders for the `cpu.ggml_types.DECODED` types: one block → float32, bit-exact with ggml.
+"""Block decoders for every quantised type: one block → float32, bit-exact with ggml.
 
 Each `block_<type>(w, o, y)` writes the block starting at byte o of the uint8 array w into
 y[0:block_elems]. The float operations are ggml's (`dequantize_row_*` in ggml-quants.c), in its
@@ -20,7 +20,7 @@ from gguf import quants as _gguf_quants
 from numba import njit
 
 from cpu.ggml_types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K,
-                            Q3_K, Q4_1, Q5_0, Q5_1)
+                            Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
 
 from .simd import f16_at, f16_bits_to_f32, f32_from_bits
 
@@ -55,6 +55,71 @@ def _u32(w, o):
 @njit(inline="always")
 def _sign(bits, j):
     return np.float32(-1.0) if (bits >> j) & 1 else np.float32(1.0)
+
+
+# ---- the types with SIMD row dots (`cpu.simd`); decoded to floats for lookups and `cpu.decoded_moe`
+
+@njit(inline="always")
+def _scale_min_k4(w, s, j):
+    """`get_scale_min_k4`: the j-th 6-bit scale and min of a Q4_K/Q5_K block (scales at byte s)."""
+    if j < 4:
+        return w[s + j] & 63, w[s + j + 4] & 63
+    return (w[s + j + 4] & 0xF) | ((w[s + j - 4] >> 6) << 4), (w[s + j + 4] >> 4) | ((w[s + j] >> 6) << 4)
+
+
+@njit(inline="always")
+def block_q4_0(w, o, y):
+    d = f16_at(w, o)
+    for j in range(16):
+        q = w[o + 2 + j]
+        y[j] = d * np.float32(np.int32(q & 0xF) - 8)
+        y[j + 16] = d * np.float32(np.int32(q >> 4) - 8)
+
+
+@njit(inline="always")
+def block_q8_0(w, o, y):
+    d = f16_at(w, o)
+    for j in range(32):
+        y[j] = np.float32(np.int8(w[o + 2 + j])) * d
+
+
+@njit(inline="always")
+def block_q4_k_q5_k(w, o, y, has_qh):
+    d = f16_at(w, o)
+    dmin = f16_at(w, o + 2)
+    qs = o + 48 if has_qh else o + 16
+    for c in range(4):
+        sc1, m1 = _scale_min_k4(w, o + 4, 2 * c)
+        sc2, m2 = _scale_min_k4(w, o + 4, 2 * c + 1)
+        d1, dm1 = d * np.float32(sc1), dmin * np.float32(m1)
+        d2, dm2 = d * np.float32(sc2), dmin * np.float32(m2)
+        for l in range(32):
+            b = w[qs + 32 * c + l]
+            lo, hi = np.int32(b & 0xF), np.int32(b >> 4)
+            if has_qh:
+                h = w[o + 16 + l]
+                lo |= ((h >> (2 * c)) & 1) << 4
+                hi |= ((h >> (2 * c + 1)) & 1) << 4
+            y[64 * c + l] = d1 * np.float32(lo) - dm1
+            y[64 * c + 32 + l] = d2 * np.float32(hi) - dm2
+
+
+@njit(inline="always")
+def block_q6_k(w, o, y):
+    d = f16_at(w, o + 208)
+    for h in range(2):
+        ql, qh, sc, yo = o + 64 * h, o + 128 + 32 * h, o + 192 + 8 * h, 128 * h
+        for l in range(32):
+            s = l // 16
+            b_qh = np.int32(w[qh + l])
+            q1 = (np.int32(w[ql + l] & 0xF) | ((b_qh & 3) << 4)) - 32
+            q2 = (np.int32(w[ql + l + 32] & 0xF) | (((b_qh >> 2) & 3) << 4)) - 32
+            q3 = (np.int32(w[ql + l] >> 4) | (((b_qh >> 4) & 3) << 4)) - 32
+            q4 = (np.int32(w[ql + l + 32] >> 4) | (((b_qh >> 6) & 3) << 4)) - 32
+            y[yo + l] = (d * np.float32(np.int8(w[sc + s]))) * np.float32(q1)
+            y[yo + l + 32] = (d * np.float32(np.int8(w[sc + s + 2]))) * np.float32(q2)
+            y[yo + l + 64] = (d * np.float32(np.int8(w[sc + s + 4]))) * np.float32(q3)
+            y[yo + l + 96] = (d * np.float32(np.int8(w[sc + s + 6]))) * np.float32(q4)
 
 
 # ---- 32-weight blocks ------------------------------------------------------------------------
@@ -263,6 +328,7 @@ def block_iq1_m(w, o, y):
 
 # ---- by type -------------------------------------------------------------------------------------
 
+_Q4_0, _Q8_0, _Q4_K, _Q5_K, _Q6_K = Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id
 _Q4_1, _Q5_0, _Q5_1, _Q2_K, _Q3_K = Q4_1.id, Q5_0.id, Q5_1.id, Q2_K.id, Q3_K.id
 _IQ4_NL, _IQ4_XS, _MXFP4 = IQ4_NL.id, IQ4_XS.id, MXFP4.id
 _IQ3_XXS, _IQ3_S, _IQ2_XXS, _IQ2_XS, _IQ2_S, _IQ1_S, _IQ1_M = (IQ3_XXS.id, IQ3_S.id, IQ2_XXS.id, IQ2_XS.id,
@@ -272,7 +338,17 @@ _IQ3_XXS, _IQ3_S, _IQ2_XXS, _IQ2_XS, _IQ2_S, _IQ1_S, _IQ1_M = (IQ3_XXS.id, IQ3_S
 @njit(inline="always")
 def decode_block(wt, w, o, y):
     """The block of type wt at byte o of w, as float32 into y[0:block_elems]."""
-    if wt == _Q4_1:
+    if wt == _Q4_0:
+        block_q4_0(w, o, y)
+    elif wt == _Q8_0:
+        block_q8_0(w, o, y)
+    elif wt == _Q4_K:
+        block_q4_k_q5_k(w, o, y, False)
+    elif wt == _Q5_K:
+        block_q4_k_q5_k(w, o, y, True)
+    elif wt == _Q6_K:
+        block_q6_k(w, o, y)
+    elif wt == _Q4_1:
         block_q4_1(w, o, y)
     elif wt == _Q5_0:
         block_q5_0(w, o, y)

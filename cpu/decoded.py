@@ -28,7 +28,7 @@ from .variants import Variants
 ROW_TILE = 4    # rows decoded together (one slot's activation block meets them all)
 
 
-@njit(nogil=True, fastmath=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def _dot(y, x):
     """Σ y[j]·x[j] over one block: vectorised (fastmath lets LLVM split the sum over vector lanes);
     one compiled function, so the same machine code, hence the same order, for every slot."""
