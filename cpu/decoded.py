@@ -41,7 +41,8 @@ def _dot(y, x):
 @njit(inline="always")
 def rows_dot(wt, elems, size, flat, row_bytes, rows_at, m, x, y, acc):
     """acc[i, n] = row rows_at + i of W · slot n of x, for i < m: block by block, each row's block
-    decoded once into y[i] (ROW_TILE × elems floats), the block dots added in block order."""
+    decoded once into y[i, :elems] (y: ROW_TILE × ≥ elems floats), the block dots added in block
+    order."""
     n_slots, cols = x.shape
     for i in range(m):
         for n in range(n_slots):
@@ -52,7 +53,7 @@ def rows_dot(wt, elems, size, flat, row_bytes, rows_at, m, x, y, acc):
         for n in range(n_slots):
             xb = x[n, b * elems:(b + 1) * elems]
             for i in range(m):
-                acc[i, n] += _dot(y[i], xb)
+                acc[i, n] += _dot(y[i, :elems], xb)
 
 
 def _make_matvec(wt):
