@@ -189,19 +189,20 @@ def block_q2_k(w, o, y):
 
 @njit(inline="always")
 def block_q3_k(w, o, y):
-    # hmask[32] qs[64] scales[12] d; 16 six-bit scales − 32; a weight is its 2 bits − 4 unless its hmask bit is set
+    # hmask[32] qs[64] scales[12] d; weight e = 128h + 32s + l: 2 bits at shift 2s of qs[32h + l],
+    # minus 4 unless bit 4h + s of hmask[l] is set; 16 six-bit scales − 32, one per 16 weights
     d = f16_at(w, o + 108)
-    for g in range(16):
-        lo = (np.int32(w[o + 96 + g % 8]) >> (4 * (g // 8))) & 15
-        hi = (np.int32(w[o + 104 + g % 4]) >> (2 * (g // 4))) & 3
-        dl = d * np.float32((lo | hi << 4) - 32)
-        for t in range(16):
-            e = 16 * g + t
-            h, s, l = e // 128, (e // 32) % 4, e % 32
-            q = (np.int32(w[o + 32 + 32 * h + l]) >> (2 * s)) & 3
-            if not (np.int32(w[o + l]) >> (e // 32)) & 1:
-                q -= 4
-            y[e] = dl * np.float32(q)
+    for h in range(2):
+        for s in range(4):
+            for half in range(2):
+                g = 8 * h + 2 * s + half                 # the scale of weights 16g .. 16g + 15
+                lo = (np.int32(w[o + 96 + g % 8]) >> (4 * (g // 8))) & 15
+                hi = (np.int32(w[o + 104 + g % 4]) >> (2 * (g // 4))) & 3
+                dl = d * np.float32((lo | hi << 4) - 32)
+                for l in range(16 * half, 16 * half + 16):
+                    q = (np.int32(w[o + 32 + 32 * h + l]) >> (2 * s)) & 3
+                    q -= ((np.int32(w[o + l]) >> (4 * h + s)) & 1 ^ 1) << 2
+                    y[128 * h + 32 * s + l] = dl * np.float32(q)
 
 
 @njit(inline="always")

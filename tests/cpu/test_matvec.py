@@ -115,8 +115,26 @@ def test_bad_inputs_raise_clear_errors(mutate, message):
 
 def test_unsupported_type_and_read_only_output():
     w, x, out = _inputs()
-    with pytest.raises(ValueError, match="unsupported tensor type Q4_1"):
-        matvec(3, w, x, out)
+    with pytest.raises(ValueError, match="unsupported tensor type TQ1_0"):
+        matvec(34, w, x, out)
     out.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         matvec(type_id("Q4_K"), w, x, out)
+
+
+@pytest.mark.parametrize("name", ["IQ4_XS", "Q4_1"])
+def test_decoded_types_give_the_same_bits_at_any_thread_count(name):
+    """cpu.decoded splits rows into tiles by thread count; a row's bits must not depend on it."""
+    import numba
+    rng = np.random.default_rng(9)
+    w = random_rows(name, 37, COLS[name], rng)
+    x = rng.standard_normal((4, COLS[name])).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        outs = []
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            outs.append(run(name, w, x))
+    finally:
+        numba.set_num_threads(before)
+    assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs)

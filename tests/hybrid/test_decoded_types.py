@@ -39,15 +39,48 @@ def test_uniform_model_of_each_decoded_type_matches_reference(name, tmp_path):
     assert np.abs(ref).max() > 0.1 and err < EXACT_TOL * max(1.0, np.abs(ref).max())
 
 
-@pytest.mark.parametrize("recipe, arch", [("Q2_K_MIX", "qwen35"), ("Q3_K_M", "qwen35"), ("IQ4_XS_MIX", "qwen35"),
-                                          ("IQ3_M", "qwen35moe"), ("MXFP4_MOE", "qwen35moe"), ("Q3_K_S", "qwen3next")])
-def test_llama_mix_models_match_reference(recipe, arch, tmp_path):
+@pytest.mark.parametrize("recipe", ["Q2_K_MIX", "Q3_K_M", "IQ4_XS_MIX"])
+def test_llama_mix_models_match_reference(recipe, tmp_path):
     path = tmp_path / f"tiny-{recipe}.gguf"
-    write_model(path, preset("tiny", arch=arch), types=recipe, seed=3)
+    write_model(path, preset("tiny", arch="qwen35"), types=recipe, seed=3)
     ours, ref = forward_logits(path), reference_logits(path, PROMPT)
     err = float(np.abs(ours - ref).max())
-    print(f"\n{recipe} ({arch}): |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
+    print(f"\n{recipe}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
     assert err < LOGIT_TOL and float(np.abs(ours - ref).mean()) < 0.1
+
+
+# MoE files: the experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
+# ffn_down is) run in cpu.decoded_moe with float activations: with every other matrix F32 the
+# model must meet the float64 reference tightly. (A whole MoE mix also rounds its Q8_0/K-quant
+# trunk's activations to int8, and on these tiny models that flips routing: even uniform Q8_0 is
+# ~3 logits off the exact reference, so the mixes below are only run.)
+MOE_EXPERTS = {
+    "IQ3_S+Q4_K": {r"ffn_(gate|up)_exps": "IQ3_S", r"ffn_down_exps": "Q4_K"},
+    "MXFP4": {r"_exps": "MXFP4"},
+    "Q2_K+Q3_K": {r"ffn_(gate|up)_exps": "Q2_K", r"ffn_down_exps": "Q3_K",
+                  r"ffn_(gate|up|down)_shexp": "IQ4_XS"},
+}
+
+
+@pytest.mark.parametrize("experts", MOE_EXPERTS)
+@pytest.mark.parametrize("arch", ["qwen35moe", "qwen3next"])
+def test_decoded_experts_match_reference(experts, arch, tmp_path):
+    path = tmp_path / f"tiny-{arch}-{experts}.gguf"
+    write_model(path, preset("tiny", arch=arch), types="F32", seed=3, overrides=MOE_EXPERTS[experts])
+    ours, ref = forward_logits(path), reference_logits(path, PROMPT)
+    err = float(np.abs(ours - ref).max())
+    print(f"\n{arch} experts {experts}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
+    assert np.abs(ref).max() > 0.1 and err < EXACT_TOL * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.parametrize("recipe, arch", [("IQ3_M", "qwen35moe"), ("MXFP4_MOE", "qwen35moe"), ("Q3_K_S", "qwen3next")])
+def test_moe_mix_models_run_cpu_only(recipe, arch, tmp_path):
+    path = tmp_path / f"tiny-{arch}-{recipe}.gguf"
+    plan = write_model(path, preset("tiny", arch=arch), types=recipe, seed=3)
+    with open_model(path) as mf:
+        assert {n: t.type.name for n, t in mf.tensors.items()} == {t.name: t.type.name for t in plan}
+    logits = forward_logits(path)
+    assert logits.shape == (len(PROMPT), 384) and np.isfinite(logits).all()
 
 
 def _types(recipe, arch="qwen35", **over):
