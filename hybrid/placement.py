@@ -356,7 +356,7 @@ def check_gpu_types(model) -> None:
         wtype = getattr(t, "type", None)
         if wtype is not None and wtype.id not in GPU_UNITS:
             raise HybridError(f"{name} has type {wtype.name}, which the GPU kernels do not run yet; "
-                              f"load the model with --device cpu")
+                              f"load the model with --device cpu (device=\"cpu\" in hybrid.load)")
 
 
 def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,

@@ -11,7 +11,7 @@ import hybrid
 from cpu import ggml_types as gt
 from hybrid.errors import HybridError, ModelError
 from hybrid.model_file import open_model
-from hybrid.placement import check_gpu_types
+from hybrid.placement import check_gpu_types, plan_placement
 from hybrid.synth import preset, write_model
 from hybrid.synth.types import MIXES, plan_model
 from tests.reference.qwen35_ref import reference_logits
@@ -142,6 +142,8 @@ def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path):
     with open_model(path) as mf:
         with pytest.raises(HybridError) as e:
             check_gpu_types(mf)
+        with pytest.raises(HybridError, match="--device cpu"):
+            plan_placement(mf, 1 << 30)                      # what a GPU load plans with
     msg = str(e.value)
     assert "\n" not in msg and "IQ4_XS" in msg and ("blk." in msg or "token_embd" in msg)
     assert "--device cpu" in msg
