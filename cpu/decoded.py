@@ -11,8 +11,9 @@ Bit identity: each (row, slot) adds its block dots in block order, and every blo
 same compiled function (`_dot`: vectorised, so its internal order is the machine code's, but one
 machine code for every slot). That order depends on neither N, nor the slot, nor the row
 tiling, nor the thread count, so slot n of an N-input call has exactly the bits of the 1-input
-call on x[n] (tested), and a prompt chunk the bits of token-by-token decoding. Activations are not rounded (unlike the int8 kernels of `cpu.matvec`):
-the error against the float64 product is float32 rounding of the products and sums only.
+call on x[n] (tested), and a prompt chunk the bits of token-by-token decoding. Activations are
+not rounded (unlike the int8 kernels of `cpu.matvec`): the error against the float64 product is
+float32 rounding of the products and sums only.
 """
 from __future__ import annotations
 
@@ -28,10 +29,12 @@ from .variants import Variants
 ROW_TILE = 4    # rows decoded together (one slot's activation block meets them all)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
+# reassoc lets LLVM split the sum over vector lanes, contract fuse multiply-adds; no finite-math
+# flags, so a NaN or inf in x or W still shows in the output
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _dot(y, x):
-    """Σ y[j]·x[j] over one block: vectorised (fastmath lets LLVM split the sum over vector lanes);
-    one compiled function, so the same machine code, hence the same order, for every slot."""
+    """Σ y[j]·x[j] over one block, vectorised; one compiled function, so the same machine code,
+    hence the same order, for every slot."""
     s = np.float32(0.0)
     for j in range(y.size):
         s += y[j] * x[j]

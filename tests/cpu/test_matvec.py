@@ -79,13 +79,14 @@ def test_largest_products_neither_overflow_nor_saturate(name, top, sign):
     assert np.allclose(run(name, w, x).T, want, rtol=1e-6, atol=0)
 
 
-def test_non_finite_input_shows_in_its_slot_only():
+@pytest.mark.parametrize("name", ["Q4_K", "IQ4_XS", "Q5_0"])
+def test_non_finite_input_shows_in_its_slot_only(name):
     rng = np.random.default_rng(3)
-    w = random_rows("Q4_K", 4, 512, rng)
+    w = random_rows(name, 4, 512, rng)
     x = rng.standard_normal((2, 512)).astype(np.float32)
     x[1, 300] = np.nan
     out = np.empty((2, 4), np.float32)
-    matvec(type_id("Q4_K"), w, x, out)
+    matvec(type_id(name), w, x, out)
     assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
 
 
