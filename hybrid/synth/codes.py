@@ -151,9 +151,15 @@ def _iq1_m(rng, out, sigma):
 
 
 def _mxfp4(rng, out, sigma):
-    # e8m0 exponent e: values (e2m1 codes, std ≈ 3.9 in the doubled table) · 2**(e − 128)
-    e = int(np.clip(np.rint(np.log2(sigma / 3.9)) + 128, 2, 250))
-    out[:, 0] = e
+    # e8m0 exponent e: values kv · 2**(e − 128), kv the doubled e2m1 codes (rms of all 16:
+    # sqrt(274 / 8)). A power of two rarely hits sigma, so each block takes the exponent below or
+    # above it, at the odds that make the mean variance sigma².
+    rms = float(np.sqrt(274 / 8))
+    lo = int(np.floor(np.log2(sigma / rms))) + 128
+    v_lo, v_hi = (rms * 2.0 ** (lo - 128)) ** 2, (rms * 2.0 ** (lo - 127)) ** 2
+    p_hi = (sigma * sigma - v_lo) / (v_hi - v_lo)
+    pick = _random_bytes(rng, len(out)).astype(np.float64) / 256 < p_hi
+    out[:, 0] = np.clip(lo + pick, 2, 250)
 
 
 def _offset_type(d_at: int, m_at: int, levels: int, t: GGMLType):
