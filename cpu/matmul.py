@@ -319,7 +319,8 @@ def _check_covered(*wtypes: int) -> None:
 
 def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[n, r] = Σ_c W[r, c] · x[n, c], the bits of `cpu.matvec.matvec` (same arguments, checked
-    the same way); wtype in TYPES. Any number of slots works; it pays from MIN_SLOTS on."""
+    the same way); wtype in TYPES or a decoded type. Any number of slots works; it pays from
+    MIN_SLOTS on."""
     check_matvec(wtype, w, x, out)
     if wtype in DECODED_IDS:
         matvec_decoded(wtype, frozen(w), x, out)
@@ -334,7 +335,8 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
                   x: np.ndarray, h_out: np.ndarray) -> None:
     """h_out[n, r] = SiLU(W_gate[r]·x[n]) · (W_up[r]·x[n]), the bits of `cpu.ffn.swiglu` (same
-    arguments, checked the same way); both types in TYPES."""
+    arguments, checked the same way); both types in TYPES, or either a decoded type (then it is
+    `cpu.ffn.swiglu`)."""
     check_swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
     if wtype_gate in DECODED_IDS or wtype_up in DECODED_IDS:
         swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)

@@ -192,7 +192,7 @@ def _run_fused(ffn, x, experts, weights, out) -> bool:
     if arguments is None:
         return False
     if _uses_decoded(arguments[0]):
-        routed_experts_decoded(*arguments[:-2])
+        routed_experts_decoded(*arguments[:-2])      # it takes neither thread count nor prefetch distance
     else:
         routed_experts(*arguments)
     return True
