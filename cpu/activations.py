@@ -254,3 +254,16 @@ def round_floats(fmt: ActFormat, x: np.ndarray) -> np.ndarray:
         r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16 << 16).astype(np.uint32)
         return np.where(np.isnan(x), x, r.view(np.float32))
     raise ValueError(f"{fmt.name} is not a float activation format")
+
+
+def dequantized(fmt: ActFormat, x: np.ndarray) -> np.ndarray:
+    """x (n, cols) as a product with a weight of activation format fmt meets it, in float32: for
+    an int8 format, each code times its block's scale (what the integer dot of ggml multiplies);
+    for a float one, round_floats. The kernels that decode weights to floats (`cpu.decoded`) take
+    this, so they round activations as llama.cpp does for those types."""
+    if not fmt.is_int8:
+        return round_floats(fmt, x)
+    n, cols = x.shape
+    xq, d, _ = quantize(fmt, x)
+    scales = d.T if fmt is Q8_K else d[:, ::2] if fmt.half_sum else d      # (n, blocks): the d of each block
+    return (xq.astype(np.float32) * np.repeat(scales, fmt.block, axis=1))[:, :cols]

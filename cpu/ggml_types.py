@@ -30,7 +30,29 @@ Q4_K = GGMLType(int(T.Q4_K), "Q4_K", 256, 144)
 Q5_K = GGMLType(int(T.Q5_K), "Q5_K", 256, 176)
 Q6_K = GGMLType(int(T.Q6_K), "Q6_K", 256, 210)
 
-SUPPORTED: dict[int, GGMLType] = {t.id: t for t in (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)}
+# The types real GGUFs use besides the ones above (low-bit mixes, IQ quants, MXFP4 experts). The
+# CPU reads them through one decode-then-dot path (`cpu.decoded`); layouts: MODEL_FORMAT.md §6.
+Q4_1 = GGMLType(int(T.Q4_1), "Q4_1", 32, 20)
+Q5_0 = GGMLType(int(T.Q5_0), "Q5_0", 32, 22)
+Q5_1 = GGMLType(int(T.Q5_1), "Q5_1", 32, 24)
+Q2_K = GGMLType(int(T.Q2_K), "Q2_K", 256, 84)
+Q3_K = GGMLType(int(T.Q3_K), "Q3_K", 256, 110)
+IQ4_NL = GGMLType(int(T.IQ4_NL), "IQ4_NL", 32, 18)
+IQ4_XS = GGMLType(int(T.IQ4_XS), "IQ4_XS", 256, 136)
+IQ3_XXS = GGMLType(int(T.IQ3_XXS), "IQ3_XXS", 256, 98)
+IQ3_S = GGMLType(int(T.IQ3_S), "IQ3_S", 256, 110)
+IQ2_XXS = GGMLType(int(T.IQ2_XXS), "IQ2_XXS", 256, 66)
+IQ2_XS = GGMLType(int(T.IQ2_XS), "IQ2_XS", 256, 74)
+IQ2_S = GGMLType(int(T.IQ2_S), "IQ2_S", 256, 82)
+IQ1_S = GGMLType(int(T.IQ1_S), "IQ1_S", 256, 50)
+IQ1_M = GGMLType(int(T.IQ1_M), "IQ1_M", 256, 56)
+MXFP4 = GGMLType(int(T.MXFP4), "MXFP4", 32, 17)
+
+DECODED: tuple[GGMLType, ...] = (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
+                                 IQ2_S, IQ1_S, IQ1_M, MXFP4)
+DECODED_IDS = frozenset(t.id for t in DECODED)
+
+SUPPORTED: dict[int, GGMLType] = {t.id: t for t in (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, *DECODED)}
 BY_NAME: dict[str, GGMLType] = {t.name: t for t in SUPPORTED.values()}
 
 

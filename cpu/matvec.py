@@ -16,6 +16,10 @@ levels per block (|x_q·d − x| ≤ d/2, d ≈ max|x_block| / 127) and from flo
 Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as llama.cpp does),
 then float32 products with float32 sums in a fixed vector order, one code path for every slot
 (bit identity again holds).
+
+The other quantised types (`cpu.ggml_types.DECODED`: Q4_1 … IQ1_M, MXFP4) go to `cpu.decoded`:
+blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
+float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
 """
 from __future__ import annotations
 
@@ -24,10 +28,11 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import BF16, DECODED_IDS, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
 from . import activations as act
 from .atomics import fetch_add
+from .decoded import matvec_decoded
 from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
@@ -213,6 +218,9 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, quanti
     if wtype in QUANT_TYPES:
         xq, dx, bs = quantized if quantized is not None else quantize_activations(wtype, x)
         _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
+        return
+    if wtype in DECODED_IDS:
+        matvec_decoded(wtype, w, x, out)
         return
     x = act.round_floats(act.format_of(wtype), x)   # F16/BF16 weights meet x rounded to their type
     if wtype == F32.id:

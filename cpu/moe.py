@@ -24,7 +24,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from cpu.ggml_types import DECODED_IDS
+
 from . import matvec as _matvec
+from .decoded_moe import routed_experts_decoded
 from .ffn import swiglu
 from .matvec import QUANT_TYPES, check_f32_matrix, check_weights, frozen, matvec
 from .moe_kernel import BoundCall, routed_experts, shares_x_rounding
@@ -142,14 +145,18 @@ _FUSED_WEIGHTS: dict[int, tuple] = {}   # id(ffn) → (weakref to it, its `_fuse
 def _fused_weights(ffn):
     """The kernel's view of a layer's expert weights, made once per MoEFFN (checks and views
     cost tens of µs, a real share of a small layer's time): (wtypes, gate, up, down rows,
-    expert_rows), or None where the fused kernel does not apply (float weights, gate and up types
-    that round x differently, odd layouts)."""
+    expert_rows), or None where no fused kernel applies (float weights, gate and up types that
+    round x differently, odd layouts). Experts of the SIMD types run in `cpu.moe_kernel`; with a
+    decoded type among them, in `cpu.decoded_moe` (`_uses_decoded`)."""
     hit = _FUSED_WEIGHTS.get(id(ffn))
     if hit is not None and hit[0]() is ffn:
         return hit[1]
     kinds = (ffn.gate, ffn.up, ffn.down)
     prepared = None
-    if all(m.wtype in QUANT_TYPES for m in kinds) and shares_x_rounding(ffn.gate.wtype, ffn.up.wtype):
+    simd = all(m.wtype in QUANT_TYPES for m in kinds)
+    # the SIMD kernel quantises x once for gate and up; cpu.decoded_moe takes any mix of types
+    decoded = not simd and all(m.wtype in QUANT_TYPES or m.wtype in DECODED_IDS for m in kinds)
+    if (simd and shares_x_rounding(ffn.gate.wtype, ffn.up.wtype)) or decoded:
         n_ff, D = ffn.gate.rows, ffn.gate.cols
         if (ffn.up.rows, ffn.up.cols, ffn.down.rows, ffn.down.cols) != (n_ff, D, D, n_ff):
             raise ValueError(f"expert shapes disagree: gate {n_ff}×{D}, up {ffn.up.rows}×{ffn.up.cols}, "
@@ -164,6 +171,10 @@ def _fused_weights(ffn):
     _FUSED_WEIGHTS[id(ffn)] = (weakref.ref(ffn), prepared)
     weakref.finalize(ffn, _FUSED_WEIGHTS.pop, id(ffn), None)
     return prepared
+
+
+def _uses_decoded(wtypes) -> bool:
+    return any(t in DECODED_IDS for t in wtypes)
 
 
 def _kernel_arguments(ffn, x, experts, weights, out) -> tuple | None:
@@ -183,7 +194,10 @@ def _run_fused(ffn, x, experts, weights, out) -> bool:
     arguments = _kernel_arguments(ffn, x, experts, weights, out)
     if arguments is None:
         return False
-    routed_experts(*arguments)
+    if _uses_decoded(arguments[0]):
+        routed_experts_decoded(*arguments[:-2])      # it takes neither thread count nor prefetch distance
+    else:
+        routed_experts(*arguments)
     return True
 
 
@@ -230,7 +244,7 @@ def bind_routed(ffn, x: np.ndarray, experts: np.ndarray, weights: np.ndarray, ou
     at any replay: it touches nothing but these arrays, the weights and stats."""
     _check_routed(ffn, x, experts, weights, out)
     arguments = _kernel_arguments(ffn, x, experts, weights, out)
-    if arguments is None:
+    if arguments is None or _uses_decoded(arguments[0]):
         return lambda: run_routed(ffn, x, experts, weights, out, stats)
     kernel = BoundCall(*arguments)
     if stats is None:

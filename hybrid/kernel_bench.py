@@ -21,11 +21,12 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import HybridError
-from cpu.ggml_types import BY_NAME, GGMLType
+from .synth.codes import random_blocks
+from cpu.ggml_types import BY_NAME, DECODED, GGMLType
 
 SHAPES = ((5120, 17408), (17408, 5120), (2048, 512))   # (rows, cols) of W = (out, in)
 NS = (1, 2, 4, 8)
-ALL_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "BF16", "F16", "F32")
+ALL_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "BF16", "F16", "F32", *(t.name for t in DECODED))
 QUICK_TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q8_0")
 GiB = 1 << 30
 
@@ -116,6 +117,8 @@ def random_weights(t: GGMLType, rows: int, cols: int, rng: np.random.Generator) 
         if t.name == "F16":
             return v.astype(np.float16).view(np.uint8)
         return (v.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(np.uint8)
+    if t in DECODED:
+        return random_blocks(rng, rows, cols, t, 0.02)
     n_blocks = cols // t.block_elems
     w = rng.integers(0, 256, size=(rows, n_blocks, t.block_bytes), dtype=np.uint8)
     for off in _SCALE_OFFSETS[t.name]:

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
+from gpu.matmul.quants import UNITS as GPU_UNITS
 
 from .config import ModelConfig
 from .generate import PREFILL_CHUNK
@@ -345,13 +346,27 @@ def cpu_plan(model, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0, overrides: Sequ
     return Plan("cpu", places, None, {}, n_ctx, n_ring, notes=(f"CPU only: {reason}{hint}",))
 
 
+def check_gpu_types(model) -> None:
+    """A HybridError (one line) naming the first tensor of a type the GPU kernels do not run
+    (`gpu.quants.UNITS`; the CPU runs every type of `cpu.ggml_types.SUPPORTED`). Such a model
+    runs CPU-only: moving just those matrices to the CPU is not offered, as trunk matrices must be
+    on the GPU and host FFN layers are streamed to the GPU for prompt chunks."""
+    for name, t in model.tensors.items():
+        wtype = getattr(t, "type", None)
+        if wtype is not None and wtype.id not in GPU_UNITS:
+            raise HybridError(f"{name} has type {wtype.name}, which the GPU kernels do not run yet; "
+                              f"load the model with --device cpu (device=\"cpu\" in hybrid.load)")
+
+
 def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,
                    overrides: Sequence[Override] = (), expert_cache: bool = False, pcie_share: float = 0.0,
                    margin: int | None = None, notes: Sequence[str] = ()) -> Plan:
     """Place `model` (anything with .config and .tensors: name → .name/.role/.nbytes/.ne) given
     `budget` bytes of VRAM. HybridError when the must-have part does not fit. A MoE model's
     PCIe share (of each token's uncached experts, fetched by the GPU) reserves its staging
-    slots before the expert cache takes what is left."""
+    slots before the expert cache takes what is left. A tensor type without GPU kernels is a
+    HybridError (`check_gpu_types`)."""
+    check_gpu_types(model)
     c: ModelConfig = model.config
     n_ctx = _cap_ctx(c, n_ctx)
     if n_ring < 0:

@@ -14,7 +14,7 @@ from . import app
 from ..errors import HybridError
 from ..synth import plan_model, preset, write_model
 from ..synth.spec import PRESET_NAMES
-from ..synth.types import RECIPES
+from ..synth.types import MIXES, RECIPES
 
 _DIMS = "dimension overrides"
 
@@ -31,7 +31,8 @@ def make_model(
     preset_name: Annotated[str, typer.Option(
         "--preset", help=f"Shape: {', '.join(PRESET_NAMES)}.")] = "tiny",
     types: Annotated[str, typer.Option(
-        "--type", help=f"Q4_K_M (llama.cpp's mix) or one type for all matrices: {', '.join(RECIPES[1:])}.")]
+        "--type", help=f"a llama.cpp mix (Q4_K_M, {', '.join(MIXES)}) or one type for all matrices: "
+                       f"{', '.join(r for r in RECIPES if r != 'Q4_K_M' and r not in MIXES)}.")]
         = "Q4_K_M",
     mtp: Annotated[Optional[bool], typer.Option(
         "--mtp/--no-mtp", help="Include the MTP (nextn) block (default: the preset's).", show_default=False)]

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpu.ggml_types import GGMLType
+from cpu.ggml_types import DECODED, GGMLType
+from cpu.quants import dequantize as _engine_dequantize
 
 
 def dequantize(data: np.ndarray, t: GGMLType, n: int) -> np.ndarray:
     """Rows of `t` blocks (rows, t.row_bytes(n)) uint8 → (rows, n) float32."""
     data = np.ascontiguousarray(data, dtype=np.uint8)
     rows = data.size // t.row_bytes(n)
+    if t in DECODED:      # the engine's decoders (cpu.blocks), held against gguf-py by tests/cpu
+        return _engine_dequantize(t.id, data.reshape(rows, t.row_bytes(n)), n)
     blocks = data.reshape(-1, t.block_bytes)
     return _DECODERS[t.name](blocks).reshape(rows, n)
 

@@ -5,13 +5,20 @@ Block layouts are docs/MODEL_FORMAT.md §6. Q8_0 and Q4_0 follow ggml's referenc
 over candidate scales with a least-squares refit (the idea of ggml's `make_qkx2_quants`), then
 6-bit (Q4_K/Q5_K) or 8-bit (Q6_K) sub-scales under an fp16 super-scale. They are not bit-identical
 to llama-quantize, and need not be: `gguf.quants.dequantize(bytes)` defines what a block means.
+Q4_1, Q5_0, Q5_1 and MXFP4 use gguf-py's quantisers (ggml's reference rounding). The other
+`cpu.ggml_types.DECODED` types (low-bit K-quants, IQ quants) have no float quantiser here: their
+files are written with random codes (`codes.py`; the writer's "auto" method picks that).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
 from cpu import ggml_types as gt
 from cpu.ggml_types import GGMLType
+from ..errors import HybridError
 
 QK_K = 256
 
@@ -26,8 +33,12 @@ def quantize(x: np.ndarray, t: GGMLType | str) -> np.ndarray:
     rows, n = x.shape
     if n % t.block_elems:
         raise ValueError(f"{t.name} needs rows of a multiple of {t.block_elems} elements, got {n}")
+    encode = _ENCODERS.get(t.name)
+    if encode is None:
+        raise HybridError(f"{t.name}: no float quantiser in the synthetic writer; "
+                          f"write it with random codes (--method codes)")
     blocks = x.reshape(-1, t.block_elems)
-    out = _ENCODERS[t.name](blocks)
+    out = encode(blocks)
     return out.reshape(rows, t.row_bytes(n))
 
 
@@ -215,8 +226,16 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.view(np.uint8), _fp16_bytes(d)], axis=1)
 
 
+def _by_gguf(t: GGMLType):
+    def encode(b: np.ndarray) -> np.ndarray:
+        return gguf_quants.quantize(b, GGMLQuantizationType(t.id)).reshape(len(b), t.block_bytes)
+    return encode
+
+
 _ENCODERS = {
     "F32": _f32, "F16": _f16, "BF16": _bf16, "Q8_0": _q8_0, "Q4_0": _q4_0,
     "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+    **{t.name: _by_gguf(t) for t in (gt.Q4_1, gt.Q5_0, gt.Q5_1, gt.MXFP4)},
 }
-assert set(_ENCODERS) == set(gt.BY_NAME)
+QUANTIZABLE = frozenset(_ENCODERS)       # the types `quantize` can write; the rest only as random codes
+assert QUANTIZABLE <= set(gt.BY_NAME)

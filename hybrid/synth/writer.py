@@ -26,7 +26,7 @@ from ..errors import HybridError
 from .codes import random_blocks
 from .gguf_out import encode_header, write_padding
 from .metadata import model_metadata
-from .quantize import quantize
+from .quantize import QUANTIZABLE, quantize
 from .spec import SynthSpec
 from .types import ModelPlan, PlannedTensor, plan_model, synth_layout
 from .weights import init_for, sample, tensor_rng
@@ -83,7 +83,8 @@ def _resolve_method(method: str, plan: ModelPlan) -> str:
         raise HybridError(f"unknown fill method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "auto":
         n = sum(t.n_elements for t in plan)
-        return "quantize" if n <= AUTO_QUANTIZE_ELEMENTS else "codes"
+        floats_ok = all(t.type.name in QUANTIZABLE for t in plan)
+        return "quantize" if n <= AUTO_QUANTIZE_ELEMENTS and floats_ok else "codes"
     return method
 
 

@@ -2,7 +2,8 @@
 
 F32/F16/BF16/Q8_0/Q4_0 rows come from `gguf.quants.quantize` of random normals; gguf-py cannot
 quantise K-quants, so those are random bytes with the fp16 scale fields overwritten by sane
-positive values (random bytes there could be inf/NaN). `extreme_rows` builds the blocks with the
+positive values (random bytes there could be inf/NaN). The `DECODED_TYPES` (read through
+`cpu.decoded`) come from the synthetic writer's random valid blocks (`hybrid.synth.codes`). `extreme_rows` builds the blocks with the
 largest products each type can hold, for overflow/saturation checks.
 """
 from __future__ import annotations
@@ -11,11 +12,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from cpu.ggml_types import BY_NAME
+from cpu.ggml_types import BY_NAME, DECODED
+from hybrid.synth.codes import random_blocks
 from tests.reference.llama_cpp_rounding import round_activations
 
-TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+DECODED_TYPES = tuple(t.name for t in DECODED)
+TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", *DECODED_TYPES)
+QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")     # the int8-activation kernels
 FP16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,)}
 
 
@@ -26,6 +29,8 @@ def type_id(name: str) -> int:
 def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """(rows, row_bytes) uint8 of valid `name` blocks holding `cols` weights per row."""
     t = BY_NAME[name]
+    if name in DECODED_TYPES:
+        return random_blocks(rng, rows, cols, t, 0.02)
     if name in ("F32", "F16", "BF16", "Q8_0", "Q4_0"):
         data = rng.standard_normal((rows, cols)).astype(np.float32)
         q = quants.quantize(data, Q(t.id))

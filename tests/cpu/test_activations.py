@@ -6,6 +6,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from cpu import activations as act
+from cpu.ggml_types import BY_NAME, DECODED
 from cpu.matvec import matvec, quantize_activations
 
 from tests.reference import llama_cpp_rounding as ref
@@ -163,3 +164,13 @@ def test_quantize_activations_follows_the_weight_type():
     assert act.quantize(act.Q8_1, x)[1].shape == (5, 32)
     with pytest.raises(ValueError, match="not an int8"):
         act.quantize(act.F16, x)
+
+
+@pytest.mark.parametrize("name", [t.name for t in DECODED])
+def test_decoded_types_meet_x_as_llama_cpp_rounds_it(name):
+    """cpu.decoded multiplies decoded weights by `dequantized` x: it must be the float form of the
+    int8 activations ggml gives that type (Q8_0 / Q8_1 / Q8_K, the numpy statement)."""
+    x = np.random.default_rng(3).standard_t(3, size=(3, 300)).astype(np.float32)
+    t = BY_NAME[name].id
+    ours = act.dequantized(act.format_of(t), x)
+    np.testing.assert_array_equal(ours, ref.round_activations(x, t).astype(np.float32))

@@ -159,3 +159,37 @@ def test_bad_inputs_raise_clear_errors():
         mm.matmul(type_id("F16"), wf, x, np.empty((16, 4), np.float32))
     with pytest.raises(ValueError, match="w_gate has 4 rows but w_up has 3"):
         mm.swiglu_matmul(type_id("Q4_K"), w, type_id("Q4_K"), w[:3], x, np.empty((16, 4), np.float32))
+
+
+# ---- the decoded types (cpu.decoded: one kernel for any number of slots) ------------------------
+
+DECODED_CASES = [("IQ4_XS", 768), ("Q3_K", 512), ("IQ2_S", 256), ("Q5_1", 352), ("MXFP4", 96), ("IQ1_M", 512)]
+
+
+@pytest.mark.parametrize("name, cols", DECODED_CASES)
+@pytest.mark.parametrize("n", [16, 33])
+def test_decoded_types_chunk_has_each_slots_one_input_bits(name, cols, n):
+    """A prompt chunk of a decoded type through cpu.matmul and cpu.ops: slot i has the bits of a
+    one-input matvec on x[i] (chunked prefill = token-by-token), and meets the float64 product."""
+    rng = np.random.default_rng(n)
+    w = random_rows(name, 37, cols, rng)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    got, via_ops = np.full((n, 37), np.nan, np.float32), np.full((n, 37), np.nan, np.float32)
+    mm.matmul(type_id(name), w, x, got)
+    cpu.ops.matvec(type_id(name), w, x, via_ops)
+    singles = np.concatenate([both(name, w, x[i:i + 1])[0] for i in range(n)])
+    assert np.array_equal(bits(got), bits(singles)) and np.array_equal(bits(via_ops), bits(singles))
+    check_against_references(name, w, x, got)
+
+
+@pytest.mark.parametrize("gate, up", [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "Q2_K")])
+def test_decoded_swiglu_chunk_matches_per_slot_calls(gate, up):
+    rng = np.random.default_rng(4)
+    wg, wu = random_rows(gate, 21, 512, rng), random_rows(up, 21, 512, rng)
+    x = rng.standard_normal((20, 512)).astype(np.float32)
+    h = np.full((20, 21), np.nan, np.float32)
+    mm.swiglu_matmul(type_id(gate), wg, type_id(up), wu, x, h)
+    for i in (0, 7, 19):
+        one = np.empty((1, 21), np.float32)
+        swiglu(type_id(gate), wg, type_id(up), wu, x[i:i + 1], one)
+        assert np.array_equal(bits(h[i:i + 1]), bits(one)), i

@@ -7,10 +7,12 @@ from cpu.activations import format_of
 from cpu.matvec import matvec
 from cpu.ggml_types import BY_NAME
 
-from .quant_data import QUANT_TYPES, TYPES, dequantized, extreme_rows, quantized_x, random_rows, type_id
+from .quant_data import DECODED_TYPES, QUANT_TYPES, TYPES, dequantized, extreme_rows, quantized_x, random_rows, type_id
 
-COLS = {"Q4_K": 512, "Q5_K": 512, "Q6_K": 512, "Q8_0": 352, "Q4_0": 352, "F32": 70, "F16": 70, "BF16": 70}
+COLS = {"Q4_K": 512, "Q5_K": 512, "Q6_K": 512, "Q8_0": 352, "Q4_0": 352, "F32": 70, "F16": 70, "BF16": 70,
+        **{name: 768 if BY_NAME[name].block_elems == 256 else 352 for name in DECODED_TYPES}}
 # Q8_0/Q4_0 at 352 = one full 256-column span + a 3-block tail; 37 rows = not a multiple of any tile
+# (nor of cpu.decoded.ROW_TILE); the decoded types: 3 or 11 blocks
 
 
 def run(name, w, x):
@@ -81,13 +83,14 @@ def test_largest_products_neither_overflow_nor_saturate(name, top, sign):
     assert np.allclose(run(name, w, x).T, want, rtol=1e-6, atol=0)
 
 
-def test_non_finite_input_shows_in_its_slot_only():
+@pytest.mark.parametrize("name", ["Q4_K", "IQ4_XS", "Q5_0"])
+def test_non_finite_input_shows_in_its_slot_only(name):
     rng = np.random.default_rng(3)
-    w = random_rows("Q4_K", 4, 512, rng)
+    w = random_rows(name, 4, 512, rng)
     x = rng.standard_normal((2, 512)).astype(np.float32)
     x[1, 300] = np.nan
     out = np.empty((2, 4), np.float32)
-    matvec(type_id("Q4_K"), w, x, out)
+    matvec(type_id(name), w, x, out)
     assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
 
 
@@ -117,8 +120,26 @@ def test_bad_inputs_raise_clear_errors(mutate, message):
 
 def test_unsupported_type_and_read_only_output():
     w, x, out = _inputs()
-    with pytest.raises(ValueError, match="unsupported tensor type Q4_1"):
-        matvec(3, w, x, out)
+    with pytest.raises(ValueError, match="unsupported tensor type TQ1_0"):
+        matvec(34, w, x, out)
     out.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         matvec(type_id("Q4_K"), w, x, out)
+
+
+@pytest.mark.parametrize("name", ["IQ4_XS", "Q4_1"])
+def test_decoded_types_give_the_same_bits_at_any_thread_count(name):
+    """cpu.decoded splits rows into tiles by thread count; a row's bits must not depend on it."""
+    import numba
+    rng = np.random.default_rng(9)
+    w = random_rows(name, 37, COLS[name], rng)
+    x = rng.standard_normal((4, COLS[name])).astype(np.float32)
+    before = numba.get_num_threads()
+    try:
+        outs = []
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            outs.append(run(name, w, x))
+    finally:
+        numba.set_num_threads(before)
+    assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs)

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+import cpu.decoded_moe
 import cpu.moe
 import cpu.moe_kernel
 from cpu.moe import expert_groups, moe_ffn, route
@@ -13,7 +14,7 @@ from cpu.moe_kernel import group_slots
 from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
-from .quant_data import QUANT_TYPES, dequantized, quantized_x, random_rows, type_id
+from .quant_data import DECODED_TYPES, QUANT_TYPES, dequantized, quantized_x, random_rows, type_id
 
 D, F, F_SHARED, E, K = 256, 256, 512, 6, 2
 
@@ -104,19 +105,22 @@ def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng, n_ff: int 
     return MoEFFN(router, gate, up, dn, K, sh, sh_gate)
 
 
-def as_f64(kind_id, data, cols):
-    name = next(n for n in ("F32", "F16", "BF16", *QUANT_TYPES) if type_id(n) == kind_id)
-    return dequantized(name, np.ascontiguousarray(data), cols), name
+def as_f64(kind_id, data, cols, int8=True):
+    """Float64 weights, and the type whose activation rounding the kernel gives this kind's input
+    ("F32": none; with int8 False the layer runs in cpu.decoded_moe, on float activations)."""
+    name = next(n for n in ("F32", "F16", "BF16", *QUANT_TYPES, *DECODED_TYPES) if type_id(n) == kind_id)
+    return dequantized(name, np.ascontiguousarray(data), cols), (name if int8 else "F32")
 
 
 def silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-def reference_swiglu_down(gate, up, down, x):
+def reference_swiglu_down(gate, up, down, x, int8=True):
     """W_down(SiLU(W_gate x) ⊙ W_up x) in float64 with each input rounded as the kernels see it
-    (int8 per 256 for quantised weights), and the magnitude Σ|W_down|·|h| that bounds the error."""
-    (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols) for m in (gate, up, down))
+    (llama.cpp's rounding for each weight type, none where int8 is False), and the magnitude
+    Σ|W_down|·|h| that bounds the error."""
+    (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols, int8) for m in (gate, up, down))
     h = silu(quantized_x(q_g, x) @ wg.T) * (quantized_x(q_u, x) @ wu.T)
     hr = quantized_x(q_d, h.astype(np.float32))
     return hr @ wd.T, np.abs(hr) @ np.abs(wd).T
@@ -127,11 +131,12 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
     x64 = x.astype(np.float64)
     router = ffn.router.data.view(np.float32).astype(np.float64)
     out, mag = np.zeros_like(x64), np.zeros_like(x64)
+    decoded = any(type_id(n) in (ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype) for n in DECODED_TYPES)
     for i in range(len(x)):
         experts, weights = numpy_route((x64[i:i + 1] @ router.T), ffn.n_used)
         for e, w in zip(experts[0], weights[0]):
             y, m = reference_swiglu_down(*(Matrix("", s.wtype, s.data[e], s.rows, s.cols)
-                                           for s in (ffn.gate, ffn.up, ffn.down)), x[i:i + 1])
+                                           for s in (ffn.gate, ffn.up, ffn.down)), x[i:i + 1], int8=not decoded)
             out[i] += w * y[0]
             mag[i] += w * m[0]
     if ffn.shared is not None:
@@ -143,7 +148,10 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
 
 
 CASES = [("Q4_K", "Q6_K", False, True), ("Q8_0", "Q8_0", True, True), ("Q5_K", "Q4_0", False, False),
-         ("F16", "BF16", True, True), ("F32", "F32", False, True), ("Q4_K", "Q4_K", True, False)]
+         ("F16", "BF16", True, True), ("F32", "F32", False, True), ("Q4_K", "Q4_K", True, False),
+         # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes are)
+         ("IQ4_XS", "IQ4_XS", True, True), ("Q2_K", "Q3_K", False, True), ("MXFP4", "Q5_0", True, False),
+         ("Q3_K", "Q5_K", False, True), ("IQ2_XXS", "Q4_1", True, False)]
 
 
 @pytest.mark.parametrize("gate_up, down, fused, shared", CASES)
@@ -161,7 +169,8 @@ def test_moe_ffn_matches_per_row_float64_reference(gate_up, down, fused, shared)
     assert np.abs(out).max() > 10 * np.abs(out - want).max()          # the check is not vacuous
 
 
-@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q8_0", "Q4_0"), ("F16", "F32")])
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q8_0", "Q4_0"), ("F16", "F32"), ("IQ4_XS", "Q3_K"),
+                                           ("Q3_K", "Q6_K")])
 def test_each_row_has_the_bits_of_a_one_row_call(gate_up, down):
     rng = np.random.default_rng(3)
     ffn = make_ffn(gate_up, down, fused=True, shared=True, rng=rng)
@@ -202,6 +211,23 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
     monkeypatch.setattr(cpu.moe, "swiglu", lambda *a: (per_expert.append(1), real_swiglu(*a)))
     moe_ffn(ffn, rng.standard_normal((6, D)).astype(np.float32), np.empty((6, D), np.float32))
     assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert
+
+
+@pytest.mark.parametrize("gate_up, down", [("IQ3_S", "IQ4_NL"), ("Q4_K", "Q2_K")])
+def test_decoded_experts_run_in_one_kernel_call_whatever_the_threads(gate_up, down, monkeypatch):
+    rng = np.random.default_rng(5)
+    ffn = make_ffn(gate_up, down, fused=True, shared=False, rng=rng)
+    x = rng.standard_normal((7, D)).astype(np.float32)
+    calls, real = [], cpu.moe.routed_experts_decoded
+    monkeypatch.setattr(cpu.moe, "routed_experts_decoded", lambda *a: (calls.append(1), real(*a))[1])
+    want = np.empty((7, D), np.float32)
+    moe_ffn(ffn, x, want)
+    assert len(calls) == 1
+    for threads in (1, 3, 64):                   # tiles follow the thread count: the bits do not
+        monkeypatch.setattr(cpu.decoded_moe.numba, "get_num_threads", lambda: threads)
+        got = np.empty((7, D), np.float32)
+        moe_ffn(ffn, x, got)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), threads
 
 
 FUSED_CASES = [("Q4_K", "Q6_K", True), ("Q8_0", "Q4_0", False), ("Q5_K", "Q8_0", True), ("Q6_K", "Q4_K", False)]

@@ -5,7 +5,7 @@ import pytest
 from cpu.quants import dequantize, dequantize_rows
 from cpu.ggml_types import BY_NAME
 
-from .quant_data import TYPES, dequantized, random_rows, type_id
+from .quant_data import DECODED_TYPES, TYPES, dequantized, random_rows, type_id
 
 
 def _cols(name, blocks):
@@ -51,7 +51,7 @@ def test_dequantize_rejects_mismatched_rows():
     with pytest.raises(ValueError, match="multiple of 256"):
         dequantize(type_id("Q4_K"), w, 300)
     with pytest.raises(ValueError, match="unsupported tensor type"):
-        dequantize(3, w, 512)     # Q4_1
+        dequantize(8000, w, 512)      # no such type
 
 
 def test_half_decoder_is_exact_for_every_bit_pattern():
@@ -71,3 +71,43 @@ def test_half_decoder_is_exact_for_every_bit_pattern():
     nan = np.isnan(want)   # NaN payloads may be quieted differently: only NaN-ness must match
     assert np.array_equal(np.isnan(out), nan)
     assert np.array_equal(out[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize("name", DECODED_TYPES)
+def test_every_code_decodes_like_gguf(name):
+    """Random bytes in every field but the super-scale, block by block: each decoder covers
+    its whole code space bit-exactly (the synthetic blocks fix some fields' ranges)."""
+    t = BY_NAME[name]
+    rng = np.random.default_rng(11)
+    w = random_rows(name, 64, t.block_elems, rng)                    # sane scales …
+    codes = rng.integers(0, 256, size=w.shape, dtype=np.uint8)
+    keep = np.zeros(t.block_bytes, bool)                             # … and random codes around them
+    keep[list(_SCALE_BYTES[name])] = True
+    w = np.where(keep, w, codes).astype(np.uint8)
+    if name == "IQ1_M":
+        w[:, 32:48] |= 0x88      # gguf-py's IQ1_M ignores the delta-sign bit; ggml (and we) read it
+    got = dequantize(type_id(name), w, t.block_elems)
+    want = dequantized(name, w, t.block_elems).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+# bytes holding each decoded type's super-scale (and offset), left as the synthetic writer set them
+_SCALE_BYTES = {"Q4_1": range(0, 4), "Q5_0": range(0, 2), "Q5_1": range(0, 4), "Q2_K": range(80, 84),
+                "Q3_K": range(108, 110), "IQ4_NL": range(0, 2), "IQ4_XS": range(0, 2), "IQ3_XXS": range(0, 2),
+                "IQ3_S": range(0, 2), "IQ2_XXS": range(0, 2), "IQ2_XS": range(0, 2), "IQ2_S": range(0, 2),
+                "IQ1_S": range(0, 2), "IQ1_M": (49, 51, 53, 55), "MXFP4": (0,)}
+
+
+def test_iq1_m_delta_sign_follows_ggml():
+    """ggml: delta = −1/8 where the group's bit 3 is set, +1/8 where clear. gguf-py always takes
+    −1/8, so the clear case is checked against the formula: a block with every grid index 0,
+    scale words 0 but d = 1 (fp16 0x3C00 in the top nibbles), sign bits clear → (grid₀ + 1/8)."""
+    from cpu.blocks import IQ1S_GRID
+    b = np.zeros((1, 56), np.uint8)
+    words = np.array([0x0000, 0x0000, 0xC000, 0x3000], np.uint16)  # nibbles of 0x3C00, low first
+    b[0, 48:56] = words.view(np.uint8)
+    got = dequantize(type_id("IQ1_M"), b, 256)[0]
+    assert np.array_equal(got, np.tile(IQ1S_GRID[0] + np.float32(0.125), 32))
+    b[0, 32:48] = 0x88
+    got = dequantize(type_id("IQ1_M"), b, 256)[0]
+    assert np.array_equal(got, np.tile(IQ1S_GRID[0] - np.float32(0.125), 32))

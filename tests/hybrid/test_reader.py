@@ -297,7 +297,7 @@ def test_missing_metadata_key(tmp_path):
     opens_with(path, str(path), "'qwen35moe.expert_count' is missing")
 
 
-@pytest.mark.parametrize("type_id, type_name", [(16, "IQ2_XXS"), (99, "type#99")])
+@pytest.mark.parametrize("type_id, type_name", [(34, "TQ1_0"), (99, "type#99")])
 def test_unsupported_tensor_type(tmp_path, type_id, type_name):
     path = write_broken(tmp_path / "m.gguf", lambda p: patch_tensor_type(p, "blk.0.ffn_up.weight", type_id))
     opens_with(path, f"blk.0.ffn_up.weight has type {type_name}; supported: F32, F16, BF16, Q4_0, Q8_0, Q4_K")

@@ -65,7 +65,7 @@ def test_rows_that_do_not_fit_the_block_are_refused_clearly():
         plan_model(preset("tiny", n_embd=288), "Q4_K_M")
     plan_model(preset("tiny", n_embd=288), "Q8_0")      # 288 = 9 × 32 fits Q8_0
     with pytest.raises(HybridError, match="unknown type recipe"):
-        plan_model(preset("tiny"), "Q3_K")
+        plan_model(preset("tiny"), "Q3_K_XL")
 
 
 # --- the 27B plan ---------------------------------------------------------------------------
@@ -144,3 +144,11 @@ def test_preset_errors_are_clear():
         preset("tiny", n_layers=3)
     with pytest.raises(HybridError, match="not a multiple of n_head_kv"):
         preset("tiny", n_head_kv=3)
+
+
+def test_mixes_fall_back_like_llama_quant_where_a_block_does_not_fit():
+    """n_embd 288 = 9 × 32: llama.cpp's tensor_type_fallback, not a refusal (Q3_K → Q4_0, Q5_K → Q5_1,
+    Q6_K → Q8_0); the uniform recipes still refuse."""
+    types = {t.name: t.type.name for t in plan_model(preset("tiny", n_embd=288), "Q3_K_L")}
+    assert types["blk.0.ffn_gate.weight"] == "Q4_0" and types["blk.0.ffn_down.weight"] == "Q5_K"   # 512 wide rows
+    assert types["blk.0.ssm_out.weight"] == "Q3_K" and types["output.weight"] == "Q8_0"

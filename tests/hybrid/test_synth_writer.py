@@ -14,6 +14,7 @@ from hybrid.errors import HybridError
 from hybrid.synth import plan_model, preset, tensor_floats, write_model
 from hybrid.synth import writer as writer_module
 from hybrid.synth.dequantize import dequantize
+from hybrid.synth.quantize import QUANTIZABLE
 from hybrid.synth.types import synth_layout
 from hybrid.synth.vocab import CHATML_TEMPLATE
 
@@ -25,7 +26,7 @@ except ImportError:      # the reader is another module's job; these checks then
 # GDN + attention + MTP at the tiny dims: every tensor kind, small enough to quantise fast.
 SMALL = dict(n_layer=2, full_attention_interval=2)
 MAX_REL_ERR = {"F32": 0.0, "F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_K": 0.05,
-               "Q4_K": 0.10, "Q4_0": 0.12}
+               "Q4_K": 0.10, "Q4_0": 0.12, "Q4_1": 0.12, "Q5_0": 0.06, "Q5_1": 0.06, "MXFP4": 0.25}
 
 
 def read_tensors(path):
@@ -40,7 +41,7 @@ def expected_bytes(spec, t, seed, method):
     return np.concatenate([c.reshape(-1) for c in writer_module.tensor_chunks(spec, t, seed, method)])
 
 
-@pytest.mark.parametrize("type_name", list(gt.BY_NAME))
+@pytest.mark.parametrize("type_name", sorted(QUANTIZABLE))
 def test_round_trip_every_type(tmp_path, type_name):
     spec, seed = preset("tiny", **SMALL), 5
     path = tmp_path / "m.gguf"
@@ -222,3 +223,25 @@ def test_a_deep_synthetic_model_stays_finite_through_the_reference_forward(tmp_p
     logits, mtp = ref.reference_logits(str(path), ids), ref.reference_mtp_logits(str(path), ids)
     assert np.isfinite(logits).all() and np.isfinite(mtp).all()
     assert 0.5 < logits.std() < 5 and 0.5 < mtp.std() < 5      # neither flat nor saturated
+
+
+@pytest.mark.parametrize("type_name", [t.name for t in gt.DECODED])
+def test_decoded_types_write_random_codes(tmp_path, type_name):
+    """The types without a float quantiser: "auto" picks random codes, "quantize" says why not,
+    and what lands in the file is what the writer meant (gguf-py reads the same values)."""
+    spec, seed = preset("tiny", **SMALL), 5
+    path = tmp_path / "m.gguf"
+    if type_name not in QUANTIZABLE:
+        with pytest.raises(HybridError, match="--method codes"):
+            write_model(path, spec, type_name, seed=seed, method="quantize")
+    plan = write_model(path, spec, type_name, seed=seed, method="codes")
+    tensors = read_tensors(path)
+    for t in plan:
+        if t.type is gt.F32:
+            continue
+        raw = np.asarray(tensors[t.name].data).reshape(-1).view(np.uint8)
+        np.testing.assert_array_equal(raw, expected_bytes(spec, t, seed, "codes"), err_msg=t.name)
+        truth = gguf.quants.dequantize(raw, GQ(t.type.id)).reshape(t.n_rows, t.ne[0])
+        ours = dequantize(raw, t.type, t.ne[0])
+        np.testing.assert_array_equal(ours.view(np.uint32), truth.view(np.uint32), err_msg=t.name)
+        assert 0.2 < truth.std() / tensor_floats(spec, t.name, seed).std() < 5, t.name   # well scaled

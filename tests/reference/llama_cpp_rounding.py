@@ -18,8 +18,11 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-_Q8_0_WEIGHTS = (T.Q4_0, T.Q8_0)
-_Q8_K_WEIGHTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+# ggml-cpu's type_traits_cpu[...].vec_dot_type: Q8_0 codes (Q8_1's are the same codes, with an
+# extra sum the float form does not need), or Q8_K
+_Q8_0_WEIGHTS = (T.Q4_0, T.Q8_0, T.Q5_0, T.IQ4_NL, T.MXFP4, T.Q4_1, T.Q5_1)
+_Q8_K_WEIGHTS = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S,
+                 T.IQ1_S, T.IQ1_M, T.IQ4_XS)
 
 
 def q8_0(x: np.ndarray):
