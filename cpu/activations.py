@@ -266,4 +266,5 @@ def dequantized(fmt: ActFormat, x: np.ndarray) -> np.ndarray:
     n, cols = x.shape
     xq, d, _ = quantize(fmt, x)
     scales = d.T if fmt is Q8_K else d[:, ::2] if fmt.half_sum else d      # (n, blocks): the d of each block
-    return (xq.astype(np.float32) * np.repeat(scales, fmt.block, axis=1))[:, :cols]
+    # C-contiguous, as the kernels take x: a column slice of a padded array is not
+    return np.ascontiguousarray((xq.astype(np.float32) * np.repeat(scales, fmt.block, axis=1))[:, :cols])

@@ -170,7 +170,7 @@ def test_quantize_activations_follows_the_weight_type():
 def test_decoded_types_meet_x_as_llama_cpp_rounds_it(name):
     """cpu.decoded multiplies decoded weights by `dequantized` x: it must be the float form of the
     int8 activations ggml gives that type (Q8_0 / Q8_1 / Q8_K, the numpy statement)."""
-    x = np.random.default_rng(3).standard_t(3, size=(3, 300)).astype(np.float32)
+    x = np.random.default_rng(3).standard_t(3, size=(3, 512)).astype(np.float32)
     t = BY_NAME[name].id
     ours = act.dequantized(act.format_of(t), x)
     np.testing.assert_array_equal(ours, ref.round_activations(x, t).astype(np.float32))
