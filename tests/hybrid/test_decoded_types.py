@@ -17,9 +17,10 @@ from hybrid.synth.types import MIXES, plan_model
 from tests.reference.qwen35_ref import reference_logits
 
 PROMPT = np.random.default_rng(5).integers(0, 384, size=8)
-# the decoded types' products use float activations: float32 rounding only (logit scale ~1-10)
+# the decoded types' products meet activations rounded as llama.cpp rounds them, which the
+# reference emulates (round_activations=True): float32 order only (logit scale ~1-10)
 EXACT_TOL = 2e-3
-LOGIT_TOL = 1.5            # mixes with SIMD types round activations to int8 (tests/hybrid/test_forward.py)
+FLIP_TOL = 0.3            # a uniform model's max error where one rounded code flipped
 
 
 def forward_logits(path):
@@ -33,32 +34,36 @@ def test_uniform_model_of_each_decoded_type_matches_reference(name, tmp_path):
     plan = write_model(path, preset("tiny", arch="qwen35"), types=name, seed=2)
     assert plan.type_counts()[name] > 0
     ours = forward_logits(path)
-    ref = reference_logits(path, PROMPT)
+    ref = reference_logits(path, PROMPT, round_activations=True)
     err = float(np.abs(ours - ref).max())
-    print(f"\n{name}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
-    assert np.abs(ref).max() > 0.1 and err < EXACT_TOL * max(1.0, np.abs(ref).max())
+    typical = float(np.median(np.abs(ours - ref)))
+    print(f"\n{name}: |logit error| max {err:.3g}, median {typical:.3g} (scale {np.abs(ref).max():.2f})")
+    # float order may tip one activation code across a rounding boundary (IQ2_XS: at position 3,
+    # and the recurrent state carries it on: ~0.12 from there); float activations against this
+    # reference, i.e. the wrong rounding, are 0.5-1.2 off
+    assert np.abs(ref).max() > 0.1 and err < FLIP_TOL and typical < 0.05
 
 
 @pytest.mark.parametrize("recipe", ["Q2_K_MIX", "Q3_K_M", "IQ4_XS_MIX"])
 def test_llama_mix_models_match_reference(recipe, tmp_path):
     path = tmp_path / f"tiny-{recipe}.gguf"
     write_model(path, preset("tiny", arch="qwen35"), types=recipe, seed=3)
-    ours, ref = forward_logits(path), reference_logits(path, PROMPT)
+    ours, ref = forward_logits(path), reference_logits(path, PROMPT, round_activations=True)
     err = float(np.abs(ours - ref).max())
     print(f"\n{recipe}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
-    assert err < LOGIT_TOL and float(np.abs(ours - ref).mean()) < 0.1
+    assert err < FLIP_TOL and float(np.median(np.abs(ours - ref))) < 0.05     # as the uniform models
 
 
 # MoE files: the experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
 # ffn_down is) run in cpu.decoded_moe with float activations: with every other matrix F32 the
-# model must meet the float64 reference tightly. (A whole MoE mix also rounds its Q8_0/K-quant
+# model must meet the float64 reference tightly. (A shared expert of a decoded type runs as a
+# dense FFN, on rounded activations: the dense tests above cover it.) (A whole MoE mix also rounds its Q8_0/K-quant
 # trunk's activations to int8, and on these tiny models that flips routing: even uniform Q8_0 is
 # ~3 logits off the exact reference, so the mixes below are only run.)
 MOE_EXPERTS = {
     "IQ3_S+Q4_K": {r"ffn_(gate|up)_exps": "IQ3_S", r"ffn_down_exps": "Q4_K"},
     "MXFP4": {r"_exps": "MXFP4"},
-    "Q2_K+Q3_K": {r"ffn_(gate|up)_exps": "Q2_K", r"ffn_down_exps": "Q3_K",
-                  r"ffn_(gate|up|down)_shexp": "IQ4_XS"},
+    "Q2_K+Q3_K": {r"ffn_(gate|up)_exps": "Q2_K", r"ffn_down_exps": "Q3_K"},
 }
 
 
