@@ -149,9 +149,10 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
 
 CASES = [("Q4_K", "Q6_K", False, True), ("Q8_0", "Q8_0", True, True), ("Q5_K", "Q4_0", False, False),
          ("F16", "BF16", True, True), ("F32", "F32", False, True), ("Q4_K", "Q4_K", True, False),
-         # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes are)
-         ("IQ4_XS", "IQ4_XS", True, True), ("Q2_K", "Q3_K", False, True), ("MXFP4", "Q5_0", True, False),
-         ("Q3_K", "Q5_K", False, True), ("IQ2_XXS", "Q4_1", True, False)]
+         # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes
+         # are); each type pair compiles a kernel variant (~1.5 min on CI), so the MoE tests share
+         # three pairs and the types themselves are covered one by one in test_matvec
+         ("IQ4_XS", "Q3_K", True, True), ("MXFP4", "Q5_0", True, False), ("Q4_K", "Q2_K", False, True)]
 
 
 @pytest.mark.parametrize("gate_up, down, fused, shared", CASES)
@@ -169,8 +170,7 @@ def test_moe_ffn_matches_per_row_float64_reference(gate_up, down, fused, shared)
     assert np.abs(out).max() > 10 * np.abs(out - want).max()          # the check is not vacuous
 
 
-@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q8_0", "Q4_0"), ("F16", "F32"), ("IQ4_XS", "Q3_K"),
-                                           ("Q3_K", "Q6_K")])
+@pytest.mark.parametrize("gate_up, down", [("Q4_K", "Q6_K"), ("Q8_0", "Q4_0"), ("F16", "F32"), ("IQ4_XS", "Q3_K")])
 def test_each_row_has_the_bits_of_a_one_row_call(gate_up, down):
     rng = np.random.default_rng(3)
     ffn = make_ffn(gate_up, down, fused=True, shared=True, rng=rng)
@@ -213,7 +213,7 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
     assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert
 
 
-@pytest.mark.parametrize("gate_up, down", [("IQ3_S", "IQ4_NL"), ("Q4_K", "Q2_K")])
+@pytest.mark.parametrize("gate_up, down", [("MXFP4", "Q5_0"), ("Q4_K", "Q2_K")])
 def test_decoded_experts_run_in_one_kernel_call_whatever_the_threads(gate_up, down, monkeypatch):
     rng = np.random.default_rng(5)
     ffn = make_ffn(gate_up, down, fused=True, shared=False, rng=rng)
