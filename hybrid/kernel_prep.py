@@ -182,12 +182,13 @@ def _cuda_compile_for_args(original):
     return compile_for_args
 
 
-_returns: dict[int, bool] = {}
+# keyed by the code object itself, not its id(): a collected function's id is reused by the next one
+_returns: dict[object, bool] = {}
 
 
 def _returns_value(dispatcher) -> bool:
     """Whether the kernel's source has a `return <value>` (a call of it cannot be skipped)."""
-    key = id(dispatcher.py_func)
+    key = dispatcher.py_func.__code__
     if key not in _returns:
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(dispatcher.py_func)))
