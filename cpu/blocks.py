@@ -236,12 +236,18 @@ def block_iq2_xxs(w, o, y):
 
 
 @njit(inline="always")
+def _iq2_scale(w, scales_at, s, d):
+    """IQ2_XS / IQ2_S: the scale of weights 16s..16s+15, from nibble s of scales[8] at byte scales_at."""
+    sc = (np.int32(w[scales_at + s // 2]) >> (4 * (s % 2))) & 15
+    return d * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+
+
+@njit(inline="always")
 def block_iq2_xs(w, o, y):
     # d, qs[32] u16 (9-bit grid index, 7-bit sign index), scales[8] (4 bits per 16 weights)
     d = f16_at(w, o)
     for s in range(16):
-        sc = (np.int32(w[o + 66 + s // 2]) >> (4 * (s % 2))) & 15
-        db = d * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+        db = _iq2_scale(w, o + 66, s, d)
         for half in range(2):
             q = _u16(w, o + 2 + 2 * (2 * s + half))
             signs = KSIGNS[q >> 9]
@@ -256,8 +262,7 @@ def block_iq2_s(w, o, y):
     # index), scales[8] (4 bits per 16 weights)
     d = f16_at(w, o)
     for s in range(16):
-        sc = (np.int32(w[o + 74 + s // 2]) >> (4 * (s % 2))) & 15
-        db = d * (np.float32(0.5) + np.float32(sc)) * np.float32(0.25)
+        db = _iq2_scale(w, o + 74, s, d)
         for half in range(2):
             k = 2 * s + half
             g = np.int32(w[o + 2 + k]) | (((np.int32(w[o + 66 + k // 4]) >> (2 * (k % 4))) & 3) << 8)

@@ -14,10 +14,13 @@ from .draft_depth import DepthController
 from .draft_policy import MAX_AUTO_DEPTH, DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
+from .generate import PREFILL_CHUNK, generate_tokens
+from .kernel_prep import prepare
 from .model_file import default_model_path, open_model
 from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share
 from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
+from .speculative import PENDING_MAX, generate_speculative
 from .state import DEFAULT_N_CTX
 
 DEVICES = ("cpu", "cuda", "auto")
@@ -57,9 +60,10 @@ class Model:
         self.chat_template = ChatTemplate.from_metadata(self.file.metadata)
         # What lives on the GPU (none without one): trunk, state and lm_head first, then FFN layers.
         # A MoE model's leftover VRAM caches routed experts (expert_cache=False leaves it free).
-        self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx,
-                             DraftPolicy.parse(None, self.has_mtp).ring, expert_cache=expert_cache,
-                             pcie_share=pcie_share)
+        # the snapshot ring the default draft policy needs: planned for, and what drafting states get
+        self.planned_ring = DraftPolicy.parse(None, self.has_mtp).ring
+        self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx, self.planned_ring,
+                             expert_cache=expert_cache, pcie_share=pcie_share)
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
@@ -100,9 +104,6 @@ class Model:
         disk cache compile first, spread over worker processes, calling progress(done, total)
         as they do (`hybrid.kernel_prep`; never when none is missing). Returns the number of
         kernels compiled."""
-        from .generate import PREFILL_CHUNK
-        from .kernel_prep import prepare
-        from .speculative import PENDING_MAX
         chunk = min(16, PREFILL_CHUNK)           # long enough for the multi-threaded prompt kernels
         if max_rows is not None:
             chunk = max(1, min(chunk, max_rows))
@@ -194,8 +195,6 @@ class Model:
         xtc_threshold, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
         dry_sequence_breakers (strings), logit_bias ({token id: bias}).
         """
-        from .generate import generate_tokens
-        from .speculative import generate_speculative
 
         if max_tokens < 0:
             raise HybridError(f"max_tokens must be ≥ 0, got {max_tokens}")
@@ -271,8 +270,7 @@ class Model:
         if state is None or state.n_ring < n_ring:
             # a drafting state gets the ring the plan made room for (the default depth's), so
             # runs at other depths reuse it and the steps captured with it
-            planned = DraftPolicy.parse(None, self.has_mtp).ring
-            state = self.forward.new_state(self.n_ctx, n_ring=max(n_ring, planned) if n_ring else 0)
+            state = self.forward.new_state(self.n_ctx, n_ring=max(n_ring, self.planned_ring) if n_ring else 0)
         else:
             state.reset()
         try:

@@ -57,6 +57,7 @@ from collections.abc import Callable
 import numpy as np
 from numba.core import event
 from numba.core.caching import NullCache
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
 
 Progress = Callable[[int, "int | None"], None]   # progress(done, total); total None: not known yet
@@ -318,8 +319,7 @@ class _Job:
         """Store in the disk cache the CUDA kernels a worker sent back ("ok <payload>")."""
         if not self.cuda:
             return
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.cuda.dispatcher import _Kernel
+        from numba.cuda.dispatcher import _Kernel    # numba.cuda: loaded only when a GPU model warms up
         states = iter(pickle.loads(base64.b64decode(reply.split(" ", 1)[1])))
         with global_compiler_lock:              # one writer of the cache index at a time
             for dispatcher, sigs, _ in self.parts:
