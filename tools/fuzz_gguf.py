@@ -20,6 +20,7 @@ and tokenized) and reports one of
   crash       the child died from a signal it was not sent for a limit
   hang        over the time limit (killed)
   over-memory a MemoryError, the address-space limit hit, or a peak RSS above --mem-limit-mib
+              (counted from the child's start: the pages it shares with this process are not its own)
 
 and prints the counts; examples of every outcome but ok/error are written under --keep.
 """
@@ -249,10 +250,26 @@ def exercise(path: str) -> None:
         tok.encode(text)
 
 
+def _statm(field: int) -> int:
+    """Bytes of /proc/self/statm's field (0: mapped, 1: resident) now; 0 where /proc is missing."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[field]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _peak_rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def child(path: str, out_fd: int, time_limit: float, mem_limit: int) -> None:
     from hybrid.errors import HybridError
+    # A forked child starts with this process's resident pages as its peak RSS and its mappings as
+    # its address space (a test worker that compiled kernels holds ~1 GiB); both limits count from there.
+    start_kib = _peak_rss_kib()
+    limit_as = _statm(0) + mem_limit * 3
     sys.setrecursionlimit(DEFAULT_RECURSION_LIMIT)    # the engine's own, not the encoder's
-    resource.setrlimit(resource.RLIMIT_AS, (mem_limit * 3, mem_limit * 3))   # hard stop; RSS judged after
+    resource.setrlimit(resource.RLIMIT_AS, (limit_as, limit_as))   # hard stop; RSS judged after
     resource.setrlimit(resource.RLIMIT_CPU, (int(time_limit) + 2, int(time_limit) + 3))
     try:
         exercise(path)
@@ -265,12 +282,13 @@ def child(path: str, out_fd: int, time_limit: float, mem_limit: int) -> None:
         result = {"outcome": "over-memory", "message": "MemoryError"}
     except BaseException:
         result = {"outcome": "traceback", "message": traceback.format_exc()[-3000:]}
-    result["rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result["rss_kib"] = _peak_rss_kib() - start_kib
     os.write(out_fd, json.dumps(result, ensure_ascii=True).encode())
     os._exit(0)
 
 
 def run_case(path: str, time_limit: float, mem_limit: int) -> dict:
+    shared_kib = _statm(1) // 1024     # the child's RSS at birth, for a child that cannot report
     r, w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
@@ -308,7 +326,8 @@ def run_case(path: str, time_limit: float, mem_limit: int) -> dict:
         # a child that could not allocate under RLIMIT_AS may die without a word
         result = {"outcome": "crash", "message": f"status {status}"}
     result["seconds"] = seconds
-    result["rss_kib"] = max(result.get("rss_kib", 0), rusage.ru_maxrss if rusage else 0)
+    if "rss_kib" not in result:
+        result["rss_kib"] = max(0, rusage.ru_maxrss - shared_kib) if rusage else 0
     if result["outcome"] in ("ok", "error") and result["rss_kib"] > mem_limit // 1024:
         result["outcome"] = "over-memory"
     return result
