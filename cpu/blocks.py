@@ -6,8 +6,8 @@ order — e.g. Q2_K: (d·(sc & 15))·q − dmin·(sc >> 4) — so the bits equal
 (one exception: gguf-py's IQ1_M always takes the negative delta, ggml takes the sign from the
 block; we follow ggml). Layouts and formulas: docs/MODEL_FORMAT.md §6.
 
-`decode_block(wt, w, o, y)` picks the decoder of type wt; it is inlined where wt is a compile-time
-constant (`cpu.variants`), so a kernel carries one type's decoder only.
+`decoder(wt)` is the decoder of type wt, which a kernel factory (`cpu.variants`) captures as a closure
+constant, so a kernel carries one type's decoder only.
 
 Tables: the IQ grids are facts of the format (ggml-common.h); they are taken from gguf-py's packed
 copies once, at import, as float32 (exact small values). The sign table is the 7-bit index with its
@@ -334,53 +334,29 @@ def block_iq1_m(w, o, y):
 
 # ---- by type -------------------------------------------------------------------------------------
 
-_Q4_0, _Q8_0, _Q4_K, _Q5_K, _Q6_K = Q4_0.id, Q8_0.id, Q4_K.id, Q5_K.id, Q6_K.id
-_Q4_1, _Q5_0, _Q5_1, _Q2_K, _Q3_K = Q4_1.id, Q5_0.id, Q5_1.id, Q2_K.id, Q3_K.id
-_IQ4_NL, _IQ4_XS, _MXFP4 = IQ4_NL.id, IQ4_XS.id, MXFP4.id
-_IQ3_XXS, _IQ3_S, _IQ2_XXS, _IQ2_XS, _IQ2_S, _IQ1_S, _IQ1_M = (IQ3_XXS.id, IQ3_S.id, IQ2_XXS.id, IQ2_XS.id,
-                                                             IQ2_S.id, IQ1_S.id, IQ1_M.id)
+
+@njit(inline="always")
+def block_q4_k(w, o, y):
+    block_q4_k_q5_k(w, o, y, False)
 
 
 @njit(inline="always")
-def decode_block(wt, w, o, y):
-    """The block of type wt at byte o of w, as float32 into y[0:block_elems]."""
-    if wt == _Q4_0:
-        block_q4_0(w, o, y)
-    elif wt == _Q8_0:
-        block_q8_0(w, o, y)
-    elif wt == _Q4_K:
-        block_q4_k_q5_k(w, o, y, False)
-    elif wt == _Q5_K:
-        block_q4_k_q5_k(w, o, y, True)
-    elif wt == _Q6_K:
-        block_q6_k(w, o, y)
-    elif wt == _Q4_1:
-        block_q4_1(w, o, y)
-    elif wt == _Q5_0:
-        block_q5_0(w, o, y)
-    elif wt == _Q5_1:
-        block_q5_1(w, o, y)
-    elif wt == _IQ4_NL:
-        block_iq4_nl(w, o, y)
-    elif wt == _MXFP4:
-        block_mxfp4(w, o, y)
-    elif wt == _Q2_K:
-        block_q2_k(w, o, y)
-    elif wt == _Q3_K:
-        block_q3_k(w, o, y)
-    elif wt == _IQ4_XS:
-        block_iq4_xs(w, o, y)
-    elif wt == _IQ2_XXS:
-        block_iq2_xxs(w, o, y)
-    elif wt == _IQ2_XS:
-        block_iq2_xs(w, o, y)
-    elif wt == _IQ2_S:
-        block_iq2_s(w, o, y)
-    elif wt == _IQ3_XXS:
-        block_iq3_xxs(w, o, y)
-    elif wt == _IQ3_S:
-        block_iq3_s(w, o, y)
-    elif wt == _IQ1_S:
-        block_iq1_s(w, o, y)
-    elif wt == _IQ1_M:
-        block_iq1_m(w, o, y)
+def block_q5_k(w, o, y):
+    block_q4_k_q5_k(w, o, y, True)
+
+
+# A kernel takes its type's decoder as a closure constant (`decoder(wt)`), never a branch on wt:
+# Numba does not prune branches on a constant passed into an inlined function, so a `wt ==` chain
+# compiled all twenty decoders into every kernel (10 s a matvec variant instead of 2).
+_DECODERS = {Q4_0.id: block_q4_0, Q8_0.id: block_q8_0, Q4_K.id: block_q4_k, Q5_K.id: block_q5_k,
+             Q6_K.id: block_q6_k, Q4_1.id: block_q4_1, Q5_0.id: block_q5_0, Q5_1.id: block_q5_1,
+             IQ4_NL.id: block_iq4_nl, MXFP4.id: block_mxfp4, Q2_K.id: block_q2_k, Q3_K.id: block_q3_k,
+             IQ4_XS.id: block_iq4_xs, IQ2_XXS.id: block_iq2_xxs, IQ2_XS.id: block_iq2_xs,
+             IQ2_S.id: block_iq2_s, IQ3_XXS.id: block_iq3_xxs, IQ3_S.id: block_iq3_s,
+             IQ1_S.id: block_iq1_s, IQ1_M.id: block_iq1_m}
+
+
+def decoder(wt: int):
+    """The block decoder of ggml type wt: `dec(w, o, y)` writes the block at byte o of w as float32
+    into y[0:block_elems]."""
+    return _DECODERS[int(wt)]

@@ -12,7 +12,7 @@ sort; the x rows of each group gathered into one contiguous block first):
      gate and up rows of a tile decoded once for all the group's slots;
   B. one over (group, tile of D rows): y = W_down,e h;
   C. out[i] = Σ_rank w[i, rank] · y[slot of (i, rank)], in top-k rank order (`_rank_sum`).
-Each (row, slot) product is `cpu.decoded.rows_dot`'s, whose bits do not depend on the other slots,
+Each (row, slot) product is `cpu.decoded.rows_dot_of`'s, whose bits do not depend on the other slots,
 and the rank sum has a fixed order per row: row i of an n-row call has exactly the bits of the
 1-row call on x[i] (lossless drafting relies on it), whichever thread ran which tile.
 """
@@ -24,7 +24,7 @@ from numba import njit, prange
 
 from cpu.ggml_types import SUPPORTED
 
-from .decoded import ROW_TILE, rows_dot
+from .decoded import ROW_TILE, rows_dot_of
 from .ffn import _silu_times
 from .moe_kernel import _rank_sum, group_slots
 from .variants import Variants
@@ -33,10 +33,8 @@ TILES_PER_WORKER = 4     # tasks per thread and step, so a slow thread takes few
 
 
 def _make_experts(gate_t, up_t, down_t):
-    g_elems, g_size = SUPPORTED[gate_t].block_elems, SUPPORTED[gate_t].block_bytes
-    u_elems, u_size = SUPPORTED[up_t].block_elems, SUPPORTED[up_t].block_bytes
-    d_elems, d_size = SUPPORTED[down_t].block_elems, SUPPORTED[down_t].block_bytes
-    y_elems = max(g_elems, u_elems, d_elems)
+    gate_dot, up_dot, down_dot = rows_dot_of(gate_t), rows_dot_of(up_t), rows_dot_of(down_t)
+    y_elems = max(SUPPORTED[t].block_elems for t in (gate_t, up_t, down_t))
 
     @njit(cache=True, nogil=True, parallel=True)
     def _experts(w_gate, w_up, w_down, expert_rows, xs, group_start, group_expert, h, y, tiles_a, tiles_b):
@@ -55,8 +53,8 @@ def _make_experts(gate_t, up_t, down_t):
             end = min(n_ff, (tile + 1) * per_a)
             for r0 in range(tile * per_a, end, ROW_TILE):
                 m = min(ROW_TILE, end - r0)
-                rows_dot(gate_t, g_elems, g_size, fg, w_gate.shape[1], expert_rows[0, e] + r0, m, xg, buf, gate)
-                rows_dot(up_t, u_elems, u_size, fu, w_up.shape[1], expert_rows[1, e] + r0, m, xg, buf, up)
+                gate_dot(fg, w_gate.shape[1], expert_rows[0, e] + r0, m, xg, buf, gate)
+                up_dot(fu, w_up.shape[1], expert_rows[1, e] + r0, m, xg, buf, up)
                 for i in range(m):
                     for j in range(s1 - s0):
                         h[s0 + j, r0 + i] = _silu_times(gate[i, j], up[i, j])
@@ -70,7 +68,7 @@ def _make_experts(gate_t, up_t, down_t):
             end = min(D, (tile + 1) * per_b)
             for r0 in range(tile * per_b, end, ROW_TILE):
                 m = min(ROW_TILE, end - r0)
-                rows_dot(down_t, d_elems, d_size, fd, w_down.shape[1], expert_rows[2, e] + r0, m, hg, buf, acc)
+                down_dot(fd, w_down.shape[1], expert_rows[2, e] + r0, m, hg, buf, acc)
                 for i in range(m):
                     for j in range(s1 - s0):
                         y[s0 + j, r0 + i] = acc[i, j]
