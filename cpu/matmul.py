@@ -22,9 +22,9 @@ many-row call has exactly the bits of a one-slot `matvec` call on x[n] (tested).
 therefore stays equal to token-by-token prefill, and speculative verify (few slots, cpu.matvec)
 is untouched.
 
-Covered: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 (`TYPES`); float weights stay on `cpu.matvec`. The decoded
-types (`cpu.ggml_types.DECODED`) have one kernel for any number of slots (`cpu.decoded`, which
-already decodes a row tile once for all slots); `matmul` and `swiglu_matmul` hand them on. `takes`
+Covered: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 (`TYPES`). Every other type stays on `cpu.matvec`, whose
+kernels serve any number of slots (the decoded types' `cpu.decoded` already decodes a row tile
+once for all slots); `matmul` and `swiglu_matmul` hand them on. `takes`
 says which calls `cpu.ops` routes here. Activations: `cpu.matvec`'s int8 quantisation for the
 weight type (`cpu.activations`: Q8_K for K-quants, Q8_0 for Q8_0/Q4_0), slots padded to a
 multiple of 8 (padding slots are zeros, computed and dropped).
@@ -35,12 +35,11 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from cpu.ggml_types import DECODED_IDS, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, type_name
+from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
 
 from . import activations as act
-from .decoded import matvec_decoded
 from .ffn import _silu_times, check_swiglu, swiglu
-from .matvec import check_matvec, frozen
+from .matvec import check_matvec, frozen, run_matvec
 from .simd import TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0, tile_dot_k
 from .variants import Variants
 
@@ -248,22 +247,14 @@ def takes(wtype: int, x) -> bool:
     return wtype in TYPES and isinstance(x, np.ndarray) and x.ndim == 2 and x.shape[0] >= MIN_SLOTS
 
 
-def _check_covered(*wtypes: int) -> None:
-    for t in wtypes:
-        if t not in TYPES:
-            raise ValueError(f"cpu.matmul covers {', '.join(sorted(type_name(i) for i in TYPES))}, "
-                             f"not {type_name(t)} (use cpu.matvec)")
-
-
 def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
     """out[n, r] = Σ_c W[r, c] · x[n, c], the bits of `cpu.matvec.matvec` (same arguments, checked
-    the same way); wtype in TYPES or a decoded type. Any number of slots works; it pays from
-    MIN_SLOTS on."""
+    the same way); any weight type (outside TYPES it is `cpu.matvec`). Any number of slots works;
+    it pays from MIN_SLOTS on."""
     check_matvec(wtype, w, x, out)
-    if wtype in DECODED_IDS:
-        matvec_decoded(wtype, frozen(w), x, out)
+    if wtype not in TYPES:          # no tiles for it: cpu.matvec's kernel serves any number of slots
+        run_matvec(wtype, w, x, out)
         return
-    _check_covered(wtype)
     if w.shape[0] == 0:
         return
     xq, dx, bs = quantize_slots(wtype, x)
@@ -273,13 +264,11 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
 def swiglu_matmul(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
                   x: np.ndarray, h_out: np.ndarray) -> None:
     """h_out[n, r] = SiLU(W_gate[r]·x[n]) · (W_up[r]·x[n]), the bits of `cpu.ffn.swiglu` (same
-    arguments, checked the same way); both types in TYPES, or either a decoded type (then it is
-    `cpu.ffn.swiglu`)."""
+    arguments, checked the same way); with a type outside TYPES it is `cpu.ffn.swiglu`."""
     check_swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
-    if wtype_gate in DECODED_IDS or wtype_up in DECODED_IDS:
+    if wtype_gate not in TYPES or wtype_up not in TYPES:
         swiglu(wtype_gate, w_gate, wtype_up, w_up, x, h_out)
         return
-    _check_covered(wtype_gate, wtype_up)
     if w_gate.shape[0] == 0:
         return
     act_gate = quantize_slots(wtype_gate, x)

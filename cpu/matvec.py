@@ -43,9 +43,12 @@ from .variants import Variants, type_mask
 # 0..8192). Passed to the kernels at run time, so a benchmark can sweep it without recompiling.
 PREFETCH_BYTES = 4096
 
-QUANT_TYPES = frozenset((Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id))   # the int8-activation path
-
-_Q4_K, _Q5_K, _Q6_K, _Q8_0, _Q4_0 = Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id
+# The types with a SIMD row dot (`cpu.simd`): each ggml type id → its reader. The one list of the
+# int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
+# cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
+ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
+               Q4_0.id: Q4_0_BLOCKS}
+QUANT_TYPES = frozenset(ROW_READERS)
 
 
 # ---- activations -----------------------------------------------------------------------------
@@ -62,8 +65,7 @@ def quantize_activations(wtype: int, x: np.ndarray):
 # the types in type_mask (a compile-time constant, `cpu.variants.type_mask`) have code. Slots go in
 # groups of 4, then one group of the 1-3 left: a group shares one decode of the weights (a k=3
 # verify step decodes once, not as 2 + 1); past 4 slots the row is read again from L1.
-row_dot_quant = intrinsic(row_dot_intrinsic({_Q4_K: Q4_K_BLOCKS, _Q5_K: Q5_K_BLOCKS, _Q6_K: Q6_K_BLOCKS,
-                                             _Q8_0: Q8_0_BLOCKS, _Q4_0: Q4_0_BLOCKS}))
+row_dot_quant = intrinsic(row_dot_intrinsic(ROW_READERS))
 
 
 # ---- kernels ---------------------------------------------------------------------------------
@@ -219,7 +221,7 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, quanti
         xq, dx, bs = quantized if quantized is not None else quantize_activations(wtype, x)
         _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
         return
-    if wtype in DECODED_IDS:
+    if wtype in DECODED_IDS:      # (a quantised type without a row dot)
         matvec_decoded(wtype, w, x, out)
         return
     x = act.round_floats(act.format_of(wtype), x)   # F16/BF16 weights meet x rounded to their type

@@ -174,7 +174,7 @@ def _fused_weights(ffn):
 
 
 def _uses_decoded(wtypes) -> bool:
-    return any(t in DECODED_IDS for t in wtypes)
+    return not all(t in QUANT_TYPES for t in wtypes)
 
 
 def _kernel_arguments(ffn, x, experts, weights, out) -> tuple | None:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from cpu.ggml_types import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0
-
 
 def type_mask(type_ids: Iterable[int]) -> int:
     """The mask of these ggml type ids (bit t for type t), as `row_dot_intrinsic` takes it."""
@@ -27,10 +25,6 @@ def type_mask(type_ids: Iterable[int]) -> int:
     for t in type_ids:
         mask |= 1 << int(t)
     return mask
-
-
-QUANT_TYPES = frozenset((Q4_K.id, Q5_K.id, Q6_K.id, Q8_0.id, Q4_0.id))
-ALL = type_mask(QUANT_TYPES)        # every quantised type (the MoE expert kernel: one variant)
 
 
 class Variants:

@@ -13,12 +13,13 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
 from cpu.ggml_types import BY_NAME, DECODED
+from cpu.matvec import ROW_READERS
 from hybrid.synth.codes import random_blocks
 from tests.reference.llama_cpp_rounding import round_activations
 
 DECODED_TYPES = tuple(t.name for t in DECODED)
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", *DECODED_TYPES)
-QUANT_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")     # the int8-activation kernels
+QUANT_TYPES = tuple(n for n in TYPES if BY_NAME[n].id in ROW_READERS)   # the int8-activation kernels
 FP16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q4_0": (0,)}
 
 

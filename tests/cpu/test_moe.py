@@ -11,6 +11,7 @@ import cpu.moe
 import cpu.moe_kernel
 from cpu.moe import expert_groups, moe_ffn, route
 from cpu.moe_kernel import group_slots
+from cpu.matvec import ROW_READERS
 from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
@@ -131,7 +132,7 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
     x64 = x.astype(np.float64)
     router = ffn.router.data.view(np.float32).astype(np.float64)
     out, mag = np.zeros_like(x64), np.zeros_like(x64)
-    decoded = any(type_id(n) in (ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype) for n in DECODED_TYPES)
+    decoded = not all(t in ROW_READERS for t in (ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype))
     for i in range(len(x)):
         experts, weights = numpy_route((x64[i:i + 1] @ router.T), ffn.n_used)
         for e, w in zip(experts[0], weights[0]):
