@@ -1,8 +1,8 @@
 """Atomic int64 array operations for Numba's parallel CPU kernels (Numba has none on the CPU).
 
-Why: a parallel region that hands out fixed runs of work waits for its slowest thread, and on
-the H200 box's 16-core VM one thread in a region routinely took 1.7x the median (stop 20: TSC
-stamps per thread in the MoE expert kernel). Threads that claim small chunks from a shared
+Why: a parallel region that hands out fixed runs of work waits for its slowest thread, and on a
+shared or virtualised machine one thread of a region routinely runs well behind the others
+(docs/MEASUREMENTS.md). Threads that claim small chunks from a shared
 counter finish together, and a counter per piece of work lets one region run steps that depend
 on each other (the expert kernel's gate/up, then down) without a barrier.
 

@@ -197,7 +197,7 @@ def _delta_rule_4_rows(u, n_k_heads, grouped, beta, decay, ssm, out, ring_ssm):
     """gated_delta_rule with four value rows of a head per work item (d_v a multiple of 4;
     beta, decay from _gates):
     each k̂ and q̂ element loaded once serves four rows, and the four independent sums keep
-    the FMA pipes busy — 1.9× the one-row kernel on 2 Zen 3 cores at the 0.8B shape. Every
+    the FMA pipes busy (docs/MEASUREMENTS.md has the gain). Every
     row is still stepped token by token inside the call, so an n-token call keeps the bits
     of n one-token calls."""
     n = u.shape[0]

@@ -10,10 +10,9 @@ the group's activation block sits in L1 while it meets every row; the dot is loa
 `vpmaddwd` and adds, each slot's sums gathered in 8 float lanes (`cpu.simd.tile_dot_k`). Q8_0/Q4_0
 rows need no decoding: the same tiling runs `cpu.matvec`'s own span kernels, 8 slots a call.
 
-Where the time goes (2-core Zen 3): 2 multiplies (`vpmaddubsw` + `vpmaddwd`) per 32 weights per
-slot is the floor of this arithmetic without VNNI, and Zen 3 issues them on 2 pipes; the inner
-loop runs at ~85 % of that bound (~230 GFLOP/s on 2 cores); the rest is the per-block reduction
-and float combine that bit identity requires.
+Where the time goes: 2 multiplies (`vpmaddubsw` + `vpmaddwd`) per 32 weights per slot is the
+floor of this arithmetic without VNNI; the inner loop runs close to that bound, and the rest is
+the per-block reduction and float combine that bit identity requires (docs/MEASUREMENTS.md).
 
 Bit identity: each output is the same integer lanes, combined by the same float operations in the
 same order (block after block into 8 lanes from 0.0, then one fixed tree over the lanes), as
@@ -43,8 +42,8 @@ from .matvec import check_matvec, frozen, run_matvec
 from .simd import TILE_RECORD, decode_q4_k_block, decode_q5_k_block, decode_q6_k_block, dot_q4_0, dot_q8_0, tile_dot_k
 from .variants import Variants
 
-# Prompt chunks only: verify steps (a few slots) stay on cpu.matvec. Measured on the 2-core Zen 3,
-# this path already wins from 8 slots (~1.25× at n = 8, Q4_K/Q6_K), so the bound could go lower.
+# Prompt chunks only: verify steps (a few slots) stay on cpu.matvec. This path already wins from
+# 8 slots (docs/MEASUREMENTS.md), so the bound could go lower.
 MIN_SLOTS = 16
 SLOT_GROUP = 8      # slots per dot call (lanes of the float combine)
 TILE_ROWS = 16      # weight rows per tile (a prange task)

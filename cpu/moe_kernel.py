@@ -22,10 +22,10 @@ pool once and allocates nothing:
   2. out[i] = Σ_rank w[i, rank] · y[i, rank], each row in its own top-k rank order (serially for
      a decode step, where a region would cost more than the sum).
 
-Claimed chunks, not fixed runs per thread: on the H200 box's 16-core VM the slowest thread of a
-region took ~1.7x the median, and a fixed share makes every call wait for it (TSC stamps, stop
-20); a second region for the down step cost another wake-up and join (~7 µs), and the blocks of
-h that a fixed run boundary split had to be quantised between the regions (~9 µs).
+Claimed chunks, not fixed runs per thread: the slowest thread of a region can run well behind
+the others, and a fixed share makes every call wait for it; a second region for the down step
+would cost another wake-up and join, and the blocks of h that a fixed run boundary split would
+have to be quantised between the regions (figures: docs/MEASUREMENTS.md).
 
 Every step is the same arithmetic, on the same bytes, as the one-expert-at-a-time path
 (`cpu.ffn.swiglu` then `cpu.matvec.matvec` on the gathered rows, then the rank-order sum): the
@@ -470,8 +470,8 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
 class BoundCall:
     """`routed_experts` on arrays fixed once (a captured step's pinned hand-off buffers, rewritten
     in place before each replay): calling it runs the compiled kernel on them, with no argument
-    typing or dispatch (a replayed decode step makes 40 such calls, each ~15 µs of Python
-    through `cpu.moe.run_routed` on the H200 box's Xeon). Returns what routed_experts returns."""
+    typing or dispatch (a replayed decode step makes one such call per MoE layer, and the typing
+    and dispatch of `cpu.moe.run_routed` cost more than a small layer's work). Returns what routed_experts returns."""
 
     def __init__(self, *arguments, stages: int = len(STAGES)):
         self.args = _arguments(*arguments, stages)
