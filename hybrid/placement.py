@@ -346,16 +346,23 @@ def cpu_plan(model, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0, overrides: Sequ
     return Plan("cpu", places, None, {}, n_ctx, n_ring, notes=(f"CPU only: {reason}{hint}",))
 
 
-def check_gpu_types(model) -> None:
-    """A HybridError (one line) naming the first tensor of a type the GPU kernels do not run
-    (`gpu.quants.UNITS`; the CPU runs every type of `cpu.ggml_types.SUPPORTED`). Such a model
-    runs CPU-only: moving just those matrices to the CPU is not offered, as trunk matrices must be
-    on the GPU and host FFN layers are streamed to the GPU for prompt chunks."""
+def _without_gpu_kernels(model) -> str | None:
+    """Why `model` cannot run on the GPU path: its first tensor of a type the GPU kernels do not
+    run (`gpu.quants.UNITS`; the CPU runs every type of `cpu.ggml_types.SUPPORTED`), or None.
+    Moving just those matrices to the CPU is not offered, as trunk matrices must be on the GPU
+    and host FFN layers are streamed to the GPU for prompt chunks."""
     for name, t in model.tensors.items():
         wtype = getattr(t, "type", None)
         if wtype is not None and wtype.id not in GPU_UNITS:
-            raise HybridError(f"{name} has type {wtype.name}, which the GPU kernels do not run yet; "
-                              f"load the model with --device cpu (device=\"cpu\" in hybrid.load)")
+            return f"{name} has type {wtype.name}, which the GPU kernels do not run yet"
+    return None
+
+
+def check_gpu_types(model) -> None:
+    """A HybridError (one line) where `model` has a tensor type the GPU kernels do not run."""
+    reason = _without_gpu_kernels(model)
+    if reason:
+        raise HybridError(f"{reason}; load the model with --device cpu (device=\"cpu\" in hybrid.load)")
 
 
 def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,
@@ -543,6 +550,9 @@ def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cp
                               "an NVIDIA GPU and driver")
         return cpu_plan(model_file, n_ctx, n_ring, rules, "no CUDA GPU found",
                         " (`hybrid info MODEL --plan --vram 12GiB` plans for a GPU of that size)")
+    no_kernels = _without_gpu_kernels(model_file)
+    if no_kernels and device == "auto":     # device cuda: plan_placement's error says the same
+        return cpu_plan(model_file, n_ctx, n_ring, rules, no_kernels)
     notes = []
     if budget is None:
         budget = free

@@ -11,7 +11,8 @@ import hybrid
 from cpu import ggml_types as gt
 from hybrid.errors import HybridError, ModelError
 from hybrid.model_file import open_model
-from hybrid.placement import check_gpu_types, plan_placement
+from hybrid import placement
+from hybrid.placement import check_gpu_types, plan_for, plan_placement
 from hybrid.synth import preset, write_model
 from hybrid.synth.types import MIXES, plan_model
 from tests.reference.qwen35_ref import reference_logits
@@ -154,6 +155,19 @@ def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "IQ4_XS" in msg and ("blk." in msg or "token_embd" in msg)
     assert "--device cpu" in msg
+
+
+def test_device_auto_runs_types_without_gpu_kernels_on_the_cpu(tmp_path, monkeypatch):
+    """The default device on a GPU box: such a file gets a CPU plan that says why, not an error;
+    asking for cuda explicitly still gets the error."""
+    monkeypatch.setattr(placement, "gpu_free_memory", lambda: 12 << 30)
+    path = tmp_path / "tiny-IQ4_XS.gguf"
+    write_model(path, preset("tiny", arch="qwen35"), types="IQ4_XS", seed=2)
+    with open_model(path) as mf:
+        plan = plan_for(mf, "auto")
+        assert plan.device == "cpu" and "IQ4_XS" in plan.notes[0] and "GPU kernels" in plan.notes[0]
+        with pytest.raises(HybridError, match="--device cpu"):
+            plan_for(mf, "cuda")
 
 
 def test_unknown_type_id_names_tensor_and_type(tmp_path):
