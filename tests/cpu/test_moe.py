@@ -11,7 +11,6 @@ import cpu.moe
 import cpu.moe_kernel
 from cpu.moe import expert_groups, moe_ffn, route
 from cpu.moe_kernel import group_slots
-from cpu.matvec import ROW_READERS
 from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
@@ -106,22 +105,21 @@ def make_ffn(gate_up: str, down: str, fused: bool, shared: bool, rng, n_ff: int 
     return MoEFFN(router, gate, up, dn, K, sh, sh_gate)
 
 
-def as_f64(kind_id, data, cols, int8=True):
-    """Float64 weights, and the type whose activation rounding the kernel gives this kind's input
-    ("F32": none; with int8 False the layer runs in cpu.decoded_moe, on float activations)."""
+def as_f64(kind_id, data, cols):
+    """Float64 weights, and the type whose activation rounding the kernel gives this kind's input."""
     name = next(n for n in ("F32", "F16", "BF16", *QUANT_TYPES, *DECODED_TYPES) if type_id(n) == kind_id)
-    return dequantized(name, np.ascontiguousarray(data), cols), (name if int8 else "F32")
+    return dequantized(name, np.ascontiguousarray(data), cols), name
 
 
 def silu(v):
     return v / (1.0 + np.exp(-v))
 
 
-def reference_swiglu_down(gate, up, down, x, int8=True):
+def reference_swiglu_down(gate, up, down, x):
     """W_down(SiLU(W_gate x) ⊙ W_up x) in float64 with each input rounded as the kernels see it
-    (llama.cpp's rounding for each weight type, none where int8 is False), and the magnitude
+    (llama.cpp's rounding for each weight type), and the magnitude
     Σ|W_down|·|h| that bounds the error."""
-    (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols, int8) for m in (gate, up, down))
+    (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols) for m in (gate, up, down))
     h = silu(quantized_x(q_g, x) @ wg.T) * (quantized_x(q_u, x) @ wu.T)
     hr = quantized_x(q_d, h.astype(np.float32))
     return hr @ wd.T, np.abs(hr) @ np.abs(wd).T
@@ -132,12 +130,11 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
     x64 = x.astype(np.float64)
     router = ffn.router.data.view(np.float32).astype(np.float64)
     out, mag = np.zeros_like(x64), np.zeros_like(x64)
-    decoded = not all(t in ROW_READERS for t in (ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype))
     for i in range(len(x)):
         experts, weights = numpy_route((x64[i:i + 1] @ router.T), ffn.n_used)
         for e, w in zip(experts[0], weights[0]):
             y, m = reference_swiglu_down(*(Matrix("", s.wtype, s.data[e], s.rows, s.cols)
-                                           for s in (ffn.gate, ffn.up, ffn.down)), x[i:i + 1], int8=not decoded)
+                                           for s in (ffn.gate, ffn.up, ffn.down)), x[i:i + 1])
             out[i] += w * y[0]
             mag[i] += w * m[0]
     if ffn.shared is not None:

@@ -56,8 +56,8 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
 
 
 # MoE files: the experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
-# ffn_down is) run in cpu.decoded_moe with float activations: with every other matrix F32 the
-# model must meet the float64 reference tightly. (A shared expert of a decoded type runs as a
+# ffn_down is) run in cpu.decoded_moe, on activations rounded for each matrix's type: with every
+# other matrix F32 the model must meet the float64 reference that rounds them the same way. (A shared expert of a decoded type runs as a
 # dense FFN, on rounded activations: the dense tests above cover it.) (A whole MoE mix also rounds its Q8_0/K-quant
 # trunk's activations to int8, and on these tiny models that flips routing: even uniform Q8_0 is
 # ~3 logits off the exact reference, so the mixes below are only run.)
@@ -75,10 +75,10 @@ MOE_EXPERTS = {
 def test_decoded_experts_match_reference(experts, arch, tmp_path):
     path = tmp_path / f"tiny-{arch}-{experts}.gguf"
     write_model(path, preset("tiny", arch=arch), types="F32", seed=3, overrides=MOE_EXPERTS[experts])
-    ours, ref = forward_logits(path), reference_logits(path, PROMPT)
+    ours, ref = forward_logits(path), reference_logits(path, PROMPT, round_activations=True)
     err = float(np.abs(ours - ref).max())
     print(f"\n{arch} experts {experts}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
-    assert np.abs(ref).max() > 0.1 and err < EXACT_TOL * max(1.0, np.abs(ref).max())
+    assert np.abs(ref).max() > 0.1 and err < FLIP_TOL and float(np.median(np.abs(ours - ref))) < 0.05
 
 
 @pytest.mark.parametrize("recipe, arch", [("MXFP4_MOE", "qwen35moe"), ("Q3_K_S", "qwen3next")])
