@@ -458,6 +458,80 @@ def _unpack_q6k(v: _Vec, blk):
     return dot
 
 
+def _shr_lanes(v: _Vec, vec, shifts):
+    """vec (a vector of small ints) with lane i shifted right by shifts[i] (constants): one
+    uniform shift per distinct amount, blended by constant shuffles (x86 has no per-lane byte
+    shift; a constant blend is one instruction)."""
+    b = v.b
+    n = vec.type.count
+    out = None
+    for s in sorted(set(shifts)):
+        shifted = b.lshr(vec, ir.Constant(vec.type, [vec.type.element(s)] * n)) if s else vec
+        out = shifted if out is None else b.shuffle_vector(
+            out, shifted, ir.Constant(ir.VectorType(_I32, n), [n + i if shifts[i] == s else i for i in range(n)]))
+    return out
+
+
+def _q3k_scales(v: _Vec, blk):
+    """Q3_K's 16 six-bit scales − 32 as 16 x i16 (scale g covers weights 16g..16g+15): low 4 bits
+    in nibble g // 8 of byte 96 + g % 8, high 2 bits at bit 2·(g // 4) of byte 104 + g % 4."""
+    b = v.b
+    raw = v.load(blk, 96, ir.VectorType(_I8, 12))
+    x16 = ir.VectorType(_I8, 16)
+
+    def place(idx):
+        return b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), idx))
+
+    low = _shr_lanes(v, place([g % 8 for g in range(16)]), [4 * (g // 8) for g in range(16)])
+    high = _shr_lanes(v, place([8 + g % 4 for g in range(16)]), [2 * (g // 4) for g in range(16)])
+    six = b.or_(b.and_(low, ir.Constant(x16, [15] * 16)), b.shl(b.and_(high, ir.Constant(x16, [3] * 16)),
+                                                                 ir.Constant(x16, [4] * 16)))
+    return b.sub(b.zext(six, _I16X16), v.splat_const(_I16X16, 32))
+
+
+def _unpack_q3k(v: _Vec, blk):
+    """Q3_K as unsigned 3-bit codes u = low2 + 4·hbit (weight d·scale·(u − 4): the −4 goes through
+    the x sums, offset_scale 4). Weight e = 128h + 32s + l: low2 = bits 2s..2s+1 of qs[32h + l],
+    hbit = bit 4h + s of hmask[l]. Per slot: (Σ sc·u·x, Σ sc·(x sums per 16)) as 8 i32 lanes."""
+    b = v.b
+    sc = _q3k_scales(v, blk)
+    hm = v.load(blk, 0, _U8X32)
+    parts = []  # (32 unsigned codes of elements 32c.., c = 4h + s)
+    for h in range(2):
+        qs = v.load(blk, 32 + 32 * h, _U8X32)
+        for s in range(4):
+            parts.append(b.or_(v.bits8(qs, 2 * s, 3, 0), v.bits8(hm, 4 * h + s, 1, 2)))
+    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
+        return v.madd_sum(pairs), v.madd(sc, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
+def _unpack_q2k(v: _Vec, blk):
+    """Q2_K: 2-bit codes q, per 16 weights a 4-bit scale (low nibble of scales[g]) and a 4-bit min
+    (high nibble), weight d·sc·q − dmin·m. Weight e = 128h + 32s + l: bits 2s..2s+1 of
+    qs[32h + l]. Per slot: (Σ sc·q·x, Σ m·(x sums per 16)) as 8 i32 lanes, Q4_K's combine."""
+    b = v.b
+    raw = v.load(blk, 0, ir.VectorType(_I8, 16))
+    sc = b.zext(b.and_(raw, ir.Constant(raw.type, [15] * 16)), _I16X16)
+    mins = b.zext(b.lshr(raw, ir.Constant(raw.type, [4] * 16)), _I16X16)
+    parts = []  # (32 codes of elements 32c.., c = 4h + s)
+    for h in range(2):
+        qs = v.load(blk, 16 + 32 * h, _U8X32)
+        for s in range(4):
+            parts.append(v.bits8(qs, 2 * s, 3, 0))
+    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
+        return v.madd_sum(pairs), v.madd(mins, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
 class _Operands:
     """An intrinsic's array arguments by role, at the argument positions `at` names (the dots':
     w (rows, row_bytes) uint8, xq (slots, cols) int8, dx (blocks, slots) float32, bs (slots,
@@ -526,6 +600,8 @@ class _KQuant(NamedTuple):
 Q4_K_BLOCKS = _KQuant(_unpack_q4k, 144, d_at=0, dmin_at=2)
 Q5_K_BLOCKS = _KQuant(_unpack_q5k, 176, d_at=0, dmin_at=2)
 Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
+Q3_K_BLOCKS = _KQuant(_unpack_q3k, 110, d_at=108, dmin_at=None, offset_scale=4)
+Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 
 
 # ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
