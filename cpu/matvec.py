@@ -47,7 +47,7 @@ PREFETCH_BYTES = 4096
 # int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
 # cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
-               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS}
+               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 
