@@ -28,13 +28,13 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, DECODED_IDS, F32, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import BF16, DECODED_IDS, F32, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
-                   f32_from_bits, row_dot_intrinsic)
+from .simd import (IQ4_XS_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS,
+                   Q8_0_BLOCKS, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
@@ -47,7 +47,8 @@ PREFETCH_BYTES = 4096
 # int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
 # cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
-               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS}
+               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS,
+               IQ4_XS.id: IQ4_XS_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 

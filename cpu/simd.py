@@ -472,21 +472,28 @@ def _shr_lanes(v: _Vec, vec, shifts):
     return out
 
 
-def _q3k_scales(v: _Vec, blk):
-    """Q3_K's 16 six-bit scales − 32 as 16 x i16 (scale g covers weights 16g..16g+15): low 4 bits
-    in nibble g // 8 of byte 96 + g % 8, high 2 bits at bit 2·(g // 4) of byte 104 + g % 4."""
+def _six_bit_scales(v: _Vec, blk, low, high):
+    """16 six-bit scales − 32 as 16 x i16 (Q3_K, IQ4_XS): lane i's low 4 bits at bit low[i][1] of
+    byte low[i][0] of the block, its high 2 bits at bit high[i][1] of byte high[i][0]. The bytes
+    are placed by shuffles of one load, then shifted (`_shr_lanes`) and masked."""
     b = v.b
-    raw = v.load(blk, 96, ir.VectorType(_I8, 12))
+    first = min(at for at, _ in low + high)
+    raw = v.load(blk, first, ir.VectorType(_I8, max(at for at, _ in low + high) + 1 - first))
     x16 = ir.VectorType(_I8, 16)
 
-    def place(idx):
-        return b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), idx))
+    def field(places, mask):
+        placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [at - first for at, _ in places]))
+        return b.and_(_shr_lanes(v, placed, [bit for _, bit in places]), ir.Constant(x16, [mask] * 16))
 
-    low = _shr_lanes(v, place([g % 8 for g in range(16)]), [4 * (g // 8) for g in range(16)])
-    high = _shr_lanes(v, place([8 + g % 4 for g in range(16)]), [2 * (g // 4) for g in range(16)])
-    six = b.or_(b.and_(low, ir.Constant(x16, [15] * 16)), b.shl(b.and_(high, ir.Constant(x16, [3] * 16)),
-                                                                 ir.Constant(x16, [4] * 16)))
+    six = b.or_(field(low, 15), b.shl(field(high, 3), ir.Constant(x16, [4] * 16)))
     return b.sub(b.zext(six, _I16X16), v.splat_const(_I16X16, 32))
+
+
+def _q3k_scales(v: _Vec, blk):
+    """Q3_K's 16 scales − 32 (scale g covers weights 16g..16g+15): low 4 bits in nibble g // 8 of
+    byte 96 + g % 8, high 2 bits at bit 2·(g // 4) of byte 104 + g % 4."""
+    return _six_bit_scales(v, blk, [(96 + g % 8, 4 * (g // 8)) for g in range(16)],
+                           [(104 + g % 4, 2 * (g // 4)) for g in range(16)])
 
 
 def _unpack_q3k(v: _Vec, blk):
@@ -528,6 +535,27 @@ def _unpack_q2k(v: _Vec, blk):
     def dot(x, bs):
         pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
         return v.madd_sum(pairs), v.madd(mins, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
+def _unpack_iq4xs(v: _Vec, blk):
+    """IQ4_XS: per 32 weights (sub-block ib) a six-bit scale ls − 32 (low 4 bits: nibble ib % 2 of
+    byte 4 + ib // 2; high 2: bits 2·ib of the u16 at byte 2) and 32 4-bit codes (16 bytes at
+    8 + 16·ib, `_nibbles32`) read through the signed IQ4_NL table. The weights are signed, so
+    each sub-block is a `signed_dot32` (|w| ≤ 127: no pair sum saturates) whose i16 pair sums
+    meet ls in the `vpmaddwd`. No aux term (offset 0, aux lanes zero)."""
+    ls = _six_bit_scales(v, blk, [(4 + ib % 8 // 2, 4 * (ib % 2)) for ib in range(16)],
+                         [(2 + ib % 8 // 4, 2 * (ib % 4)) for ib in range(16)])   # lanes 8..15 repeat 0..7
+    subs = []
+    for ib in range(8):
+        q = _lookup16(v, _nibbles32(v, blk, 8 + 16 * ib), IQ4NL_KVALUES)
+        subs.append((q, v.abs8(q), v.pick16(ls, [ib] * 16)))
+    zero = ir.Constant(_I32X8, None)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(a, v.sign8(v.load(x, 32 * ib, _U8X32), q)), s) for ib, (q, a, s) in enumerate(subs)]
+        return v.madd_sum(pairs), zero
 
     return dot
 
@@ -602,6 +630,7 @@ Q5_K_BLOCKS = _KQuant(_unpack_q5k, 176, d_at=0, dmin_at=2)
 Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
 Q3_K_BLOCKS = _KQuant(_unpack_q3k, 110, d_at=108, dmin_at=None, offset_scale=4)
 Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
+IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
 # ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
@@ -710,20 +739,44 @@ def _q8_0_weights(v: _Vec, blk, at: int):
     return v.load(blk, at + 2, _U8X32)
 
 
-def _q4_0_weights(v: _Vec, blk, at: int):
-    """32 signed weights q − 8 in element order: low nibbles are elements 0..15, high 16..31."""
+def _nibbles32(v: _Vec, blk, at: int):
+    """The 32 unsigned 4-bit codes of the 16 bytes at blk+at, in element order: the low nibbles
+    are elements 0..15, the high ones 16..31 (Q4_0, Q5_0, IQ4_NL, MXFP4)."""
     b = v.b
-    half = v.load(blk, at + 2, ir.VectorType(_I8, 16))
+    half = v.load(blk, at, ir.VectorType(_I8, 16))
     both = b.shuffle_vector(half, half, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
     shift = ir.Constant(_U8X32, [0] * 16 + [4] * 16)
-    q = v.and8(b.lshr(both, shift), 0x0F)
-    return b.sub(q, v.splat_const(_U8X32, 8))
+    return v.and8(b.lshr(both, shift), 0x0F)
+
+
+def _q4_0_weights(v: _Vec, blk, at: int):
+    """32 signed weights q − 8."""
+    return v.b.sub(_nibbles32(v, blk, at + 2), v.splat_const(_U8X32, 8))
 
 
 Q8_0_BLOCKS = _SmallBlocks(34, _q8_0_weights)
 Q4_0_BLOCKS = _SmallBlocks(18, _q4_0_weights)
 dot_q8_0 = intrinsic(_span_intrinsic(Q8_0_BLOCKS))
 dot_q4_0 = intrinsic(_span_intrinsic(Q4_0_BLOCKS))
+
+
+# The non-linear code table of IQ4_NL / IQ4_XS (ggml-common.h kvalues_iq4nl): weight = scale ×
+# table[code].
+IQ4NL_KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _lookup16(v: _Vec, idx, table):
+    """table[idx] per byte, idx a 32 x i8 vector of codes 0..15, table 16 int8 values: one
+    `vpshufb` (it looks up within each 128-bit half, so the table is in both), else a tree of
+    selects on the 4 index bits."""
+    if v.avx2:
+        return v._x86("llvm.x86.avx2.pshuf.b", _U8X32, [ir.Constant(_U8X32, list(table) * 2), idx])
+    b, zero = v.b, ir.Constant(_U8X32, None)
+    level = [v.splat_const(_U8X32, t) for t in table]
+    for bit in range(4):
+        on = b.icmp_unsigned("!=", v.and8(idx, 1 << bit), zero)
+        level = [b.select(on, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+    return level[0]
 
 
 # ---- one weight row against all slots, every quantised type ------------------------------------
