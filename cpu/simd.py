@@ -585,9 +585,11 @@ class _Operands:
 
 
 class _KQuant(NamedTuple):
-    """A K-quant super-block type as the row dot reads it: `unpack` (the weights into registers,
-    then a dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size,
-    where d and dmin sit, and Q6_K's code offset (None: the type has mins instead)."""
+    """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
+    Q6_K, Q3_K, Q2_K, IQ4_XS): `unpack` (the weights into registers, then a dot per slot giving
+    Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d and dmin sit, and
+    the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS 0 with zero aux lanes: its codes are
+    signed; None: the type has mins instead, Q4_K, Q5_K, Q2_K)."""
     unpack: Callable
     block_bytes: int
     d_at: int
