@@ -1,9 +1,9 @@
 """All routed experts of one MoE layer in one kernel call, for expert weights of the decoded types.
 
 `cpu.moe_kernel` runs experts whose three kinds all have SIMD row dots (int8 activations). An
-expert stack of any other quantised type (`cpu.ggml_types.DECODED`: the IQ and low-bit K-quant
-files, MXFP4 experts) — alone or mixed with those types, e.g. Q3_K gate/up with a Q5_K down —
-runs here, with `cpu.decoded`'s arithmetic: blocks decoded to float32 (`cpu.blocks`, every
+expert stack of any other quantised type (a `cpu.ggml_types.DECODED` type without a row dot in
+`cpu.matvec.ROW_READERS`: the IQ grid types' files, MXFP4 experts) — alone or mixed with those
+types, e.g. IQ3_S gate/up with a Q4_K down — runs here, with `cpu.decoded`'s arithmetic: blocks decoded to float32 (`cpu.blocks`, every
 quantised type), float activations, one block dot per slot.
 
 Steps (the slots are the (row, rank) pairs, grouped by expert with `cpu.moe_kernel`'s counting
