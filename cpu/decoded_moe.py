@@ -1,12 +1,12 @@
 """All routed experts of one MoE layer in two kernel calls, for expert weights of the decoded types.
 
 `cpu.moe_kernel` runs experts whose three kinds all have SIMD row dots (int8 activations). An
-expert stack of any other quantised type (a `cpu.ggml_types.DECODED` type without a row dot: IQ
-and low-bit files, MXFP4 experts) — alone or mixed with SIMD types, e.g. IQ3_S gate/up with a
-Q5_K down — runs here, with `cpu.decoded`'s arithmetic: blocks decoded to float32
-(`cpu.blocks.decoder`), one block dot per slot, and the activations rounded as llama.cpp rounds
-them for each matrix's type (`cpu.activations.dequantized`: x once per format for gate and up, h
-for down), as the other paths do.
+expert stack of any other quantised type (a `cpu.ggml_types.DECODED` type without a row dot in
+`cpu.matvec.ROW_READERS`: the IQ grid types' files, MXFP4 experts) — alone or mixed with SIMD
+types, e.g. IQ3_S gate/up with a Q4_K down — runs here, with `cpu.decoded`'s arithmetic: blocks
+decoded to float32 (`cpu.blocks.decoder`), one block dot per slot, and the activations rounded as
+llama.cpp rounds them for each matrix's type (`cpu.activations.dequantized`: x once per format
+for gate and up, h for down), as the other paths do.
 
 Steps (the slots are the (row, rank) pairs, grouped by expert with `cpu.moe_kernel`'s counting
 sort; the x rows of each group gathered into one contiguous block first):

@@ -48,6 +48,10 @@ IQ1_S = GGMLType(int(T.IQ1_S), "IQ1_S", 256, 50)
 IQ1_M = GGMLType(int(T.IQ1_M), "IQ1_M", 256, 56)
 MXFP4 = GGMLType(int(T.MXFP4), "MXFP4", 32, 17)
 
+# The quantised types that `cpu.blocks` decodes to float32 for `cpu.decoded`. Those that also have
+# an int8 row dot (`cpu.matvec.ROW_READERS`, the one list of SIMD types) take it for matvec, the
+# FFN and the MoE kernels; their decoders still serve lookups (`cpu.quants`) and mixed-type MoE
+# layers (`cpu.decoded_moe`).
 DECODED: tuple[GGMLType, ...] = (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
                                  IQ2_S, IQ1_S, IQ1_M, MXFP4)
 DECODED_IDS = frozenset(t.id for t in DECODED)

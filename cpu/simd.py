@@ -12,7 +12,8 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
 for Q8_0/Q4_0 where VNNI exists; with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
-in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers). Elsewhere the
+in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers); IQ4_XS's
+non-linear codes come out of their 16-entry table by `vpshufb`. Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
@@ -458,6 +459,108 @@ def _unpack_q6k(v: _Vec, blk):
     return dot
 
 
+def _shr_lanes(v: _Vec, vec, shifts):
+    """vec (a vector of small ints) with lane i shifted right by shifts[i] (constants): one
+    uniform shift per distinct amount, blended by constant shuffles (x86 has no per-lane byte
+    shift; a constant blend is one instruction)."""
+    b = v.b
+    n = vec.type.count
+    out = None
+    for s in sorted(set(shifts)):
+        shifted = b.lshr(vec, ir.Constant(vec.type, [vec.type.element(s)] * n)) if s else vec
+        out = shifted if out is None else b.shuffle_vector(
+            out, shifted, ir.Constant(ir.VectorType(_I32, n), [n + i if shifts[i] == s else i for i in range(n)]))
+    return out
+
+
+def _six_bit_scales(v: _Vec, blk, low, high):
+    """16 six-bit scales − 32 as 16 x i16 (Q3_K, IQ4_XS): lane i's low 4 bits at bit low[i][1] of
+    byte low[i][0] of the block, its high 2 bits at bit high[i][1] of byte high[i][0]. The bytes
+    are placed by shuffles of one load, then shifted (`_shr_lanes`) and masked."""
+    b = v.b
+    first = min(at for at, _ in low + high)
+    raw = v.load(blk, first, ir.VectorType(_I8, max(at for at, _ in low + high) + 1 - first))
+    x16 = ir.VectorType(_I8, 16)
+
+    def field(places, mask):
+        placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [at - first for at, _ in places]))
+        return b.and_(_shr_lanes(v, placed, [bit for _, bit in places]), ir.Constant(x16, [mask] * 16))
+
+    six = b.or_(field(low, 15), b.shl(field(high, 3), ir.Constant(x16, [4] * 16)))
+    return b.sub(b.zext(six, _I16X16), v.splat_const(_I16X16, 32))
+
+
+def _q3k_scales(v: _Vec, blk):
+    """Q3_K's 16 scales − 32 (scale g covers weights 16g..16g+15): low 4 bits in nibble g // 8 of
+    byte 96 + g % 8, high 2 bits at bit 2·(g // 4) of byte 104 + g % 4."""
+    return _six_bit_scales(v, blk, [(96 + g % 8, 4 * (g // 8)) for g in range(16)],
+                           [(104 + g % 4, 2 * (g // 4)) for g in range(16)])
+
+
+def _unpack_q3k(v: _Vec, blk):
+    """Q3_K as unsigned 3-bit codes u = low2 + 4·hbit (weight d·scale·(u − 4): the −4 goes through
+    the x sums, offset_scale 4). Weight e = 128h + 32s + l: low2 = bits 2s..2s+1 of qs[32h + l],
+    hbit = bit 4h + s of hmask[l]. Per slot: (Σ sc·u·x, Σ sc·(x sums per 16)) as 8 i32 lanes."""
+    b = v.b
+    sc = _q3k_scales(v, blk)
+    hm = v.load(blk, 0, _U8X32)
+    parts = []  # (32 unsigned codes of elements 32c.., c = 4h + s)
+    for h in range(2):
+        qs = v.load(blk, 32 + 32 * h, _U8X32)
+        for s in range(4):
+            parts.append(b.or_(v.bits8(qs, 2 * s, 3, 0), v.bits8(hm, 4 * h + s, 1, 2)))
+    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
+        return v.madd_sum(pairs), v.madd(sc, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
+def _unpack_q2k(v: _Vec, blk):
+    """Q2_K: 2-bit codes q, per 16 weights a 4-bit scale (low nibble of scales[g]) and a 4-bit min
+    (high nibble), weight d·sc·q − dmin·m. Weight e = 128h + 32s + l: bits 2s..2s+1 of
+    qs[32h + l]. Per slot: (Σ sc·q·x, Σ m·(x sums per 16)) as 8 i32 lanes, Q4_K's combine."""
+    b = v.b
+    raw = v.load(blk, 0, ir.VectorType(_I8, 16))
+    sc = b.zext(b.and_(raw, ir.Constant(raw.type, [15] * 16)), _I16X16)
+    mins = b.zext(b.lshr(raw, ir.Constant(raw.type, [4] * 16)), _I16X16)
+    parts = []  # (32 codes of elements 32c.., c = 4h + s)
+    for h in range(2):
+        qs = v.load(blk, 16 + 32 * h, _U8X32)
+        for s in range(4):
+            parts.append(v.bits8(qs, 2 * s, 3, 0))
+    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
+        return v.madd_sum(pairs), v.madd(mins, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
+def _unpack_iq4xs(v: _Vec, blk):
+    """IQ4_XS: per 32 weights (sub-block ib) a six-bit scale ls − 32 (low 4 bits: nibble ib % 2 of
+    byte 4 + ib // 2; high 2: bits 2·ib of the u16 at byte 2) and 32 4-bit codes (16 bytes at
+    8 + 16·ib, `_nibbles32`) read through the signed IQ4_NL table. The weights are signed, so
+    each sub-block is a `signed_dot32` (|w| ≤ 127: no pair sum saturates) whose i16 pair sums
+    meet ls in the `vpmaddwd`. No aux term (offset 0, aux lanes zero)."""
+    ls = _six_bit_scales(v, blk, [(4 + ib % 8 // 2, 4 * (ib % 2)) for ib in range(16)],
+                         [(2 + ib % 8 // 4, 2 * (ib % 4)) for ib in range(16)])   # lanes 8..15 repeat 0..7
+    subs = []
+    for ib in range(8):
+        q = _lookup16(v, _nibbles32(v, blk, 8 + 16 * ib), IQ4NL_KVALUES)
+        subs.append((q, v.abs8(q), v.pick16(ls, [ib] * 16)))
+    zero = ir.Constant(_I32X8, None)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(a, v.sign8(v.load(x, 32 * ib, _U8X32), q)), s) for ib, (q, a, s) in enumerate(subs)]
+        return v.madd_sum(pairs), zero
+
+    return dot
+
+
 class _Operands:
     """An intrinsic's array arguments by role, at the argument positions `at` names (the dots':
     w (rows, row_bytes) uint8, xq (slots, cols) int8, dx (blocks, slots) float32, bs (slots,
@@ -483,9 +586,11 @@ class _Operands:
 
 
 class _KQuant(NamedTuple):
-    """A K-quant super-block type as the row dot reads it: `unpack` (the weights into registers,
-    then a dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size,
-    where d and dmin sit, and Q6_K's code offset (None: the type has mins instead)."""
+    """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
+    Q6_K, Q3_K, Q2_K, IQ4_XS): `unpack` (the weights into registers, then a dot per slot giving
+    Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d and dmin sit, and
+    the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS 0 with zero aux lanes: its codes are
+    signed; None: the type has mins instead, Q4_K, Q5_K, Q2_K)."""
     unpack: Callable
     block_bytes: int
     d_at: int
@@ -526,6 +631,9 @@ class _KQuant(NamedTuple):
 Q4_K_BLOCKS = _KQuant(_unpack_q4k, 144, d_at=0, dmin_at=2)
 Q5_K_BLOCKS = _KQuant(_unpack_q5k, 176, d_at=0, dmin_at=2)
 Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
+Q3_K_BLOCKS = _KQuant(_unpack_q3k, 110, d_at=108, dmin_at=None, offset_scale=4)
+Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
+IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
 # ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
@@ -634,20 +742,44 @@ def _q8_0_weights(v: _Vec, blk, at: int):
     return v.load(blk, at + 2, _U8X32)
 
 
-def _q4_0_weights(v: _Vec, blk, at: int):
-    """32 signed weights q − 8 in element order: low nibbles are elements 0..15, high 16..31."""
+def _nibbles32(v: _Vec, blk, at: int):
+    """The 32 unsigned 4-bit codes of the 16 bytes at blk+at, in element order: the low nibbles
+    are elements 0..15, the high ones 16..31 (Q4_0, Q5_0, IQ4_NL, MXFP4)."""
     b = v.b
-    half = v.load(blk, at + 2, ir.VectorType(_I8, 16))
+    half = v.load(blk, at, ir.VectorType(_I8, 16))
     both = b.shuffle_vector(half, half, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
     shift = ir.Constant(_U8X32, [0] * 16 + [4] * 16)
-    q = v.and8(b.lshr(both, shift), 0x0F)
-    return b.sub(q, v.splat_const(_U8X32, 8))
+    return v.and8(b.lshr(both, shift), 0x0F)
+
+
+def _q4_0_weights(v: _Vec, blk, at: int):
+    """32 signed weights q − 8."""
+    return v.b.sub(_nibbles32(v, blk, at + 2), v.splat_const(_U8X32, 8))
 
 
 Q8_0_BLOCKS = _SmallBlocks(34, _q8_0_weights)
 Q4_0_BLOCKS = _SmallBlocks(18, _q4_0_weights)
 dot_q8_0 = intrinsic(_span_intrinsic(Q8_0_BLOCKS))
 dot_q4_0 = intrinsic(_span_intrinsic(Q4_0_BLOCKS))
+
+
+# The non-linear code table of IQ4_NL / IQ4_XS (ggml-common.h kvalues_iq4nl): weight = scale ×
+# table[code].
+IQ4NL_KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _lookup16(v: _Vec, idx, table):
+    """table[idx] per byte, idx a 32 x i8 vector of codes 0..15, table 16 int8 values: one
+    `vpshufb` (it looks up within each 128-bit half, so the table is in both), else a tree of
+    selects on the 4 index bits."""
+    if v.avx2:
+        return v._x86("llvm.x86.avx2.pshuf.b", _U8X32, [ir.Constant(_U8X32, list(table) * 2), idx])
+    b, zero = v.b, ir.Constant(_U8X32, None)
+    level = [v.splat_const(_U8X32, t) for t in table]
+    for bit in range(4):
+        on = b.icmp_unsigned("!=", v.and8(idx, 1 << bit), zero)
+        level = [b.select(on, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+    return level[0]
 
 
 # ---- one weight row against all slots, every quantised type ------------------------------------

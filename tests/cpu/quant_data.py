@@ -47,8 +47,9 @@ def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> np
 def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     """Blocks whose weights all have the largest magnitude a code range gives, all of one sign.
     top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
-    scale −128, Q8_0 127, Q4_0 15 − 8); top=False: every code 0 (Q4_K/Q5_K −dmin·63,
-    Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8)."""
+    scale −128, Q8_0 127, Q4_0 15 − 8, Q3_K 7 − 4 × scale −32, Q2_K 3 × scale 15, IQ4_XS 113 ×
+    scale 31); top=False: every code 0 (Q4_K/Q5_K −dmin·63, Q6_K −32 × −128, Q8_0 −128 via
+    code 0x80, Q4_0 −8, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
@@ -76,6 +77,19 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     elif name == "Q4_0":
         b[:, :, 0:2] = one
         b[:, :, 2:18] = code                        # q = 15 → 7, or 0 → −8
+    elif name == "Q3_K":
+        b[:, :, 0:96] = code                        # hmask and low bits: u = 7 → 3, or 0 → −4
+        b[:, :, 96:108] = 0                         # six-bit scales 0 → −32
+        b[:, :, 108:110] = one
+    elif name == "Q2_K":
+        b[:, :, 0:16] = 0x0F if top else 0xFF       # scale 15, min 0 (top) or min 15
+        b[:, :, 16:80] = code                       # q = 3 or 0
+        b[:, :, 80:82] = one
+        b[:, :, 82:84] = one
+    elif name == "IQ4_XS":
+        b[:, :, 0:2] = one
+        b[:, :, 2:8] = code                         # six-bit scales 63 → 31, or 0 → −32
+        b[:, :, 8:136] = code                       # nibbles 15 → 113, or 0 → −127
     else:
         raise ValueError(name)
     return b.reshape(rows, n_blocks * t.block_bytes)

@@ -163,7 +163,7 @@ def test_bad_inputs_raise_clear_errors():
         mm.swiglu_matmul(type_id("Q4_K"), w, type_id("Q4_K"), w[:3], x, np.empty((16, 4), np.float32))
 
 
-# ---- the decoded types (cpu.decoded: one kernel for any number of slots) ------------------------
+# ---- types without tiles (to cpu.matvec: a row dot, IQ4_XS/Q3_K, or cpu.decoded, the rest) ------
 
 DECODED_CASES = [("IQ4_XS", 768), ("Q3_K", 512), ("IQ2_S", 256), ("Q5_1", 352), ("MXFP4", 96), ("IQ1_M", 512)]
 
@@ -184,7 +184,7 @@ def test_decoded_types_chunk_has_each_slots_one_input_bits(name, cols, n):
     check_against_references(name, w, x, got)
 
 
-@pytest.mark.parametrize("gate, up", [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "Q2_K")])
+@pytest.mark.parametrize("gate, up", [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "IQ3_S"), ("Q4_K", "Q2_K")])
 def test_decoded_swiglu_chunk_matches_per_slot_calls(gate, up):
     rng = np.random.default_rng(4)
     wg, wu = random_rows(gate, 21, 512, rng), random_rows(up, 21, 512, rng)

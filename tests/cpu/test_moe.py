@@ -147,10 +147,12 @@ def reference_moe(ffn: MoEFFN, x: np.ndarray):
 
 CASES = [("Q4_K", "Q6_K", False, True), ("Q8_0", "Q8_0", True, True), ("Q5_K", "Q4_0", False, False),
          ("F16", "BF16", True, True), ("F32", "F32", False, True), ("Q4_K", "Q4_K", True, False),
+         # the low-bit SIMD types (the one MoE kernel of every ROW_READERS type: no extra compile)
+         ("IQ4_XS", "Q3_K", True, True), ("Q4_K", "Q2_K", False, True),
          # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes
          # are); each type pair compiles a kernel variant (~1.5 min on CI), so the MoE tests share
-         # three pairs and the types themselves are covered one by one in test_matvec
-         ("IQ4_XS", "Q3_K", True, True), ("MXFP4", "Q5_0", True, False), ("Q4_K", "Q2_K", False, True)]
+         # two pairs and the types themselves are covered one by one in test_matvec
+         ("MXFP4", "Q5_0", True, False), ("Q4_K", "IQ3_S", False, True)]
 
 
 @pytest.mark.parametrize("gate_up, down, fused, shared", CASES)
@@ -211,7 +213,7 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
     assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert
 
 
-@pytest.mark.parametrize("gate_up, down", [("MXFP4", "Q5_0"), ("Q4_K", "Q2_K")])
+@pytest.mark.parametrize("gate_up, down", [("MXFP4", "Q5_0"), ("Q4_K", "IQ3_S")])
 def test_decoded_experts_run_in_one_kernel_call_whatever_the_threads(gate_up, down, monkeypatch):
     rng = np.random.default_rng(5)
     ffn = make_ffn(gate_up, down, fused=True, shared=False, rng=rng)

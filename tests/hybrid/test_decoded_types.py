@@ -64,9 +64,8 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
 # (the type pairs of tests/cpu/test_moe.py: each pair compiles a kernel variant, shared through
 # Numba's disk cache)
 MOE_EXPERTS = {
-    "IQ4_XS+Q3_K": {r"ffn_(gate|up)_exps": "IQ4_XS", r"ffn_down_exps": "Q3_K"},
     "MXFP4+Q5_0": {r"ffn_(gate|up)_exps": "MXFP4", r"ffn_down_exps": "Q5_0"},
-    "Q4_K+Q2_K": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "Q2_K"},
+    "Q4_K+IQ3_S": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "IQ3_S"},
 }
 
 
