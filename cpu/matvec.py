@@ -28,13 +28,14 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, DECODED_IDS, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ4_NL, MXFP4, Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, SUPPORTED,
+                            type_name)
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, f16_bits_to_f32,
-                   f32_from_bits, row_dot_intrinsic)
+from .simd import (IQ4_NL_BLOCKS, MXFP4_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS,
+                   Q8_0_BLOCKS, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
@@ -47,7 +48,8 @@ PREFETCH_BYTES = 4096
 # int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
 # cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
-               Q4_0.id: Q4_0_BLOCKS}
+               Q4_0.id: Q4_0_BLOCKS,
+               IQ4_NL.id: IQ4_NL_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 
