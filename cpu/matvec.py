@@ -7,8 +7,9 @@ weight is the expensive part, so it is done once per block and shared by all slo
 
 Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
 (`cpu.activations`, its `vec_dot_type`): K-quants (Q4_K, Q5_K, Q6_K) meet int8 per 256 with a
-float32 scale and sums per 16 (Q8_K); Q8_0 and Q4_0 meet int8 per 32 with an fp16 scale (Q8_0),
-each block's integer sum scaled by its own d_w·d_x in one FMA. Integer sums are exact and every
+float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
+MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
+d_w·d_x in one FMA. Integer sums are exact and every
 slot runs the same float operations, so slot n of an N-input call gives exactly the bits of the
 1-input call on x[n]; the error against the float64 product comes only from rounding x to 127
 levels per block (|x_q·d − x| ≤ d/2, d ≈ max|x_block| / 127) and from float32 accumulation.
@@ -17,7 +18,8 @@ Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as ll
 then float32 products with float32 sums in a fixed vector order, one code path for every slot
 (bit identity again holds).
 
-The other quantised types (`cpu.ggml_types.DECODED`: Q4_1 … IQ1_M, MXFP4) go to `cpu.decoded`:
+The other quantised types (those of `cpu.ggml_types.DECODED` without a row dot in `ROW_READERS`:
+e.g. Q4_1, Q5_1, the IQ grid types) go to `cpu.decoded`:
 blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
 float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
 """
@@ -49,7 +51,7 @@ PREFETCH_BYTES = 4096
 # cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
                Q4_0.id: Q4_0_BLOCKS,
-               IQ4_NL.id: IQ4_NL_BLOCKS}
+               IQ4_NL.id: IQ4_NL_BLOCKS, Q5_0.id: Q5_0_BLOCKS, MXFP4.id: MXFP4_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 

@@ -11,7 +11,8 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
-for Q8_0/Q4_0 where VNNI exists; with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
+for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
+`vpshufb` for the 16-entry code tables (IQ4_NL, MXFP4); with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
 in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked

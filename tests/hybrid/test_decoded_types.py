@@ -9,6 +9,7 @@ import pytest
 
 import hybrid
 from cpu import ggml_types as gt
+from cpu.matvec import ROW_READERS
 from hybrid.errors import HybridError, ModelError
 from hybrid.model_file import open_model
 from hybrid.placement import check_gpu_types, plan_placement
@@ -55,8 +56,10 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
 
 
 # MoE files: the experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
-# ffn_down is) run in cpu.decoded_moe with float activations: with every other matrix F32 the
-# model must meet the float64 reference tightly. (A shared expert of a decoded type runs as a
+# ffn_down is) run in cpu.decoded_moe with float activations, experts whose types all have a
+# SIMD row dot (cpu.matvec.ROW_READERS) in cpu.moe_kernel on activations rounded as llama.cpp
+# rounds them (the reference then rounds alike): with every other matrix F32 the model must
+# meet the float64 reference tightly. (A shared expert of a decoded type runs as a
 # dense FFN, on rounded activations: the dense tests above cover it.) (A whole MoE mix also rounds its Q8_0/K-quant
 # trunk's activations to int8, and on these tiny models that flips routing: even uniform Q8_0 is
 # ~3 logits off the exact reference, so the mixes below are only run.)
@@ -65,6 +68,7 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
 MOE_EXPERTS = {
     "IQ4_XS+Q3_K": {r"ffn_(gate|up)_exps": "IQ4_XS", r"ffn_down_exps": "Q3_K"},
     "MXFP4+Q5_0": {r"ffn_(gate|up)_exps": "MXFP4", r"ffn_down_exps": "Q5_0"},
+    "Q4_1+Q5_1": {r"ffn_(gate|up)_exps": "Q4_1", r"ffn_down_exps": "Q5_1"},
     "Q4_K+Q2_K": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "Q2_K"},
 }
 
@@ -74,7 +78,8 @@ MOE_EXPERTS = {
 def test_decoded_experts_match_reference(experts, arch, tmp_path):
     path = tmp_path / f"tiny-{arch}-{experts}.gguf"
     write_model(path, preset("tiny", arch=arch), types="F32", seed=3, overrides=MOE_EXPERTS[experts])
-    ours, ref = forward_logits(path), reference_logits(path, PROMPT)
+    simd = all(gt.BY_NAME[t].id in ROW_READERS for t in MOE_EXPERTS[experts].values())
+    ours, ref = forward_logits(path), reference_logits(path, PROMPT, round_activations=simd)
     err = float(np.abs(ours - ref).max())
     print(f"\n{arch} experts {experts}: |logit error| {err:.3g} (scale {np.abs(ref).max():.2f})")
     assert np.abs(ref).max() > 0.1 and err < EXACT_TOL * max(1.0, np.abs(ref).max())
