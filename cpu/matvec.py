@@ -9,10 +9,10 @@ Activations are rounded as llama.cpp's CPU backend rounds them for the weight ty
 (`cpu.activations`, its `vec_dot_type`): K-quants (Q4_K, Q5_K, Q6_K) meet int8 per 256 with a
 float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
 MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
-d_w·d_x in one FMA. Integer sums are exact and every
-slot runs the same float operations, so slot n of an N-input call gives exactly the bits of the
-1-input call on x[n]; the error against the float64 product comes only from rounding x to 127
-levels per block (|x_q·d − x| ≤ d/2, d ≈ max|x_block| / 127) and from float32 accumulation.
+d_w·d_x in one FMA. Integer sums are exact and every slot runs the same float operations, so
+slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error against
+the float64 product comes only from rounding x to 127 levels per block (|x_q·d − x| ≤ d/2,
+d ≈ max|x_block| / 127) and from float32 accumulation.
 
 Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as llama.cpp does),
 then float32 products with float32 sums in a fixed vector order, one code path for every slot
