@@ -22,7 +22,7 @@ from numba import njit
 from cpu.ggml_types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K,
                             Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
 
-from .simd import IQ4NL_KVALUES, f16_at, f16_bits_to_f32, f32_from_bits
+from .simd import IQ4NL_KVALUES, MXFP4_KVALUES, e8m0_half_at, f16_at, f16_bits_to_f32
 
 
 def _grid(cls) -> np.ndarray:
@@ -38,7 +38,7 @@ IQ3S_GRID = _grid(_gguf_quants.IQ3_S)         # (512, 4) odd values 1..15
 IQ1S_GRID = _grid(_gguf_quants.IQ1_S)         # (2048, 8) values −1, 0, 1 (IQ1_M shares it)
 KSIGNS = np.array([i | ((bin(i).count("1") & 1) << 7) for i in range(128)], np.uint8)
 IQ4NL_VALUES = np.array(IQ4NL_KVALUES, np.float32)
-MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)   # 2 × e2m1
+MXFP4_VALUES = np.array(MXFP4_KVALUES, np.float32)   # 2 × e2m1
 IQ1_DELTA = np.float32(0.125)
 
 
@@ -162,9 +162,7 @@ def block_iq4_nl(w, o, y):
 
 @njit(inline="always")
 def block_mxfp4(w, o, y):
-    e = np.uint32(w[o])
-    # e8m0 scale, halved (the table holds 2 × the e2m1 values): 2**(e − 128) as float32 bits
-    d = f32_from_bits(np.uint32(0x00200000) << e if e < 2 else (e - np.uint32(1)) << np.uint32(23))
+    d = e8m0_half_at(w, o)   # halved: the table holds 2 × the e2m1 values
     for j in range(16):
         b = w[o + 1 + j]
         y[j] = d * MXFP4_VALUES[b & 15]

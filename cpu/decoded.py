@@ -1,11 +1,11 @@
 """The generic N-input product for the `cpu.ggml_types.DECODED` types: decode, then float dots.
 
 out[n, r] = Σ_c W[r, c] · x[n, c] for weight types that have no hand-written SIMD row dot
-(Q4_1 … IQ1_M, MXFP4). Per row tile and block, each of ROW_TILE rows' block is decoded once
-(`cpu.blocks.decoder`, inlined: a closure constant, `cpu.variants`) into a small float32
-buffer, then dotted with every input slot's float32 activations: one weight read and one decode
-serve all N slots, and for many slots (a prompt chunk) each slot's activation block is reused by
-the ROW_TILE rows while it is in L1.
+(`cpu.ggml_types.DECODED` less `cpu.matvec.ROW_READERS`). Per row tile and block, each of
+ROW_TILE rows' block is decoded once (`cpu.blocks.decoder`, inlined: a closure constant,
+`cpu.variants`) into a small float32 buffer, then dotted with every input slot's float32
+activations: one weight read and one decode serve all N slots, and for many slots (a prompt
+chunk) each slot's activation block is reused by the ROW_TILE rows while it is in L1.
 
 Bit identity: each (row, slot) adds its block dots in block order, and every block dot is the
 same compiled function (`_dot`: vectorised, so its internal order is the machine code's, but one

@@ -30,8 +30,10 @@ Q4_K = GGMLType(int(T.Q4_K), "Q4_K", 256, 144)
 Q5_K = GGMLType(int(T.Q5_K), "Q5_K", 256, 176)
 Q6_K = GGMLType(int(T.Q6_K), "Q6_K", 256, 210)
 
-# The types real GGUFs use besides the ones above (low-bit mixes, IQ quants, MXFP4 experts). The
-# CPU reads them through one decode-then-dot path (`cpu.decoded`); layouts: MODEL_FORMAT.md §6.
+# The types real GGUFs use besides the ones above (low-bit mixes, IQ quants, MXFP4 experts), each
+# with a float block decoder (`cpu.blocks`). The CPU reads those that have a SIMD row dot in
+# `cpu.matvec.ROW_READERS` (e.g. IQ4_NL, MXFP4) as it reads the types above, the rest through one
+# decode-then-dot path (`cpu.decoded`); layouts: MODEL_FORMAT.md §6.
 Q4_1 = GGMLType(int(T.Q4_1), "Q4_1", 32, 20)
 Q5_0 = GGMLType(int(T.Q5_0), "Q5_0", 32, 22)
 Q5_1 = GGMLType(int(T.Q5_1), "Q5_1", 32, 24)

@@ -7,18 +7,19 @@ weight is the expensive part, so it is done once per block and shared by all slo
 
 Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
 (`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K) and IQ4_XS meet int8 per 256 with
-a float32 scale and sums per 16 (Q8_K); Q8_0 and Q4_0 meet int8 per 32 with an fp16 scale (Q8_0),
-each block's integer sum scaled by its own d_w·d_x in one FMA. Integer sums are exact and every
-slot runs the same float operations, so slot n of an N-input call gives exactly the bits of the
-1-input call on x[n]; the error against the float64 product comes only from rounding x to 127
-levels per block (|x_q·d − x| ≤ d/2, d ≈ max|x_block| / 127) and from float32 accumulation.
+a float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
+MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
+d_w·d_x in one FMA. Integer sums are exact and every slot runs the same float operations, so
+slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error against
+the float64 product comes only from rounding x to 127 levels per block (|x_q·d − x| ≤ d/2,
+d ≈ max|x_block| / 127) and from float32 accumulation.
 
 Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as llama.cpp does),
 then float32 products with float32 sums in a fixed vector order, one code path for every slot
 (bit identity again holds).
 
-The other quantised types (those of `cpu.ggml_types.DECODED` not in `ROW_READERS`: Q4_1, the
-IQ grid types, …) go to `cpu.decoded`:
+The other quantised types (those of `cpu.ggml_types.DECODED` without a row dot in `ROW_READERS`:
+e.g. Q4_1, Q5_1, the IQ grid types) go to `cpu.decoded`:
 blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
 float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
 """
@@ -29,12 +30,14 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import BF16, DECODED_IDS, F32, IQ4_XS, Q2_K, Q3_K, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name
+from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_K,
+                            Q6_K, Q8_0, SUPPORTED, type_name)
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (IQ4_XS_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS,
+from .simd import (IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
+                   Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS,
                    Q8_0_BLOCKS, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
@@ -48,8 +51,8 @@ PREFETCH_BYTES = 4096
 # int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
 # cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
-               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS,
-               IQ4_XS.id: IQ4_XS_BLOCKS}
+               Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS, IQ4_XS.id: IQ4_XS_BLOCKS,
+               IQ4_NL.id: IQ4_NL_BLOCKS, Q5_0.id: Q5_0_BLOCKS, MXFP4.id: MXFP4_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 

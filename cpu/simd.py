@@ -11,9 +11,10 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
-for Q8_0/Q4_0 where VNNI exists; with AVX-512 BW and GFNI, Q4_K goes two sub-blocks at a time
-in 512-bit registers (its lanes then fold onto the 256-bit ones, same integers); IQ4_XS's
-non-linear codes come out of their 16-entry table by `vpshufb`. Elsewhere the
+for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
+`vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4); with AVX-512 BW and GFNI, Q4_K
+goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
+same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
@@ -636,14 +637,18 @@ Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
-# ---- 32-weight blocks with an fp16 scale each (Q8_0, Q4_0) -----------------------------------
+# ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------
 
 class _SmallBlocks(NamedTuple):
-    """A 32-weight block type with an fp16 scale each (Q8_0, Q4_0): its size and how its 32
-    signed weights come out of a block (`signed_weights(v, blk, byte_at)`). Its activations are
-    Q8_0 (`cpu.activations`): an fp16 scale per 32, slot-major dx (slots, blocks)."""
+    """A 32-weight block type with one float scale each: its size, how its 32 signed integer
+    weights come out of a block (`signed_weights(v, blk, byte_at)`) and how the scales of
+    blocks at the given byte offsets come out as float32 lanes (`scales(v, blk, byte_offs)`, lane
+    i the block at byte_offs[i]; default: an fp16 at the block's byte 0). A weight is exactly
+    scale × integer weight (`cpu.blocks`). Its activations are Q8_0 (`cpu.activations`): an fp16
+    scale per 32, slot-major dx (slots, blocks)."""
     block_bytes: int
     signed_weights: Callable
+    scales: Callable = _Vec.f16s
 
     def emit_span(self, builder, ops: _Operands, w_off, k, blk0, slot_lanes, n0, g_count: int, n_blk: int, pf):
         """n_blk (8 or 1) consecutive blocks (byte w_off; blocks blk0.. of activation chunk k)
@@ -659,7 +664,7 @@ class _SmallBlocks(NamedTuple):
         blk = ops.bytes_at("w", w_off)
         if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
             v.prefetch_span(blk, pf, bb * n_blk)
-        ds = v.f16s(blk, [bb * i for i in range(n_blk)])
+        ds = self.scales(v, blk, [bb * i for i in range(n_blk)])
         weights = [self.signed_weights(v, blk, bb * i) for i in range(n_blk)]
         xs, dxs = ops.shape("xq")[1], ops.shape("dx")[1]
         for g in range(g_count):
@@ -763,9 +768,17 @@ dot_q8_0 = intrinsic(_span_intrinsic(Q8_0_BLOCKS))
 dot_q4_0 = intrinsic(_span_intrinsic(Q4_0_BLOCKS))
 
 
-# The non-linear code table of IQ4_NL / IQ4_XS (ggml-common.h kvalues_iq4nl): weight = scale ×
-# table[code].
+# ---- more 32-weight blocks on Q8_0 activations (Q5_0, IQ4_NL, MXFP4) ---------------------------
+#
+# Each is a `_SmallBlocks`: the codes become 32 signed int8 weights in registers (|w| ≤ 127, so
+# `signed_dot32` cannot saturate) and the block's float scale is exact as float32, so the row
+# dot is the Q4_0 one with another unpacking. llama.cpp's x86 dots for these types scale each
+# block's integer sum by d_w · d_x in one FMA as well.
+
+# The non-linear code tables (ggml-common.h kvalues_iq4nl / kvalues_mxfp4): weight = scale ×
+# table[code]. MXFP4's holds twice the e2m1 values (integers), its scale is halved to match.
 IQ4NL_KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def _lookup16(v: _Vec, idx, table):
@@ -780,6 +793,65 @@ def _lookup16(v: _Vec, idx, table):
         on = b.icmp_unsigned("!=", v.and8(idx, 1 << bit), zero)
         level = [b.select(on, level[i + 1], level[i]) for i in range(0, len(level), 2)]
     return level[0]
+
+
+def _q5_0_weights(v: _Vec, blk, at: int):
+    """32 signed weights (nibble | fifth bit << 4) − 16; element j's fifth bit is bit j of the
+    little-endian u32 qh at byte 2: byte j/8, bit j%8. As nibble − 16 where the bit is clear."""
+    b = v.b
+    qh = v.load(blk, at + 2, ir.VectorType(_I8, 4))
+    spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
+    bit = b.and_(spread, ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)]))
+    zero = ir.Constant(_U8X32, None)
+    offset = b.select(b.icmp_unsigned("==", bit, zero), v.splat_const(_U8X32, 16), zero)
+    return b.sub(_nibbles32(v, blk, at + 6), offset)
+
+
+def _iq4_nl_weights(v: _Vec, blk, at: int):
+    return _lookup16(v, _nibbles32(v, blk, at + 2), IQ4NL_KVALUES)
+
+
+def _mxfp4_weights(v: _Vec, blk, at: int):
+    return _lookup16(v, _nibbles32(v, blk, at + 1), MXFP4_KVALUES)
+
+
+def _e8m0_half_to_float(builder: ir.IRBuilder, e):
+    """ggml's E8M0_TO_FP32_HALF: the e8m0 exponent byte e (i32, or a vector of them) → the float32
+    2**(e − 128), exactly: e ≥ 2 is a normal number (biased exponent e − 1), e = 0, 1 are the
+    subnormals 2**−128, 2**−127 (bit 21, 22 of the mantissa)."""
+    vec = isinstance(e.type, ir.VectorType)
+
+    def c(value):
+        return ir.Constant(e.type, [_I32(value)] * e.type.count) if vec else _I32(value)
+
+    b = builder
+    normal = b.shl(b.sub(e, c(1)), c(23))
+    tiny = b.shl(c(0x00200000), e)
+    bits = b.select(b.icmp_unsigned("<", e, c(2)), tiny, normal)
+    return b.bitcast(bits, ir.VectorType(_F32, e.type.count) if vec else _F32)
+
+
+def _mxfp4_scales(v: _Vec, blk, byte_offs):
+    """The blocks' halved e8m0 scales (a byte at each block's byte 0) as float32 lanes."""
+    e = ir.Constant(_I32X8, None)
+    for lane, off in enumerate(byte_offs):
+        e = v.b.insert_element(e, v.b.zext(v.load(blk, off, _I8), _I32), _I32(lane))
+    return _e8m0_half_to_float(v.b, e)
+
+
+@intrinsic
+def e8m0_half_at(typingctx, arr, byte_off):
+    """MXFP4's block scale: the e8m0 byte at byte offset byte_off of a uint8 array, as the
+    float32 2**(e − 128) (`_e8m0_half_to_float`)."""
+    def codegen(context, builder, sig, args):
+        p = _Operands(context, builder, sig, args, arr=0).bytes_at("arr", args[1])
+        return _e8m0_half_to_float(builder, builder.zext(builder.load(p), _I32))
+    return types.float32(arr, types.intp), codegen
+
+
+Q5_0_BLOCKS = _SmallBlocks(22, _q5_0_weights)
+IQ4_NL_BLOCKS = _SmallBlocks(18, _iq4_nl_weights)
+MXFP4_BLOCKS = _SmallBlocks(17, _mxfp4_weights, _mxfp4_scales)
 
 
 # ---- one weight row against all slots, every quantised type ------------------------------------

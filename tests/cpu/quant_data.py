@@ -47,9 +47,10 @@ def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> np
 def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     """Blocks whose weights all have the largest magnitude a code range gives, all of one sign.
     top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
-    scale −128, Q8_0 127, Q4_0 15 − 8, Q3_K 7 − 4 × scale −32, Q2_K 3 × scale 15, IQ4_XS 113 ×
-    scale 31); top=False: every code 0 (Q4_K/Q5_K −dmin·63, Q6_K −32 × −128, Q8_0 −128 via
-    code 0x80, Q4_0 −8, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32)."""
+    scale −128, Q8_0 127, Q4_0 15 − 8, Q5_0 31 − 16, IQ4_NL 113, MXFP4 12 (code 7), Q3_K 7 − 4 ×
+    scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31); top=False: every code 0 (Q4_K/Q5_K
+    −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16, IQ4_NL −127; MXFP4 −12
+    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32). Scales are 1 (MXFP4: e = 128)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
@@ -74,9 +75,15 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     elif name == "Q8_0":
         b[:, :, 0:2] = one
         b[:, :, 2:34] = 0x7F if top else 0x80       # q = 127 or −128
-    elif name == "Q4_0":
+    elif name in ("Q4_0", "IQ4_NL"):
         b[:, :, 0:2] = one
-        b[:, :, 2:18] = code                        # q = 15 → 7, or 0 → −8
+        b[:, :, 2:18] = code                        # q = 15 → 7 / 113, or 0 → −8 / −127
+    elif name == "Q5_0":
+        b[:, :, 0:2] = one
+        b[:, :, 2:22] = code                        # qh and nibbles: q = 31 → 15, or 0 → −16
+    elif name == "MXFP4":
+        b[:, :, 0] = 128                            # scale 2**(128 − 128) = 1
+        b[:, :, 1:17] = 0x77 if top else 0xFF       # codes 7 → 12, or 15 → −12
     elif name == "Q3_K":
         b[:, :, 0:96] = code                        # hmask and low bits: u = 7 → 3, or 0 → −4
         b[:, :, 96:108] = 0                         # six-bit scales 0 → −32

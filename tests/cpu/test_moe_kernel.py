@@ -11,7 +11,8 @@ from cpu.moe import route, routed_ffn, router_logits
 
 from .test_moe import D, K, make_ffn
 
-CASES = [("Q4_K", "Q6_K", True), ("Q8_0", "Q4_0", False), ("Q5_K", "Q8_0", True)]
+CASES = [("Q4_K", "Q6_K", True), ("Q8_0", "Q4_0", False), ("Q5_K", "Q8_0", True), ("IQ4_NL", "Q5_0", False),
+         ("MXFP4", "IQ4_NL", True)]
 
 
 @pytest.fixture(scope="module")

@@ -55,16 +55,18 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
     assert err < FLIP_TOL and float(np.median(np.abs(ours - ref))) < 0.05     # as the uniform models
 
 
-# MoE files: the experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
-# ffn_down is) run in cpu.decoded_moe, on activations rounded for each matrix's type: with every
-# other matrix F32 the model must meet the float64 reference that rounds them the same way. (A shared expert of a decoded type runs as a
-# dense FFN, on rounded activations: the dense tests above cover it.) (A whole MoE mix also rounds its Q8_0/K-quant
-# trunk's activations to int8, and on these tiny models that flips routing: even uniform Q8_0 is
-# ~3 logits off the exact reference, so the mixes below are only run.)
-# (the type pairs of tests/cpu/test_moe.py: each pair compiles a kernel variant, shared through
-# Numba's disk cache)
+# MoE files: experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
+# ffn_down is) run in cpu.decoded_moe, experts whose types all have a row dot
+# (cpu.matvec.ROW_READERS) in cpu.moe_kernel; both round activations for each matrix's type, so
+# with every other matrix F32 the model must meet the float64 reference that rounds them the same
+# way. (A shared expert of a decoded type runs as a dense FFN: the dense tests above cover it.)
+# (A whole MoE mix also rounds its Q8_0/K-quant trunk's activations to int8, and on these tiny
+# models that flips routing: even uniform Q8_0 is ~3 logits off the exact reference, so the mixes
+# below are only run.) (The decoded type pairs are tests/cpu/test_moe.py's: each pair compiles a
+# kernel variant, shared through Numba's disk cache.)
 MOE_EXPERTS = {
     "MXFP4+Q5_0": {r"ffn_(gate|up)_exps": "MXFP4", r"ffn_down_exps": "Q5_0"},
+    "Q4_1+Q5_1": {r"ffn_(gate|up)_exps": "Q4_1", r"ffn_down_exps": "Q5_1"},
     "Q4_K+IQ3_S": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "IQ3_S"},
 }
 
