@@ -6,8 +6,8 @@ order — e.g. Q2_K: (d·(sc & 15))·q − dmin·(sc >> 4) — so the bits equal
 (one exception: gguf-py's IQ1_M always takes the negative delta, ggml takes the sign from the
 block; we follow ggml). Layouts and formulas: docs/MODEL_FORMAT.md §6.
 
-`decoder(wt)` is the decoder of type wt, which a kernel factory (`cpu.variants`) captures as a closure
-constant, so a kernel carries one type's decoder only.
+`decode_block(wt, w, o, y)` runs the decoder of type wt, a compile-time constant (a kernel
+factory's closure integer, `cpu.variants`), so a kernel carries one type's decoder only.
 
 Tables: the IQ grids are facts of the format (ggml-common.h); they are taken from gguf-py's packed
 copies once, at import, as float32 (exact small values). The sign table is the 7-bit index with its
@@ -18,6 +18,9 @@ from __future__ import annotations
 import numpy as np
 from gguf import quants as _gguf_quants
 from numba import njit
+from numba.core import types
+from numba.core.errors import TypingError
+from numba.extending import overload
 
 from cpu.ggml_types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K,
                             Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
@@ -343,9 +346,12 @@ def block_q5_k(w, o, y):
     block_q4_k_q5_k(w, o, y, True)
 
 
-# A kernel takes its type's decoder as a closure constant (`decoder(wt)`), never a branch on wt:
-# Numba does not prune branches on a constant passed into an inlined function, so a `wt ==` chain
-# compiled all twenty decoders into every kernel (10 s a matvec variant instead of 2).
+# A kernel names its type as a closure integer and calls decode_block with it: the overload below
+# sees the type as a compile-time literal and emits that type's decoder alone. Neither a `wt ==`
+# chain (Numba did not prune the branches of a constant passed into an inlined function: all
+# twenty decoders in every kernel, 10 s a matvec variant instead of 2) nor a decoder held in the
+# kernel's closure (Numba's cache key pickles closure cells, and a dispatcher pickles with a
+# per-process id: a cache miss in every new process) would do.
 _DECODERS = {Q4_0.id: block_q4_0, Q8_0.id: block_q8_0, Q4_K.id: block_q4_k, Q5_K.id: block_q5_k,
              Q6_K.id: block_q6_k, Q4_1.id: block_q4_1, Q5_0.id: block_q5_0, Q5_1.id: block_q5_1,
              IQ4_NL.id: block_iq4_nl, MXFP4.id: block_mxfp4, Q2_K.id: block_q2_k, Q3_K.id: block_q3_k,
@@ -354,7 +360,18 @@ _DECODERS = {Q4_0.id: block_q4_0, Q8_0.id: block_q8_0, Q4_K.id: block_q4_k, Q5_K
              IQ1_S.id: block_iq1_s, IQ1_M.id: block_iq1_m}
 
 
-def decoder(wt: int):
-    """The block decoder of ggml type wt: `dec(w, o, y)` writes the block at byte o of w as float32
-    into y[0:block_elems]."""
-    return _DECODERS[int(wt)]
+def decode_block(wt, w, o, y):
+    """The block of ggml type wt (a compile-time constant: a kernel's closure integer) at byte o of
+    the uint8 array w, as float32 into y[0:block_elems]. Compiled code only."""
+    raise NotImplementedError("decode_block runs inside Numba kernels")
+
+
+@overload(decode_block, inline="always")
+def _decode_block(wt, w, o, y):
+    if not isinstance(wt, types.IntegerLiteral):
+        raise TypingError("decode_block needs the weight type as a compile-time constant")
+    decode = _DECODERS[wt.literal_value]
+
+    def impl(wt, w, o, y):
+        decode(w, o, y)
+    return impl

@@ -2,7 +2,7 @@
 
 out[n, r] = Σ_c W[r, c] · x[n, c] for weight types that have no hand-written SIMD row dot
 (`cpu.ggml_types.DECODED` less `cpu.matvec.ROW_READERS`). Per row tile and block, each of
-ROW_TILE rows' block is decoded once (`cpu.blocks.decoder`, inlined: a closure constant,
+ROW_TILE rows' block is decoded once (`cpu.blocks.decode_block`, inlined: the type is a closure constant,
 `cpu.variants`) into a small float32 buffer, then dotted with every input slot's float32
 activations: one weight read and one decode serve all N slots, and for many slots (a prompt
 chunk) each slot's activation block is reused by the ROW_TILE rows while it is in L1.
@@ -24,7 +24,7 @@ from numba import njit, prange
 from cpu.ggml_types import SUPPORTED
 
 from . import activations as act
-from .blocks import decoder
+from .blocks import decode_block
 from .variants import Variants
 
 ROW_TILE = 4    # rows decoded together (one slot's activation block meets them all)
@@ -42,33 +42,27 @@ def _dot(y, x):
     return s
 
 
-def rows_dot_of(wt: int):
-    """`rows_dot(flat, row_bytes, rows_at, m, x, y, acc)` for type wt (inlined where called):
-    acc[i, n] = row rows_at + i of W · slot n of x, for i < m: block by block, each row's block
-    decoded once into y[i, :elems] (y: ROW_TILE × ≥ elems floats), the block dots added in block
-    order."""
-    decode = decoder(wt)
-    elems, size = SUPPORTED[wt].block_elems, SUPPORTED[wt].block_bytes
-
-    @njit(inline="always")
-    def rows_dot(flat, row_bytes, rows_at, m, x, y, acc):
-        n_slots, cols = x.shape
+@njit(inline="always")
+def rows_dot(wt, elems, size, flat, row_bytes, rows_at, m, x, y, acc):
+    """acc[i, n] = row rows_at + i of W · slot n of x, for i < m: block by block, each row's block
+    (type wt, a compile-time constant) decoded once into y[i, :elems] (y: ROW_TILE × ≥ elems
+    floats), the block dots added in block order."""
+    n_slots, cols = x.shape
+    for i in range(m):
+        for n in range(n_slots):
+            acc[i, n] = 0.0
+    for b in range(cols // elems):
         for i in range(m):
-            for n in range(n_slots):
-                acc[i, n] = 0.0
-        for b in range(cols // elems):
+            decode_block(wt, flat, (rows_at + i) * row_bytes + b * size, y[i])
+        for n in range(n_slots):
+            xb = x[n, b * elems:(b + 1) * elems]
             for i in range(m):
-                decode(flat, (rows_at + i) * row_bytes + b * size, y[i])
-            for n in range(n_slots):
-                xb = x[n, b * elems:(b + 1) * elems]
-                for i in range(m):
-                    acc[i, n] += _dot(y[i, :elems], xb)
-    return rows_dot
+                acc[i, n] += _dot(y[i, :elems], xb)
 
 
 def _make_matvec(wt):
-    elems = SUPPORTED[wt].block_elems
-    rows_dot = rows_dot_of(wt)
+    t = SUPPORTED[wt]
+    elems, size = t.block_elems, t.block_bytes     # constants in the kernel
 
     @njit(cache=True, nogil=True, parallel=True)
     def _matvec_decoded(w, x, out, n_tiles):
@@ -82,7 +76,7 @@ def _make_matvec(wt):
             end = min(rows, (tile + 1) * per_tile)
             for r0 in range(tile * per_tile, end, ROW_TILE):
                 m = min(ROW_TILE, end - r0)
-                rows_dot(flat, row_bytes, r0, m, x, y, acc)
+                rows_dot(wt, elems, size, flat, row_bytes, r0, m, x, y, acc)
                 for i in range(m):
                     for n in range(n_slots):
                         out[n, r0 + i] = acc[i, n]

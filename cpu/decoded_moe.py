@@ -4,7 +4,7 @@
 expert stack of any other quantised type (a `cpu.ggml_types.DECODED` type without a row dot in
 `cpu.matvec.ROW_READERS`: the IQ grid types' files, MXFP4 experts) — alone or mixed with SIMD
 types, e.g. IQ3_S gate/up with a Q4_K down — runs here, with `cpu.decoded`'s arithmetic: blocks
-decoded to float32 (`cpu.blocks.decoder`), one block dot per slot, and the activations rounded as
+decoded to float32 (`cpu.blocks.decode_block`), one block dot per slot, and the activations rounded as
 llama.cpp rounds them for each matrix's type (`cpu.activations.dequantized`: x once per format
 for gate and up, h for down), as the other paths do.
 
@@ -15,7 +15,7 @@ sort; the x rows of each group gathered into one contiguous block first):
      down type, row by row;
   B. one over (group, tile of D rows): y = W_down,e h;
   C. out[i] = Σ_rank w[i, rank] · y[slot of (i, rank)], in top-k rank order (`_rank_sum`).
-Each (row, slot) product is `cpu.decoded.rows_dot_of`'s, whose bits do not depend on the other
+Each (row, slot) product is `cpu.decoded.rows_dot`'s, whose bits do not depend on the other
 slots, the rounding of a slot's activations reads that slot only, and the rank sum has a fixed
 order per row: row i of an n-row call has exactly the bits of the 1-row call on x[i] (lossless
 drafting relies on it), whichever thread ran which tile.
@@ -29,7 +29,7 @@ from numba import njit, prange
 from cpu.ggml_types import SUPPORTED
 
 from . import activations as act
-from .decoded import ROW_TILE, rows_dot_of
+from .decoded import ROW_TILE, rows_dot
 from .ffn import _silu_times
 from .moe_kernel import _rank_sum, group_slots
 from .variants import Variants
@@ -38,8 +38,9 @@ TILES_PER_WORKER = 4     # tasks per thread and step, so a slow thread takes few
 
 
 def _make_gate_up(gate_t, up_t):
-    gate_dot, up_dot = rows_dot_of(gate_t), rows_dot_of(up_t)
-    y_elems = max(SUPPORTED[gate_t].block_elems, SUPPORTED[up_t].block_elems)
+    (g_elems, g_size), (u_elems, u_size) = ((SUPPORTED[t].block_elems, SUPPORTED[t].block_bytes)
+                                            for t in (gate_t, up_t))
+    y_elems = max(g_elems, u_elems)
 
     @njit(cache=True, nogil=True, parallel=True)
     def _gate_up(w_gate, w_up, expert_rows, xg, xu, group_start, group_expert, h, tiles):
@@ -57,8 +58,8 @@ def _make_gate_up(gate_t, up_t):
             end = min(n_ff, (tile + 1) * per)
             for r0 in range(tile * per, end, ROW_TILE):
                 m = min(ROW_TILE, end - r0)
-                gate_dot(fg, w_gate.shape[1], expert_rows[0, e] + r0, m, xg[s0:s1], buf, gate)
-                up_dot(fu, w_up.shape[1], expert_rows[1, e] + r0, m, xu[s0:s1], buf, up)
+                rows_dot(gate_t, g_elems, g_size, fg, w_gate.shape[1], expert_rows[0, e] + r0, m, xg[s0:s1], buf, gate)
+                rows_dot(up_t, u_elems, u_size, fu, w_up.shape[1], expert_rows[1, e] + r0, m, xu[s0:s1], buf, up)
                 for i in range(m):
                     for j in range(s1 - s0):
                         h[s0 + j, r0 + i] = _silu_times(gate[i, j], up[i, j])
@@ -66,8 +67,7 @@ def _make_gate_up(gate_t, up_t):
 
 
 def _make_down(down_t):
-    down_dot = rows_dot_of(down_t)
-    y_elems = SUPPORTED[down_t].block_elems
+    y_elems, d_size = SUPPORTED[down_t].block_elems, SUPPORTED[down_t].block_bytes
 
     @njit(cache=True, nogil=True, parallel=True)
     def _down(w_down, expert_rows, h, group_start, group_expert, y, tiles):
@@ -84,7 +84,7 @@ def _make_down(down_t):
             end = min(D, (tile + 1) * per)
             for r0 in range(tile * per, end, ROW_TILE):
                 m = min(ROW_TILE, end - r0)
-                down_dot(fd, w_down.shape[1], expert_rows[2, e] + r0, m, h[s0:s1], buf, acc)
+                rows_dot(down_t, y_elems, d_size, fd, w_down.shape[1], expert_rows[2, e] + r0, m, h[s0:s1], buf, acc)
                 for i in range(m):
                     for j in range(s1 - s0):
                         y[s0 + j, r0 + i] = acc[i, j]

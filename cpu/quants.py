@@ -12,7 +12,7 @@ from numba import njit
 
 from cpu.ggml_types import BF16, DECODED_IDS, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, SUPPORTED
 
-from .blocks import decoder
+from .blocks import decode_block
 from .matvec import check_weights, frozen
 from .variants import Variants
 
@@ -20,7 +20,6 @@ from .variants import Variants
 def _make_dequantize_rows(wt):
     t = SUPPORTED[wt]
     elems, size = t.block_elems, t.block_bytes    # the block geometry, constants in the kernel
-    decode = decoder(wt)
 
     @njit(cache=True, nogil=True)
     def _dequantize_rows(w, row_ids, out):
@@ -32,7 +31,7 @@ def _make_dequantize_rows(wt):
             base = row_ids[i] * row_bytes
             y = out[i]
             for b in range(out.shape[1] // elems):
-                decode(flat, base + size * b, y[elems * b:])
+                decode_block(wt, flat, base + size * b, y[elems * b:])
     return _dequantize_rows
 
 

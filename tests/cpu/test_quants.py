@@ -1,4 +1,8 @@
 """cpu.quants: float decoding of every supported type, bit-exact against gguf-py."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -111,3 +115,26 @@ def test_iq1_m_delta_sign_follows_ggml():
     b[0, 32:48] = 0x88
     got = dequantize(type_id("IQ1_M"), b, 256)[0]
     assert np.array_equal(got, np.tile(IQ1S_GRID[0] - np.float32(0.125), 32))
+
+
+_WARM_PROBE = """
+import numpy as np
+from cpu import decoded, quants
+from cpu.ggml_types import BY_NAME
+t = BY_NAME["IQ2_XS"]
+w = np.zeros((4, 2 * t.block_bytes), np.uint8)
+decoded.matvec_decoded(t.id, w, np.ones((1, 2 * t.block_elems), np.float32), np.empty((1, 4), np.float32))
+quants.dequantize_rows(t.id, w, [1], 2 * t.block_elems)
+kernels = (decoded._matvec(t.id), quants._dequantize_rows(t.id))
+print(sum(k.stats.cache_misses.get(s, 0) for k in kernels for s in k.signatures))
+"""
+
+
+def test_kernels_made_per_type_load_from_the_disk_cache_in_a_new_process(tmp_path):
+    """A per-type kernel's cache key covers its closure: a second process must find the first's
+    compilations (a dispatcher in a closure pickles with a per-process id, and missed every time)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", _WARM_PROBE], capture_output=True, text=True, env=env,
+                           timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    assert int(runs[0].stdout.split()[-1]) == 2 and int(runs[1].stdout.split()[-1]) == 0
