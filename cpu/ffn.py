@@ -16,7 +16,7 @@ from . import matvec as _matvec
 from .atomics import fetch_add
 from .expf import expf
 from .matvec import (QUANT_TYPES, check_f32_matrix, check_weights, frozen, n_tiles_for, quantize_activations,
-                     row_dot_quant, run_matvec)
+                     row_dot_wide, run_matvec)
 from .variants import Variants, type_mask
 
 
@@ -75,8 +75,8 @@ def _make_swiglu_quant(gate_type, up_type):
                 r0, r1 = t * per_tile, min(rows, (t + 1) * per_tile)
                 done = r0
                 for r in range(r0, r1):
-                    row_dot_quant(types_here, wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
-                    row_dot_quant(types_here, wtype_up, w_up, r, xq_u, dx_u, bs_u, up, pf)
+                    row_dot_wide(types_here, wtype_gate, w_gate, r, xq, dx, bs, gate, pf)
+                    row_dot_wide(types_here, wtype_up, w_up, r, xq_u, dx_u, bs_u, up, pf)
                     done = gated_row(h, ups, gate, up, r, done, r1)
                 t = fetch_add(claimed, 0, 1)
     return _swiglu_quant

@@ -37,14 +37,14 @@ from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
 from .simd import (IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
-                   Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS,
-                   Q8_0_BLOCKS, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
+                   Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, WIDE_GROUP, f16_bits_to_f32,
+                   f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
-# the hardware prefetcher alone leaves the multiply-adds waiting on memory: on the 16-core test
-# Xeon, 4096 took Q8_0 N=1 from 102 to 155 GB/s and Q4_K N=1 from 80 to 115 GB/s (sweep of
-# 0..8192). Passed to the kernels at run time, so a benchmark can sweep it without recompiling.
+# the hardware prefetcher alone leaves the multiply-adds waiting on memory (the sweep that chose
+# 4096: docs/MEASUREMENTS.md). Passed to the kernels at run time, so a benchmark can sweep it
+# without recompiling.
 PREFETCH_BYTES = 4096
 
 # The types with a SIMD row dot (`cpu.simd`): each ggml type id → its reader. The one list of the
@@ -70,7 +70,12 @@ def quantize_activations(wtype: int, x: np.ndarray):
 # the types in type_mask (a compile-time constant, `cpu.variants.type_mask`) have code. Slots go in
 # groups of 4, then one group of the 1-3 left: a group shares one decode of the weights (a k=3
 # verify step decodes once, not as 2 + 1); past 4 slots the row is read again from L1.
+# row_dot_wide: the same with groups of `cpu.simd.WIDE_GROUP` (8 with AVX-512), for matvec and the
+# fused FFN, whose verify steps of 5-8 slots would otherwise decode every row twice; the MoE
+# kernel keeps groups of 4 (its one kernel holds every type's code three times: twice the code
+# would double its compile time).
 row_dot_quant = intrinsic(row_dot_intrinsic(ROW_READERS))
+row_dot_wide = intrinsic(row_dot_intrinsic(ROW_READERS, WIDE_GROUP))
 
 
 # ---- kernels ---------------------------------------------------------------------------------
@@ -88,7 +93,7 @@ def _make_matvec_quant(wtype_id):
             t = fetch_add(claimed, 0, 1)
             while t < n_tiles:
                 for r in range(t * per_tile, min(rows, (t + 1) * per_tile)):
-                    row_dot_quant(types_here, wtype, w, r, xq, dx, bs, acc, pf)
+                    row_dot_wide(types_here, wtype, w, r, xq, dx, bs, acc, pf)
                     for n in range(n_slots):
                         out[n, r] = acc[n]
                 t = fetch_add(claimed, 0, 1)
@@ -144,8 +149,8 @@ def _matvec_half(is_bf16, w, x, out, n_tiles):
 
 def n_tiles_for(rows: int) -> int:
     """Row tiles for a quantised kernel's threads to claim one at a time (`cpu.atomics`): a few
-    per thread, so a thread slowed down (on the H200 box's VM one thread of a region often runs
-    at ~0.6x the others) claims fewer, and the region does not wait for it."""
+    per thread, so a thread slowed down (on a shared or virtualised machine one thread of a region
+    often runs well behind the others) claims fewer, and the region does not wait for it."""
     return max(1, min(rows, 8 * numba.get_num_threads()))
 
 

@@ -403,8 +403,8 @@ def _unpack_q4k(v: _Vec, blk):
     if v.zmm:
         # a unit = one 32-byte chunk's 64 nibbles (sub-blocks 2c, 2c+1: elements 64c.. in order) and
         # its two scales; the 16 i32 lanes of the sum fold onto 8 (lane L of either half covers
-        # elements 4L..4L+3 of its sub-block, as in the 256-bit form). Measured on the dev box's
-        # Sapphire Rapids core: 6.6 ns per super-block against 7.7 for the 256-bit form.
+        # elements 4L..4L+3 of its sub-block, as in the 256-bit form); faster than the 256-bit form
+        # (docs/MEASUREMENTS.md).
         b = v.b
         units = []
         for c in range(4):
@@ -856,16 +856,16 @@ MXFP4_BLOCKS = _SmallBlocks(17, _mxfp4_weights, _mxfp4_scales)
 
 # ---- one weight row against all slots, every quantised type ------------------------------------
 
-def _emit_groups(builder, n_slots, emit):
-    """emit(n0, G) for the slots in groups of 4, then one group of the 1-3 left (a group shares
-    one decode of the weights; 4 slots is what the registers hold)."""
-    fours = builder.udiv(n_slots, _I64(4))
-    with cgutils.for_range(builder, fours) as loop:
-        emit(builder.mul(loop.index, _I64(4)), 4)
-    rest_at = builder.mul(fours, _I64(4))
+def _emit_groups(builder, n_slots, emit, group: int):
+    """emit(n0, G) for the slots in groups of `group`, then one group of the 1..group−1 left (a
+    group shares one decode of the weights)."""
+    whole = builder.udiv(n_slots, _I64(group))
+    with cgutils.for_range(builder, whole) as loop:
+        emit(builder.mul(loop.index, _I64(group)), group)
+    rest_at = builder.mul(whole, _I64(group))
     done = builder.append_basic_block("groups.done")
     switch = builder.switch(builder.sub(n_slots, rest_at), done)
-    for g in (1, 2, 3):
+    for g in range(1, group):
         block = builder.append_basic_block(f"groups.{g}")
         switch.add_case(_I64(g), block)
         builder.position_at_end(block)
@@ -874,7 +874,16 @@ def _emit_groups(builder, n_slots, emit):
     builder.position_at_end(done)
 
 
-def row_dot_intrinsic(readers: dict):
+def _wide_group() -> int:
+    """Slots per group of the wide row dot: 8 where AVX-512 gives 32 vector registers (the
+    unpacked weights and 8 slots' lanes stay in registers), else 4."""
+    return 8 if "avx512bw" in _target_features() else 4
+
+
+WIDE_GROUP = _wide_group()
+
+
+def row_dot_intrinsic(readers: dict, group: int = 4):
     """Intrinsic factory: row_dot(type_mask, wtype, w, r, xq, dx, bs, acc, pf) sets acc[n] =
     Σ_c W[r, c] · x[n, c] for every slot n of acc, W's blocks read by readers[wtype] (ggml type
     id → _KQuant or _SmallBlocks; other ids leave acc as it is), weights `pf` bytes ahead
@@ -882,9 +891,10 @@ def row_dot_intrinsic(readers: dict):
     readers whose code is emitted: a type outside it also leaves acc as it is. The type
     and slot-group dispatch are emitted here too: written as Numba functions around per-type
     intrinsics, each row call copied its five array arguments into the inlined bodies, and the
-    reference counts of those copies (atomic, shared by every thread) cost ~40 ns a row — more
-    than the dots of a 512-wide expert row. Grouping cannot change any slot's bits (integer sums,
-    lane-wise combines, each slot adds its blocks in order)."""
+    reference counts of those copies (atomic, shared by every thread) cost more than the dots of
+    a 512-wide expert row. Slots go in groups of `group` (one decode of the weights per group;
+    more slots per group, more code per type). Grouping cannot change any slot's bits (integer
+    sums, lane-wise combines, each slot adds its blocks in order)."""
 
     def typer(typingctx, type_mask, wtype, w, r, xq, dx, bs, acc, pf):
         if not isinstance(type_mask, types.IntegerLiteral):
@@ -902,7 +912,7 @@ def row_dot_intrinsic(readers: dict):
                 block = builder.append_basic_block(f"row.type{type_id}")
                 switch.add_case(_I64(type_id), block)
                 builder.position_at_end(block)
-                _emit_groups(builder, n_slots, lambda n0, g: reader.emit_row(builder, ops, row_off, n0, g, pf_v))
+                _emit_groups(builder, n_slots, lambda n0, g: reader.emit_row(builder, ops, row_off, n0, g, pf_v), group)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
