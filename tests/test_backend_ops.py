@@ -244,7 +244,7 @@ SWIGLU_PAIRS = (("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q8_0", "Q4_0"), ("Q6_K", "
 def swiglu_cases(backend):
     rows = 5 if backend == "gpu" else 19
     return [(f"{g}+{u}-{rows}x{256 if backend == 'gpu' else 512}-n{n}", dict(gate=g, up=u, rows=rows, n=n))
-            for g, u in SWIGLU_PAIRS for n in ((1, 3) if backend == "gpu" else (1, 3, 4, 8, 16))]
+            for g, u in SWIGLU_PAIRS for n in ((1, 3) if backend == "gpu" else (1, 3, 5, 9, 16))]
 
 
 def run_swiglu(b: Backend, p, rng):
