@@ -25,6 +25,7 @@ from numba.extending import overload
 from cpu.ggml_types import (IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K,
                             Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
 
+from .simd import KSIGNS as KSIGNS_IQ2
 from .simd import IQ4NL_KVALUES, MXFP4_KVALUES, e8m0_half_at, f16_at, f16_bits_to_f32
 
 
@@ -39,7 +40,7 @@ IQ2S_GRID = _grid(_gguf_quants.IQ2_S)         # (1024, 8)
 IQ3XXS_GRID = _grid(_gguf_quants.IQ3_XXS)     # (256, 4) values 4..62
 IQ3S_GRID = _grid(_gguf_quants.IQ3_S)         # (512, 4) odd values 1..15
 IQ1S_GRID = _grid(_gguf_quants.IQ1_S)         # (2048, 8) values −1, 0, 1 (IQ1_M shares it)
-KSIGNS = np.array([i | ((bin(i).count("1") & 1) << 7) for i in range(128)], np.uint8)
+KSIGNS = np.array(KSIGNS_IQ2, np.uint8)
 IQ4NL_VALUES = np.array(IQ4NL_KVALUES, np.float32)
 MXFP4_VALUES = np.array(MXFP4_KVALUES, np.float32)   # 2 × e2m1
 IQ1_DELTA = np.float32(0.125)

@@ -31,6 +31,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import llvmlite.binding as llvm
+import numpy as np
+from gguf import quants as _gguf_quants
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, config
@@ -597,6 +599,7 @@ class _KQuant(NamedTuple):
     d_at: int
     dmin_at: int | None
     offset_scale: int | None = None
+    d_mul: float = 1.0    # an exact power of two the fp16 d is multiplied by (IQ2 types: 1/8)
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
@@ -615,6 +618,8 @@ class _KQuant(NamedTuple):
             v.prefetch_span(blk, pf, self.block_bytes)
             weights = self.unpack(v, blk)
             scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
+            if self.d_mul != 1.0:
+                scales = builder.fmul(scales, v.splat_const(scales.type, self.d_mul))
             dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(b_v, dxs), n0), g_count), align=4)
             for g in range(g_count):
                 n = builder.add(n0, _I64(g))
@@ -635,6 +640,140 @@ Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
 Q3_K_BLOCKS = _KQuant(_unpack_q3k, 110, d_at=108, dmin_at=None, offset_scale=4)
 Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
+
+
+# ---- IQ2 grid types (IQ2_XXS, IQ2_XS, IQ2_S) ------------------------------------------------------
+#
+# Each 8 weights are a row of a fixed grid (unsigned bytes 8, 25, 43) times 8 signs, times a 4-bit
+# scale s per 32 (IQ2_XXS) or 16 (IQ2_XS, IQ2_S) weights: weight = d·(0.5 + s)·0.25·grid·sign =
+# (d/8)·(2s + 1)·grid·sign, exactly (d/8 is `_KQuant.d_mul`). The grid rows and the sign patterns
+# are constant tables in the module, 8 bytes a row, read by plain loads (one per 8 weights); the
+# signs go onto x (`sign8`), so `vpmaddubsw` meets the unsigned grid bytes and signed x (|pair| ≤
+# 2·43·127 < 2**15) and `vpmaddwd` the odd scales 2s + 1. No aux term (offset 0, aux lanes zero).
+
+# ggml's ksigns_iq2xs: a 7-bit sign index i → the 8 sign bits, bit 7 the parity of i (even count)
+KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
+
+
+def _grid_rows(cls) -> list[int]:
+    """gguf-py's grid of an IQ type as little-endian 64-bit rows of 8 bytes."""
+    cls.init_grid()
+    grid = cls.grid.reshape(cls.grid_shape).astype(np.uint8)
+    return [int.from_bytes(bytes(row), "little") for row in grid]
+
+
+# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`)
+_SIGN_ROWS = [int.from_bytes(bytes(0xFF if (k >> j) & 1 else 1 for j in range(8)), "little") for k in KSIGNS]
+_IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _grid_rows(_gguf_quants.IQ2_XS),
+               "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S), "iq2_signs": _SIGN_ROWS}
+
+
+def _table_rows(v: _Vec, name: str, indices):
+    """Rows indices[0..3] (i64 scalars) of the constant table `name` as one 32 x i8 vector. The
+    table is a global of the module, created at its first use there."""
+    module = v.b.module
+    if name in module.globals:
+        table = module.globals[name]
+    else:
+        ty = ir.ArrayType(_I64, len(_IQ2_TABLES[name]))
+        table = ir.GlobalVariable(module, ty, name)
+        table.global_constant = True
+        table.linkage = "internal"
+        table.initializer = ir.Constant(ty, [_I64(r) for r in _IQ2_TABLES[name]])
+    rows = ir.Constant(ir.VectorType(_I64, 4), None)
+    for lane, idx in enumerate(indices):
+        row = v.b.load(v.b.gep(table, [_I32(0), idx]), align=8)
+        rows = v.b.insert_element(rows, row, _I32(lane))
+    return v.b.bitcast(rows, _U8X32)
+
+
+def _bits_i64(v: _Vec, q, shift: int, mask: int):
+    return v.b.and_(v.b.lshr(q, q.type(shift)) if shift else q, q.type(mask))
+
+
+def _iq2_scales16(v: _Vec, blk, at: int):
+    """IQ2_XS / IQ2_S: 2s + 1 for the 16 scales (nibble g % 2 of byte at + g // 2) as 16 x i16."""
+    b = v.b
+    raw = v.load(blk, at, ir.VectorType(_I8, 8))
+    placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [g // 2 for g in range(16)]))
+    x16 = ir.VectorType(_I8, 16)
+    s = b.and_(b.lshr(placed, ir.Constant(x16, [0, 4] * 8)), ir.Constant(x16, [15] * 16))
+    s = b.zext(s, _I16X16)
+    return b.add(b.add(s, s), v.splat_const(_I16X16, 1))
+
+
+def _grid_dot(v: _Vec, chunks):
+    """chunks: 8 × (32 unsigned grid bytes, 32 sign multipliers ±1, 16 i16 scale lanes) of the
+    elements 32c..32c+31 → dot(x, bs) = (Σ scale·grid·sign·x, zero aux)."""
+    zero = ir.Constant(_I32X8, None)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(g, v.sign8(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
+        return v.madd_sum(pairs), zero
+
+    return dot
+
+
+def _unpack_iq2xxs(v: _Vec, blk):
+    """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
+    each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
+    b = v.b
+    qs = v.load(blk, 2, ir.VectorType(_I64, 8))
+    chunks = []
+    for ib in range(8):
+        q = b.extract_element(qs, _I32(ib))
+        grid = _table_rows(v, "iq2xxs_grid", [_bits_i64(v, q, 8 * l, 255) for l in range(4)])
+        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
+        s = b.trunc(b.lshr(q, _I64(60)), _I16)
+        chunks.append((grid, signs, v.splat(b.add(b.add(s, s), _I16(1)), 16)))
+    return _grid_dot(v, chunks)
+
+
+def _unpack_iq2xs(v: _Vec, blk):
+    """IQ2_XS: per 8 weights (k) the u16 at byte 2 + 2k: bits 0..8 grid index, 9..15 sign index;
+    scales (nibbles per 16 weights) at byte 66."""
+    b = v.b
+    qs = v.load(blk, 2, ir.VectorType(_I16, 32))
+    sc = _iq2_scales16(v, blk, 66)
+    chunks = []
+    for c in range(8):
+        q = [b.zext(b.extract_element(qs, _I32(4 * c + l)), _I64) for l in range(4)]
+        grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
+        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
+        chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
+    return _grid_dot(v, chunks)
+
+
+def _unpack_iq2s(v: _Vec, blk):
+    """IQ2_S: per 8 weights (k) the grid index qs[k] (byte 2 + k) | bits 2·(k % 4).. of qh[k // 4]
+    (byte 66 + k // 4) << 8, and a sign byte (byte 34 + k: bit j the sign of weight j, no parity);
+    scales (nibbles per 16 weights) at byte 74."""
+    b = v.b
+    qs = v.load(blk, 2, _U8X32)
+    qh = v.load(blk, 66, ir.VectorType(_I8, 8))
+    sc = _iq2_scales16(v, blk, 74)
+    bit = ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)])
+    zero = ir.Constant(_U8X32, None)
+    chunks = []
+    for c in range(8):
+        idx = []
+        for l in range(4):
+            k = 4 * c + l
+            low = b.zext(b.extract_element(qs, _I32(k)), _I64)
+            high = _bits_i64(v, b.zext(b.extract_element(qh, _I32(c)), _I64), 2 * l, 3)
+            idx.append(b.or_(low, b.shl(high, _I64(8))))
+        grid = _table_rows(v, "iq2s_grid", idx)
+        raw = v.load(blk, 34 + 4 * c, ir.VectorType(_I8, 4))
+        spread = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
+        negative = b.icmp_unsigned("!=", b.and_(spread, bit), zero)
+        signs = b.select(negative, v.splat_const(_U8X32, 0xFF), v.splat_const(_U8X32, 1))
+        chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
+    return _grid_dot(v, chunks)
+
+
+IQ2_XXS_BLOCKS = _KQuant(_unpack_iq2xxs, 66, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
+IQ2_XS_BLOCKS = _KQuant(_unpack_iq2xs, 74, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
+IQ2_S_BLOCKS = _KQuant(_unpack_iq2s, 82, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
 
 
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------

@@ -97,6 +97,16 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
         b[:, :, 0:2] = one
         b[:, :, 2:8] = code                         # six-bit scales 63 → 31, or 0 → −32
         b[:, :, 8:136] = code                       # nibbles 15 → 113, or 0 → −127
+    elif name in ("IQ2_XXS", "IQ2_XS", "IQ2_S"):
+        b[:, :, 0:2] = one
+        # top: grid index 255 (IQ2_XXS) or 511 / 1023 (all 43), every sign negative, scales 15 →
+        # 31/8; else grid index 0 (all 8), every sign positive, scales still 15
+        b[:, :, 2:] = code
+        scales = {"IQ2_XXS": None, "IQ2_XS": 66, "IQ2_S": 74}[name]
+        if scales is None:
+            b[:, :, 9::8] |= 0xF0                   # the top nibble of each u32 aux
+        else:
+            b[:, :, scales:scales + 8] = 0xFF
     else:
         raise ValueError(name)
     return b.reshape(rows, n_blocks * t.block_bytes)
