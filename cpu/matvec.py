@@ -6,8 +6,8 @@ weight is the expensive part, so it is done once per block and shared by all slo
 `cpu.simd`); the per-slot work is a handful of integer multiply-adds per 32 weights.
 
 Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
-(`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K) and IQ4_XS meet int8 per 256 with
-a float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
+(`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K), IQ4_XS and the IQ2 grid types
+(IQ2_XXS, IQ2_XS, IQ2_S) meet int8 per 256 with a float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
 MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
 d_w·d_x in one FMA. Integer sums are exact and every slot runs the same float operations, so
 slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error against
@@ -19,7 +19,7 @@ then float32 products with float32 sums in a fixed vector order, one code path f
 (bit identity again holds).
 
 The other quantised types (those of `cpu.ggml_types.DECODED` without a row dot in `ROW_READERS`:
-e.g. Q4_1, Q5_1, the IQ grid types) go to `cpu.decoded`:
+e.g. Q4_1, Q5_1, the IQ3 and IQ1 grid types) go to `cpu.decoded`:
 blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
 float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
 """

@@ -48,9 +48,11 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     """Blocks whose weights all have the largest magnitude a code range gives, all of one sign.
     top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
     scale −128, Q8_0 127, Q4_0 15 − 8, Q5_0 31 − 16, IQ4_NL 113, MXFP4 12 (code 7), Q3_K 7 − 4 ×
-    scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31); top=False: every code 0 (Q4_K/Q5_K
+    scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31, IQ2 grid 43s (IQ2_XXS: its row 255),
+    all signs negative, × scale 31/8); top=False: every code 0 (Q4_K/Q5_K
     −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16, IQ4_NL −127; MXFP4 −12
-    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32). Scales are 1 (MXFP4: e = 128)."""
+    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32, IQ2 grid row 0 (8s), signs positive, scale
+    31/8). Scales are 1 (MXFP4: e = 128)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
