@@ -31,6 +31,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import llvmlite.binding as llvm
+import numpy as np
+from gguf import quants as _gguf_quants
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils, config
@@ -597,6 +599,7 @@ class _KQuant(NamedTuple):
     d_at: int
     dmin_at: int | None
     offset_scale: int | None = None
+    d_factor: float = 1.0     # a power of 2 folded into d (exact): IQ3_XXS's d/4
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
@@ -615,6 +618,8 @@ class _KQuant(NamedTuple):
             v.prefetch_span(blk, pf, self.block_bytes)
             weights = self.unpack(v, blk)
             scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
+            if self.d_factor != 1.0:
+                scales = builder.fmul(scales, v.splat_const(_F32X8, self.d_factor))
             dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(b_v, dxs), n0), g_count), align=4)
             for g in range(g_count):
                 n = builder.add(n0, _I64(g))
@@ -635,6 +640,138 @@ Q6_K_BLOCKS = _KQuant(_unpack_q6k, 210, d_at=208, dmin_at=None, offset_scale=32)
 Q3_K_BLOCKS = _KQuant(_unpack_q3k, 110, d_at=108, dmin_at=None, offset_scale=4)
 Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
+
+
+# ---- IQ3 grid super-blocks (IQ3_XXS, IQ3_S) on Q8_K activations --------------------------------
+#
+# Each group of 4 weights is a row of a grid table (ggml-common.h iq3xxs_grid: unsigned values
+# 4..62; iq3s_grid: odd 1..15) with a sign per weight and a 4-bit scale s per 32 weights. The grid
+# rows are gathered as u32 (4 bytes, element order) from a constant table in the LLVM module; the
+# signs go onto the activations (x · ±1 per byte, `_Vec.sign8`), so the unsigned grid bytes meet
+# them in `vpmaddubsw` (|pair| ≤ 2 · 62 · 127 < 2**15) and the i16 pair sums meet the scale in
+# `vpmaddwd`. Codes are signed, so there is no aux term (offset 0, aux lanes zero).
+
+
+def _grid_rows(cls) -> list[int]:
+    """gguf-py's grid of an IQ type (rows of 4 small unsigned integers, as floats) as one u32 per
+    row, element j in byte j (little-endian: a gathered row bitcasts to bytes in element order)."""
+    cls.init_grid()
+    rows = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32).astype(np.uint8)
+    assert rows.shape[1] == 4
+    return [int(r) for r in rows.view("<u4").reshape(-1)]
+
+
+IQ3XXS_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_XXS)     # 256 rows
+IQ3S_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_S)         # 512 rows
+
+
+def _u32_table(v: _Vec, name: str, values):
+    """A constant u32 table in the current LLVM module (made once per module), as an i32 pointer.
+    Internal linkage: the linker renames it where another module holds one of the same name."""
+    module = v.b.module
+    table = module.globals.get(name)
+    if table is None:
+        ty = ir.ArrayType(_I32, len(values))
+        table = ir.GlobalVariable(module, ty, name)
+        table.linkage = "internal"
+        table.global_constant = True
+        table.initializer = ir.Constant(ty, [_I32(x) for x in values])
+    return v.b.bitcast(table, _I32.as_pointer())
+
+
+def _gather_rows(v: _Vec, table, idx):
+    """table[idx[i]] for the 8 i32 indices idx, as 32 bytes (row i in bytes 4i..4i+3):
+    `llvm.masked.gather` (vpgatherdd with AVX2, scalar loads elsewhere)."""
+    b = v.b
+    ptr_ty = _I32.as_pointer()
+    ptrs = b.gep(table, [idx], source_etype=_I32)
+    ptrs.type = ir.VectorType(ptr_ty, 8)   # a GEP on a vector index is a vector of pointers (llvmlite
+                                           # types it as the scalar pointer)
+    fn = cgutils.get_or_insert_function(
+        b.module, ir.FunctionType(_I32X8, [ptrs.type, _I32, ir.VectorType(_I1, 8), _I32X8]),
+        "llvm.masked.gather.v8i32.v8p0")
+    rows = b.call(fn, [ptrs, _I32(4), ir.Constant(ir.VectorType(_I1, 8), [1] * 8), ir.Constant(_I32X8, None)])
+    return b.bitcast(rows, _U8X32)
+
+
+def _sign_bytes(v: _Vec, signs, first: int):
+    """±1 per byte for the 32 weights whose sign bits are bytes first..first+3 of `signs` (a
+    32 x i8 vector; bit j of a byte: weight j of its 8): −1 where the bit is set."""
+    b = v.b
+    spread = b.shuffle_vector(signs, signs, ir.Constant(ir.VectorType(_I32, 32), [first + j // 8 for j in range(32)]))
+    bit = b.and_(spread, ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)]))
+    return b.select(b.icmp_unsigned("==", bit, ir.Constant(_U8X32, None)), v.splat_const(_U8X32, 1),
+                    v.splat_const(_U8X32, -1))
+
+
+def _grid_dot(v: _Vec, subs):
+    """The per-slot dot of a grid type: subs = 8 × (32 unsigned grid bytes, their ±1 signs, the
+    16 x i16 scale of their sub-block); (Σ scale · grid · sign · x, zero aux) as 8 i32 lanes."""
+    zero = ir.Constant(_I32X8, None)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.sign8(v.load(x, 32 * ib, _U8X32), sgn)), s) for ib, (q, sgn, s) in enumerate(subs)]
+        return v.madd_sum(pairs), zero
+
+    return dot
+
+
+def _unpack_iq3xxs(v: _Vec, blk):
+    """IQ3_XXS (98 bytes: d, 64 grid indices, 8 u32 aux): weight 32ib + 8l + j = d · (0.5 + s) · 0.5
+    · grid[qs[8ib + 2l + j // 4]][j % 4] · sign, s = aux[ib] >> 28, the sign bit j of KSIGNS[the
+    7-bit field l of aux[ib]] (the 7 bits and their parity as bit 7: an even count of minus signs
+    per 8). d · (0.5 + s) · 0.5 = d/4 · (2s + 1) exactly (fp16 d times a 5-bit odd integer), so the
+    integer scale is 2s + 1 and the reader's d_factor 1/4."""
+    b = v.b
+    aux = v.load(blk, 66, _I32X8)                  # lane ib
+
+    def c32(x):
+        return v.splat_const(_I32X8, x)
+
+    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
+    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
+    w = c32(0)
+    for l in range(4):
+        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
+    p = w
+    for n in (4, 2, 1):
+        p = b.xor(p, b.lshr(p, c32(n)))
+    signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
+    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
+    scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
+    table = _u32_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS)
+    subs = []
+    for ib in range(8):
+        idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
+        subs.append((_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib), v.pick16(scale, [ib] * 16)))
+    return _grid_dot(v, subs)
+
+
+def _unpack_iq3s(v: _Vec, blk):
+    """IQ3_S (110 bytes: d, qs[64], qh[8], signs[32], scales[4]): weight 4k + j = d · (1 + 2s) ·
+    grid[qs[k] | bit k % 8 of qh[k // 8] << 8][j] · sign, the sign bit (4k + j) % 8 of signs[(4k +
+    j) // 8], s = nibble ib % 2 of scales[ib // 2] for weights 32ib.."""
+    b = v.b
+    x16 = ir.VectorType(_I8, 16)
+    raw = v.load(blk, 106, ir.VectorType(_I8, 4))
+    placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [ib % 8 // 2 for ib in range(16)]))
+    s = b.and_(_shr_lanes(v, placed, [4 * (ib % 2) for ib in range(16)]), ir.Constant(x16, [15] * 16))
+    scale = b.add(b.shl(b.zext(s, _I16X16), v.splat_const(_I16X16, 1)), v.splat_const(_I16X16, 1))
+    signs = v.load(blk, 74, _U8X32)
+    table = _u32_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS)
+    bit_of = ir.Constant(_I32X8, list(range(8)))
+    subs = []
+    for ib in range(8):
+        low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
+        qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
+        high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
+        subs.append((_gather_rows(v, table, b.or_(low, high)), _sign_bytes(v, signs, 4 * ib),
+                     v.pick16(scale, [ib] * 16)))
+    return _grid_dot(v, subs)
+
+
+IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.25)
+IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=0)
 
 
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------

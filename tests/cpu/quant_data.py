@@ -48,9 +48,11 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     """Blocks whose weights all have the largest magnitude a code range gives, all of one sign.
     top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
     scale −128, Q8_0 127, Q4_0 15 − 8, Q5_0 31 − 16, IQ4_NL 113, MXFP4 12 (code 7), Q3_K 7 − 4 ×
-    scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31); top=False: every code 0 (Q4_K/Q5_K
+    scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31, IQ3_XXS / IQ3_S the grid row with the largest
+    adjacent pair (`_largest_pair_row`) × scale 31, signs +); top=False: every code 0 (Q4_K/Q5_K
     −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16, IQ4_NL −127; MXFP4 −12
-    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32). Scales are 1 (MXFP4: e = 128)."""
+    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32, IQ3_XXS / IQ3_S that grid row
+    with signs −). Scales are 1 (MXFP4: e = 128)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
@@ -97,9 +99,29 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
         b[:, :, 0:2] = one
         b[:, :, 2:8] = code                         # six-bit scales 63 → 31, or 0 → −32
         b[:, :, 8:136] = code                       # nibbles 15 → 113, or 0 → −127
+    elif name == "IQ3_XXS":
+        b[:, :, 0:2] = one
+        b[:, :, 2:66] = _largest_pair_row(quants.IQ3_XXS)
+        aux = 0xF0000000 if top else 0xFFFFFFFF        # scale 15 → 31; sign fields 0 → all +, 127 → all −
+        b[:, :, 66:98] = np.frombuffer(np.array([aux] * 8, "<u4").tobytes(), np.uint8)
+    elif name == "IQ3_S":
+        g = _largest_pair_row(quants.IQ3_S)
+        b[:, :, 0:2] = one
+        b[:, :, 2:66] = g & 0xFF
+        b[:, :, 66:74] = 0xFF if g >> 8 else 0x00       # the ninth index bits
+        b[:, :, 74:106] = 0x00 if top else 0xFF         # signs
+        b[:, :, 106:110] = 0xFF                         # scales 15 → 31
     else:
         raise ValueError(name)
     return b.reshape(rows, n_blocks * t.block_bytes)
+
+
+def _largest_pair_row(cls) -> int:
+    """The grid row of an IQ grid type with the largest sum of two adjacent values (the largest
+    i16 pair sum of `vpmaddubsw` against equal activations)."""
+    cls.init_grid()
+    g = cls.grid.reshape(cls.grid_shape)
+    return int(np.maximum(g[:, 0] + g[:, 1], g[:, 2] + g[:, 3]).argmax())
 
 
 def dequantized(name: str, w: np.ndarray, cols: int) -> np.ndarray:
