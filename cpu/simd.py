@@ -642,55 +642,60 @@ Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
-# ---- IQ3 grid super-blocks (IQ3_XXS, IQ3_S) on Q8_K activations --------------------------------
+# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S) on Q8_K activations -------------------
 #
-# Each group of 4 weights is a row of a grid table (ggml-common.h iq3xxs_grid: unsigned values
-# 4..62; iq3s_grid: odd 1..15) with a sign per weight and a 4-bit scale s per 32 weights. The grid
-# rows are gathered as u32 (4 bytes, element order) from a constant table in the LLVM module; the
-# signs go onto the activations (x · ±1 per byte, `_Vec.sign8`), so the unsigned grid bytes meet
-# them in `vpmaddubsw` (|pair| ≤ 2 · 62 · 127 < 2**15) and the i16 pair sums meet the scale in
-# `vpmaddwd`. Codes are signed, so there is no aux term (offset 0, aux lanes zero).
+# Each group of 4 (IQ3) or 8 (IQ1_S) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
+# unsigned values 4..62; iq3s_grid: odd 1..15; iq1s_grid: −1, 0, 1) and a 3- or 4-bit scale s per
+# 32 weights. The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
+# table in the LLVM module; the signs go onto the activations (`_Vec.sign8`), so the unsigned
+# magnitudes meet them in `vpmaddubsw` (|pair| ≤ 2 · 62 · 127 < 2**15) and the i16 pair sums meet
+# the scale in `vpmaddwd`. Codes are signed, so there is no aux term (offset 0, aux lanes zero).
 
 
 def _grid_rows(cls) -> list[int]:
-    """gguf-py's grid of an IQ type (rows of 4 small unsigned integers, as floats) as one u32 per
-    row, element j in byte j (little-endian: a gathered row bitcasts to bytes in element order)."""
+    """gguf-py's grid of an IQ type (rows of 4 or 8 small integers, as floats) as one u32 / u64
+    per row, element j in byte j (little-endian: a gathered row bitcasts to bytes in element
+    order; negative values as int8)."""
     cls.init_grid()
-    rows = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32).astype(np.uint8)
-    assert rows.shape[1] == 4
-    return [int(r) for r in rows.view("<u4").reshape(-1)]
+    rows = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32).astype(np.int8)
+    return [int(r) for r in rows.view(np.uint8).view(f"<u{rows.shape[1]}").reshape(-1)]
 
 
-IQ3XXS_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_XXS)     # 256 rows
-IQ3S_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_S)         # 512 rows
+IQ3XXS_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_XXS)     # 256 rows of 4 (u32)
+IQ3S_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_S)         # 512 rows of 4 (u32)
+IQ1S_GRID_ROWS = _grid_rows(_gguf_quants.IQ1_S)         # 2048 rows of 8 (u64)
 
 
-def _u32_table(v: _Vec, name: str, values):
-    """A constant u32 table in the current LLVM module (made once per module), as an i32 pointer.
-    Internal linkage: the linker renames it where another module holds one of the same name."""
+def _const_table(v: _Vec, name: str, values, ty):
+    """A constant table of integers of type ty in the current LLVM module (made once per module),
+    as a pointer to ty. Internal linkage: the linker renames it where another module holds one of
+    the same name."""
     module = v.b.module
     table = module.globals.get(name)
     if table is None:
-        ty = ir.ArrayType(_I32, len(values))
-        table = ir.GlobalVariable(module, ty, name)
+        arr = ir.ArrayType(ty, len(values))
+        table = ir.GlobalVariable(module, arr, name)
         table.linkage = "internal"
         table.global_constant = True
-        table.initializer = ir.Constant(ty, [_I32(x) for x in values])
-    return v.b.bitcast(table, _I32.as_pointer())
+        table.initializer = ir.Constant(arr, [ty(x) for x in values])
+    return v.b.bitcast(table, ty.as_pointer())
 
 
-def _gather_rows(v: _Vec, table, idx):
-    """table[idx[i]] for the 8 i32 indices idx, as 32 bytes (row i in bytes 4i..4i+3):
-    `llvm.masked.gather` (vpgatherdd with AVX2, scalar loads elsewhere)."""
+def _gather_rows(v: _Vec, table, idx, ty=_I32):
+    """table[idx[i]] for the i32 indices idx (8 for u32 rows, 4 for u64 rows), as 32 bytes (row i
+    in bytes 4i.. / 8i..): `llvm.masked.gather` (vpgatherdd / vpgatherdq with AVX2, scalar loads
+    elsewhere)."""
     b = v.b
-    ptr_ty = _I32.as_pointer()
-    ptrs = b.gep(table, [idx], source_etype=_I32)
-    ptrs.type = ir.VectorType(ptr_ty, 8)   # a GEP on a vector index is a vector of pointers (llvmlite
-                                           # types it as the scalar pointer)
+    n = idx.type.count
+    ptrs = b.gep(table, [idx], source_etype=ty)
+    ptrs.type = ir.VectorType(ty.as_pointer(), n)   # a GEP on a vector index is a vector of pointers
+                                                    # (llvmlite types it as the scalar pointer)
+    rows_ty = ir.VectorType(ty, n)
     fn = cgutils.get_or_insert_function(
-        b.module, ir.FunctionType(_I32X8, [ptrs.type, _I32, ir.VectorType(_I1, 8), _I32X8]),
-        "llvm.masked.gather.v8i32.v8p0")
-    rows = b.call(fn, [ptrs, _I32(4), ir.Constant(ir.VectorType(_I1, 8), [1] * 8), ir.Constant(_I32X8, None)])
+        b.module, ir.FunctionType(rows_ty, [ptrs.type, _I32, ir.VectorType(_I1, n), rows_ty]),
+        f"llvm.masked.gather.v{n}i{ty.width}.v{n}p0")
+    rows = b.call(fn, [ptrs, _I32(ty.width // 8), ir.Constant(ir.VectorType(_I1, n), [1] * n),
+                       ir.Constant(rows_ty, None)])
     return b.bitcast(rows, _U8X32)
 
 
@@ -705,8 +710,9 @@ def _sign_bytes(v: _Vec, signs, first: int):
 
 
 def _grid_dot(v: _Vec, subs):
-    """The per-slot dot of a grid type: subs = 8 × (32 unsigned grid bytes, their ±1 signs, the
-    16 x i16 scale of their sub-block); (Σ scale · grid · sign · x, zero aux) as 8 i32 lanes."""
+    """The per-slot dot of a grid type: subs = 8 × (32 unsigned weight magnitudes, 32 bytes whose
+    signs are the weights' (never 0), the 16 x i16 scale of their sub-block); (Σ scale · weight ·
+    x, zero aux) as 8 i32 lanes."""
     zero = ir.Constant(_I32X8, None)
 
     def dot(x, bs):
@@ -739,7 +745,7 @@ def _unpack_iq3xxs(v: _Vec, blk):
     signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
     scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
-    table = _u32_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS)
+    table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
     subs = []
     for ib in range(8):
         idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
@@ -758,7 +764,7 @@ def _unpack_iq3s(v: _Vec, blk):
     s = b.and_(_shr_lanes(v, placed, [4 * (ib % 2) for ib in range(16)]), ir.Constant(x16, [15] * 16))
     scale = b.add(b.shl(b.zext(s, _I16X16), v.splat_const(_I16X16, 1)), v.splat_const(_I16X16, 1))
     signs = v.load(blk, 74, _U8X32)
-    table = _u32_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS)
+    table = _const_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS, _I32)
     bit_of = ir.Constant(_I32X8, list(range(8)))
     subs = []
     for ib in range(8):
@@ -770,8 +776,37 @@ def _unpack_iq3s(v: _Vec, blk):
     return _grid_dot(v, subs)
 
 
+def _unpack_iq1s(v: _Vec, blk):
+    """IQ1_S (50 bytes: d, qs[32], qh u16[8]): weight 32ib + 8l + j = d · (2s + 1) · (grid[g][j] +
+    delta), g = qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8, s = (qh[ib] >> 12) & 7, delta = −1/8 if
+    bit 15 of qh[ib] else 1/8, grid values −1, 0, 1. Exactly d/8 · (2s + 1) · (8·grid ± 1): the
+    signed codes 8·grid ± 1 (odd, |code| ≤ 9, never 0, so `sign8` keeps every product) and the
+    integer scale 2s + 1; the reader's d_factor 1/8."""
+    b = v.b
+    qh = b.zext(v.load(blk, 34, ir.VectorType(_I16, 8)), _I32X8)        # lane ib
+    scale8 = b.trunc(b.add(b.shl(b.and_(b.lshr(qh, v.splat_const(_I32X8, 12)), v.splat_const(_I32X8, 7)),
+                                 v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
+    scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
+    table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
+    x4 = ir.VectorType(_I32, 4)
+    subs = []
+    for ib in range(8):
+        h = b.zext(v.load(blk, 34 + 2 * ib, _I16), _I32)
+        h4 = v.splat(h, 4)
+        high = b.shl(b.and_(b.lshr(h4, ir.Constant(x4, [0, 3, 6, 9])), ir.Constant(x4, [7] * 4)),   # index bits 8..10
+                     ir.Constant(x4, [8] * 4))
+        idx = b.or_(b.zext(v.load(blk, 2 + 4 * ib, ir.VectorType(_I8, 4)), x4), high)
+        grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
+        neg = b.icmp_unsigned("!=", b.and_(h, _I32(0x8000)), _I32(0))
+        delta = v.splat(b.select(neg, _I8(-1), _I8(1)), 32)
+        code = b.add(v.shl8(grid, 3), delta)
+        subs.append((v.abs8(code), code, v.pick16(scale, [ib] * 16)))
+    return _grid_dot(v, subs)
+
+
 IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.25)
 IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=0)
+IQ1_S_BLOCKS = _KQuant(_unpack_iq1s, 50, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
 
 
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------
