@@ -12,7 +12,8 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
 for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
-`vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4); with AVX-512 BW and GFNI, Q4_K
+`vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), gathers of grid rows from constant
+tables for the grid types (IQ3_XXS, IQ3_S, IQ1_S); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
 same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
@@ -590,16 +591,18 @@ class _Operands:
 
 class _KQuant(NamedTuple):
     """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
-    Q6_K, Q3_K, Q2_K, IQ4_XS): `unpack` (the weights into registers, then a dot per slot giving
-    Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d and dmin sit, and
-    the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS 0 with zero aux lanes: its codes are
-    signed; None: the type has mins instead, Q4_K, Q5_K, Q2_K)."""
+    Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ1_S): `unpack` (the weights into registers, then a
+    dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d
+    and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS and the grid types 0
+    with zero aux lanes: their codes are signed; None: the type has mins instead, Q4_K, Q5_K,
+    Q2_K), and a power of 2 that d is multiplied by (exact) where the integer codes are a
+    multiple of the weights (IQ3_XXS 1/4, IQ1_S 1/8)."""
     unpack: Callable
     block_bytes: int
     d_at: int
     dmin_at: int | None
     offset_scale: int | None = None
-    d_factor: float = 1.0     # a power of 2 folded into d (exact): IQ3_XXS's d/4
+    d_factor: float = 1.0
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
