@@ -593,9 +593,9 @@ class _KQuant(NamedTuple):
     """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
     Q6_K, Q3_K, Q2_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ1_S): `unpack` (the weights into registers, then a
     dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d
-    and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS and the grid types 0
-    with zero aux lanes: their codes are signed; None: the type has mins instead, Q4_K, Q5_K,
-    Q2_K), and a power of 2 that d is multiplied by (exact) where the integer codes are a
+    and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4, the grid types GRID_OFFSET;
+    IQ4_XS 0 with zero aux lanes: its codes are signed; None: the type has mins instead, Q4_K,
+    Q5_K, Q2_K), and a power of 2 that d is multiplied by (exact) where the integer codes are a
     multiple of the weights (IQ3_XXS 1/4, IQ1_S 1/8)."""
     unpack: Callable
     block_bytes: int
@@ -650,9 +650,10 @@ IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0
 # Each group of 4 (IQ3) or 8 (IQ1_S) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
 # unsigned values 4..62; iq3s_grid: odd 1..15; iq1s_grid: −1, 0, 1) and a 3- or 4-bit scale s per
 # 32 weights. The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
-# table in the LLVM module; the signs go onto the activations (`_Vec.sign8`), so the unsigned
-# magnitudes meet them in `vpmaddubsw` (|pair| ≤ 2 · 62 · 127 < 2**15) and the i16 pair sums meet
-# the scale in `vpmaddwd`. Codes are signed, so there is no aux term (offset 0, aux lanes zero).
+# table in the LLVM module, and the signs applied once per block: signed weights w, |w| ≤ 62. They
+# meet the activations as unsigned codes w + GRID_OFFSET ≤ 126 in `vpmaddubsw` (|pair| ≤ 2 · 126 ·
+# 127 < 2**15; no sign op per slot), the offset taken back through the x sums as for Q6_K
+# (main − GRID_OFFSET · Σ scale · (x sums)); the i16 pair sums meet the scale in `vpmaddwd`.
 
 
 def _grid_rows(cls) -> list[int]:
@@ -712,15 +713,20 @@ def _sign_bytes(v: _Vec, signs, first: int):
                     v.splat_const(_U8X32, -1))
 
 
-def _grid_dot(v: _Vec, subs):
-    """The per-slot dot of a grid type: subs = 8 × (32 unsigned weight magnitudes, 32 bytes whose
-    signs are the weights' (never 0), the 16 x i16 scale of their sub-block); (Σ scale · weight ·
-    x, zero aux) as 8 i32 lanes."""
-    zero = ir.Constant(_I32X8, None)
+GRID_OFFSET = 64
+
+
+def _grid_dot(v: _Vec, weights, scale):
+    """The per-slot dot of a grid type: weights = 8 sub-blocks of 32 signed weights (|w| ≤ 62),
+    scale = their 8 scales in lanes 0..7 of a 16 x i16 vector; (Σ scale · (w + GRID_OFFSET) · x,
+    Σ scale · (x sums per 16)) as 8 i32 lanes each (the reader's offset_scale is GRID_OFFSET)."""
+    codes = [v.b.add(w, v.splat_const(_U8X32, GRID_OFFSET)) for w in weights]
+    scales = [v.pick16(scale, [ib] * 16) for ib in range(8)]
+    per16 = v.pick16(scale, [t // 2 for t in range(16)])     # the scale of x sum t (elements 16t..)
 
     def dot(x, bs):
-        pairs = [(v.maddubs(q, v.sign8(v.load(x, 32 * ib, _U8X32), sgn)), s) for ib, (q, sgn, s) in enumerate(subs)]
-        return v.madd_sum(pairs), zero
+        pairs = [(v.maddubs(u, v.load(x, 32 * ib, _U8X32)), s) for ib, (u, s) in enumerate(zip(codes, scales))]
+        return v.madd_sum(pairs), v.madd(per16, v.load(bs, 0, _I16X16))
 
     return dot
 
@@ -749,11 +755,11 @@ def _unpack_iq3xxs(v: _Vec, blk):
     scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
-    subs = []
+    weights = []
     for ib in range(8):
         idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
-        subs.append((_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib), v.pick16(scale, [ib] * 16)))
-    return _grid_dot(v, subs)
+        weights.append(v.sign8(_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib)))
+    return _grid_dot(v, weights, scale)
 
 
 def _unpack_iq3s(v: _Vec, blk):
@@ -769,22 +775,20 @@ def _unpack_iq3s(v: _Vec, blk):
     signs = v.load(blk, 74, _U8X32)
     table = _const_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS, _I32)
     bit_of = ir.Constant(_I32X8, list(range(8)))
-    subs = []
+    weights = []
     for ib in range(8):
         low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
         qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
         high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
-        subs.append((_gather_rows(v, table, b.or_(low, high)), _sign_bytes(v, signs, 4 * ib),
-                     v.pick16(scale, [ib] * 16)))
-    return _grid_dot(v, subs)
+        weights.append(v.sign8(_gather_rows(v, table, b.or_(low, high)), _sign_bytes(v, signs, 4 * ib)))
+    return _grid_dot(v, weights, scale)
 
 
 def _unpack_iq1s(v: _Vec, blk):
     """IQ1_S (50 bytes: d, qs[32], qh u16[8]): weight 32ib + 8l + j = d · (2s + 1) · (grid[g][j] +
     delta), g = qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8, s = (qh[ib] >> 12) & 7, delta = −1/8 if
     bit 15 of qh[ib] else 1/8, grid values −1, 0, 1. Exactly d/8 · (2s + 1) · (8·grid ± 1): the
-    signed codes 8·grid ± 1 (odd, |code| ≤ 9, never 0, so `sign8` keeps every product) and the
-    integer scale 2s + 1; the reader's d_factor 1/8."""
+    signed weights 8·grid ± 1 (|w| ≤ 9) and the integer scale 2s + 1; the reader's d_factor 1/8."""
     b = v.b
     qh = b.zext(v.load(blk, 34, ir.VectorType(_I16, 8)), _I32X8)        # lane ib
     scale8 = b.trunc(b.add(b.shl(b.and_(b.lshr(qh, v.splat_const(_I32X8, 12)), v.splat_const(_I32X8, 7)),
@@ -792,7 +796,7 @@ def _unpack_iq1s(v: _Vec, blk):
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
     x4 = ir.VectorType(_I32, 4)
-    subs = []
+    weights = []
     for ib in range(8):
         h = b.zext(v.load(blk, 34 + 2 * ib, _I16), _I32)
         h4 = v.splat(h, 4)
@@ -802,14 +806,13 @@ def _unpack_iq1s(v: _Vec, blk):
         grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
         neg = b.icmp_unsigned("!=", b.and_(h, _I32(0x8000)), _I32(0))
         delta = v.splat(b.select(neg, _I8(-1), _I8(1)), 32)
-        code = b.add(v.shl8(grid, 3), delta)
-        subs.append((v.abs8(code), code, v.pick16(scale, [ib] * 16)))
-    return _grid_dot(v, subs)
+        weights.append(b.add(v.shl8(grid, 3), delta))
+    return _grid_dot(v, weights, scale)
 
 
-IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.25)
-IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=0)
-IQ1_S_BLOCKS = _KQuant(_unpack_iq1s, 50, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
+IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.25)
+IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET)
+IQ1_S_BLOCKS = _KQuant(_unpack_iq1s, 50, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.125)
 
 
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------
