@@ -6,8 +6,9 @@ weight is the expensive part, so it is done once per block and shared by all slo
 `cpu.simd`); the per-slot work is a handful of integer multiply-adds per 32 weights.
 
 Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
-(`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K), IQ4_XS and the IQ2 grid types
-(IQ2_XXS, IQ2_XS, IQ2_S) meet int8 per 256 with a float32 scale and sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
+(`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K), IQ4_XS and the grid types
+(IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S) meet int8 per 256 with a float32 scale and sums
+per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
 MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
 d_w·d_x in one FMA. Integer sums are exact and every slot runs the same float operations, so
 slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error against
@@ -19,7 +20,7 @@ then float32 products with float32 sums in a fixed vector order, one code path f
 (bit identity again holds).
 
 The other quantised types (those of `cpu.ggml_types.DECODED` without a row dot in `ROW_READERS`:
-e.g. Q4_1, Q5_1, the IQ3 and IQ1 grid types) go to `cpu.decoded`:
+e.g. Q4_1, Q5_1, IQ1_M) go to `cpu.decoded`:
 blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
 float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
 """
@@ -30,13 +31,14 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ2_S, IQ2_XS, IQ2_XXS, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_K,
-                            Q6_K, Q8_0, SUPPORTED, type_name)
+from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
+                            MXFP4, Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name)
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
+from .simd import (IQ1_S_BLOCKS, IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ3_S_BLOCKS, IQ3_XXS_BLOCKS,
+                   IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
                    Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, WIDE_GROUP, f16_bits_to_f32,
                    f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
@@ -53,7 +55,8 @@ PREFETCH_BYTES = 4096
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
                Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS, IQ4_XS.id: IQ4_XS_BLOCKS,
                IQ4_NL.id: IQ4_NL_BLOCKS, Q5_0.id: Q5_0_BLOCKS, MXFP4.id: MXFP4_BLOCKS,
-               IQ2_XXS.id: IQ2_XXS_BLOCKS, IQ2_XS.id: IQ2_XS_BLOCKS, IQ2_S.id: IQ2_S_BLOCKS}
+               IQ2_XXS.id: IQ2_XXS_BLOCKS, IQ2_XS.id: IQ2_XS_BLOCKS, IQ2_S.id: IQ2_S_BLOCKS,
+               IQ3_XXS.id: IQ3_XXS_BLOCKS, IQ3_S.id: IQ3_S_BLOCKS, IQ1_S.id: IQ1_S_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 

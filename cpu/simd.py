@@ -12,8 +12,8 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
 for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
-`vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4) and constant grid tables in
-the module for the IQ2 grid types (IQ2_XXS, IQ2_XS, IQ2_S); with AVX-512 BW and GFNI, Q4_K
+`vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), and rows of constant grid tables
+in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
 same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
@@ -591,17 +591,18 @@ class _Operands:
 
 class _KQuant(NamedTuple):
     """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
-    Q6_K, Q3_K, Q2_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S): `unpack` (the weights into registers,
-    then a dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d and dmin sit, and
-    the offset of unsigned codes (Q6_K 32, Q3_K 4; IQ4_XS and the IQ2 types 0 with zero aux
-    lanes: their weights are signed; None: the type has mins instead, Q4_K, Q5_K, Q2_K), and
-    `d_mul`, an exact power of two d is multiplied by before the combine (IQ2: 1/8)."""
+    Q6_K, Q3_K, Q2_K, IQ4_XS and the grid types): `unpack` (the weights into registers, then a
+    dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d
+    and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4, the IQ3/IQ1 grid types
+    GRID_OFFSET; IQ4_XS and the IQ2 types 0 with zero aux lanes: their codes meet x signed; None:
+    the type has mins instead, Q4_K, Q5_K, Q2_K), and a power of 2 that d is multiplied by (exact)
+    where the integer codes are a multiple of the weights (IQ3_XXS 1/4, IQ2 and IQ1_S 1/8)."""
     unpack: Callable
     block_bytes: int
     d_at: int
     dmin_at: int | None
     offset_scale: int | None = None
-    d_mul: float = 1.0
+    d_factor: float = 1.0
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
@@ -620,8 +621,8 @@ class _KQuant(NamedTuple):
             v.prefetch_span(blk, pf, self.block_bytes)
             weights = self.unpack(v, blk)
             scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
-            if self.d_mul != 1.0:
-                scales = builder.fmul(scales, v.splat_const(scales.type, self.d_mul))
+            if self.d_factor != 1.0:
+                scales = builder.fmul(scales, v.splat_const(_F32X8, self.d_factor))
             dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(b_v, dxs), n0), g_count), align=4)
             for g in range(g_count):
                 n = builder.add(n0, _I64(g))
@@ -644,24 +645,101 @@ Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
+# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S) on Q8_K activations -------------------
+#
+# Each group of 4 (IQ3) or 8 (IQ1_S) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
+# unsigned values 4..62; iq3s_grid: odd 1..15; iq1s_grid: −1, 0, 1) and a 3- or 4-bit scale s per
+# 32 weights. The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
+# table in the LLVM module, and the signs applied once per block: signed weights w, |w| ≤ 62. They
+# meet the activations as unsigned codes w + GRID_OFFSET ≤ 126 in `vpmaddubsw` (|pair| ≤ 2 · 126 ·
+# 127 < 2**15; no sign op per slot), the offset taken back through the x sums as for Q6_K
+# (main − GRID_OFFSET · Σ scale · (x sums)); the i16 pair sums meet the scale in `vpmaddwd`.
+
+
+def _grid_rows(cls) -> list[int]:
+    """gguf-py's grid of an IQ type (rows of 4 or 8 small integers, as floats) as one u32 / u64
+    per row, element j in byte j (little-endian: a gathered row bitcasts to bytes in element
+    order; negative values as int8)."""
+    cls.init_grid()
+    rows = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32).astype(np.int8)
+    return [int(r) for r in rows.view(np.uint8).view(f"<u{rows.shape[1]}").reshape(-1)]
+
+
+IQ3XXS_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_XXS)     # 256 rows of 4 (u32)
+IQ3S_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_S)         # 512 rows of 4 (u32)
+IQ1S_GRID_ROWS = _grid_rows(_gguf_quants.IQ1_S)         # 2048 rows of 8 (u64)
+
+
+def _const_table(v: _Vec, name: str, values, ty):
+    """A constant table of integers of type ty in the current LLVM module (made once per module),
+    as a pointer to ty. Internal linkage: the linker renames it where another module holds one of
+    the same name."""
+    module = v.b.module
+    table = module.globals.get(name)
+    if table is None:
+        arr = ir.ArrayType(ty, len(values))
+        table = ir.GlobalVariable(module, arr, name)
+        table.linkage = "internal"
+        table.global_constant = True
+        table.initializer = ir.Constant(arr, [ty(x) for x in values])
+    return v.b.bitcast(table, ty.as_pointer())
+
+
+def _gather_rows(v: _Vec, table, idx, ty=_I32):
+    """table[idx[i]] for the i32 indices idx (8 for u32 rows, 4 for u64 rows), as 32 bytes (row i
+    in bytes 4i.. / 8i..): `llvm.masked.gather` (vpgatherdd / vpgatherdq with AVX2, scalar loads
+    elsewhere)."""
+    b = v.b
+    n = idx.type.count
+    ptrs = b.gep(table, [idx], source_etype=ty)
+    ptrs.type = ir.VectorType(ty.as_pointer(), n)   # a GEP on a vector index is a vector of pointers
+                                                    # (llvmlite types it as the scalar pointer)
+    rows_ty = ir.VectorType(ty, n)
+    fn = cgutils.get_or_insert_function(
+        b.module, ir.FunctionType(rows_ty, [ptrs.type, _I32, ir.VectorType(_I1, n), rows_ty]),
+        f"llvm.masked.gather.v{n}i{ty.width}.v{n}p0")
+    rows = b.call(fn, [ptrs, _I32(ty.width // 8), ir.Constant(ir.VectorType(_I1, n), [1] * n),
+                       ir.Constant(rows_ty, None)])
+    return b.bitcast(rows, _U8X32)
+
+
+def _sign_bytes(v: _Vec, signs, first: int):
+    """±1 per byte for the 32 weights whose sign bits are bytes first..first+3 of `signs` (a
+    32 x i8 vector; bit j of a byte: weight j of its 8): −1 where the bit is set."""
+    b = v.b
+    spread = b.shuffle_vector(signs, signs, ir.Constant(ir.VectorType(_I32, 32), [first + j // 8 for j in range(32)]))
+    bit = b.and_(spread, ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)]))
+    return b.select(b.icmp_unsigned("==", bit, ir.Constant(_U8X32, None)), v.splat_const(_U8X32, 1),
+                    v.splat_const(_U8X32, -1))
+
+
+GRID_OFFSET = 64
+
+
+def _grid_dot(v: _Vec, weights, scale):
+    """The per-slot dot of a grid type: weights = 8 sub-blocks of 32 signed weights (|w| ≤ 62),
+    scale = their 8 scales in lanes 0..7 of a 16 x i16 vector; (Σ scale · (w + GRID_OFFSET) · x,
+    Σ scale · (x sums per 16)) as 8 i32 lanes each (the reader's offset_scale is GRID_OFFSET)."""
+    codes = [v.b.add(w, v.splat_const(_U8X32, GRID_OFFSET)) for w in weights]
+    scales = [v.pick16(scale, [ib] * 16) for ib in range(8)]
+    per16 = v.pick16(scale, [t // 2 for t in range(16)])     # the scale of x sum t (elements 16t..)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(u, v.load(x, 32 * ib, _U8X32)), s) for ib, (u, s) in enumerate(zip(codes, scales))]
+        return v.madd_sum(pairs), v.madd(per16, v.load(bs, 0, _I16X16))
+
+
 # ---- IQ2 grid types (IQ2_XXS, IQ2_XS, IQ2_S) ------------------------------------------------------
 #
 # Each 8 weights are a row of a fixed grid (unsigned bytes 8, 25, 43) times 8 signs, times a 4-bit
 # scale s per 32 (IQ2_XXS) or 16 (IQ2_XS, IQ2_S) weights: weight = d·(0.5 + s)·0.25·grid·sign =
-# (d/8)·(2s + 1)·grid·sign, exactly (d/8 is `_KQuant.d_mul`). The grid rows and the sign patterns
+# (d/8)·(2s + 1)·grid·sign, exactly (d/8 is `_KQuant.d_factor`). The grid rows and the sign patterns
 # are constant tables in the module, 8 bytes a row, read by plain loads (one per 8 weights); the
 # signs go onto x (`sign8`), so `vpmaddubsw` meets the unsigned grid bytes and signed x (|pair| ≤
 # 2·43·127 < 2**15) and `vpmaddwd` the odd scales 2s + 1. No aux term (offset 0, aux lanes zero).
 
 # ggml's ksigns_iq2xs: a 7-bit sign index i → the 8 sign bits, bit 7 the parity of i (even count)
 KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
-
-
-def _grid_rows(cls) -> list[int]:
-    """gguf-py's grid of an IQ type as little-endian 64-bit rows of 8 bytes."""
-    cls.init_grid()
-    grid = cls.grid.reshape(cls.grid_shape).astype(np.uint8)
-    return [int.from_bytes(bytes(row), "little") for row in grid]
 
 
 # byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`)
@@ -671,21 +749,12 @@ _IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _g
 
 
 def _table_rows(v: _Vec, name: str, indices):
-    """Rows indices[0..3] (i64 scalars) of the constant table `name` as one 32 x i8 vector. The
-    table is a global of the module, created at its first use there."""
-    module = v.b.module
-    if name in module.globals:
-        table = module.globals[name]
-    else:
-        ty = ir.ArrayType(_I64, len(_IQ2_TABLES[name]))
-        table = ir.GlobalVariable(module, ty, name)
-        table.global_constant = True
-        table.linkage = "internal"
-        table.initializer = ir.Constant(ty, [_I64(r) for r in _IQ2_TABLES[name]])
+    """Rows indices[0..3] (i64 scalars) of the constant table `name` (`_IQ2_TABLES`, 8 bytes a row)
+    as one 32 x i8 vector."""
+    table = _const_table(v, name, _IQ2_TABLES[name], _I64)
     rows = ir.Constant(ir.VectorType(_I64, 4), None)
     for lane, idx in enumerate(indices):
-        row = v.b.load(v.b.gep(table, [_I32(0), idx]), align=8)
-        rows = v.b.insert_element(rows, row, _I32(lane))
+        rows = v.b.insert_element(rows, v.b.load(v.b.gep(table, [idx]), align=8), _I32(lane))
     return v.b.bitcast(rows, _U8X32)
 
 
@@ -704,7 +773,7 @@ def _iq2_scales16(v: _Vec, blk, at: int):
     return b.add(b.add(s, s), v.splat_const(_I16X16, 1))
 
 
-def _grid_dot(v: _Vec, chunks):
+def _signed_x_dot(v: _Vec, chunks):
     """chunks: 8 × (32 unsigned grid bytes, 32 sign multipliers ±1, 16 i16 scale lanes) of the
     elements 32c..32c+31 → dot(x, bs) = (Σ scale·grid·sign·x, zero aux)."""
     zero = ir.Constant(_I32X8, None)
@@ -728,7 +797,7 @@ def _unpack_iq2xxs(v: _Vec, blk):
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
         s = b.trunc(b.lshr(q, _I64(60)), _I16)
         chunks.append((grid, signs, v.splat(b.add(b.add(s, s), _I16(1)), 16)))
-    return _grid_dot(v, chunks)
+    return _signed_x_dot(v, chunks)
 
 
 def _unpack_iq2xs(v: _Vec, blk):
@@ -743,7 +812,7 @@ def _unpack_iq2xs(v: _Vec, blk):
         grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
         chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
-    return _grid_dot(v, chunks)
+    return _signed_x_dot(v, chunks)
 
 
 def _unpack_iq2s(v: _Vec, blk):
@@ -770,12 +839,96 @@ def _unpack_iq2s(v: _Vec, blk):
         negative = b.icmp_unsigned("!=", b.and_(spread, bit), zero)
         signs = b.select(negative, v.splat_const(_U8X32, 0xFF), v.splat_const(_U8X32, 1))
         chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
-    return _grid_dot(v, chunks)
+    return _signed_x_dot(v, chunks)
 
 
-IQ2_XXS_BLOCKS = _KQuant(_unpack_iq2xxs, 66, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
-IQ2_XS_BLOCKS = _KQuant(_unpack_iq2xs, 74, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
-IQ2_S_BLOCKS = _KQuant(_unpack_iq2s, 82, d_at=0, dmin_at=None, offset_scale=0, d_mul=0.125)
+IQ2_XXS_BLOCKS = _KQuant(_unpack_iq2xxs, 66, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
+IQ2_XS_BLOCKS = _KQuant(_unpack_iq2xs, 74, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
+IQ2_S_BLOCKS = _KQuant(_unpack_iq2s, 82, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
+
+
+def _unpack_iq3xxs(v: _Vec, blk):
+    """IQ3_XXS (98 bytes: d, 64 grid indices, 8 u32 aux): weight 32ib + 8l + j = d · (0.5 + s) · 0.5
+    · grid[qs[8ib + 2l + j // 4]][j % 4] · sign, s = aux[ib] >> 28, the sign bit j of KSIGNS[the
+    7-bit field l of aux[ib]] (the 7 bits and their parity as bit 7: an even count of minus signs
+    per 8). d · (0.5 + s) · 0.5 = d/4 · (2s + 1) exactly (fp16 d times a 5-bit odd integer), so the
+    integer scale is 2s + 1 and the reader's d_factor 1/4."""
+    b = v.b
+    aux = v.load(blk, 66, _I32X8)                  # lane ib
+
+    def c32(x):
+        return v.splat_const(_I32X8, x)
+
+    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
+    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
+    w = c32(0)
+    for l in range(4):
+        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
+    p = w
+    for n in (4, 2, 1):
+        p = b.xor(p, b.lshr(p, c32(n)))
+    signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
+    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
+    scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
+    table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
+    weights = []
+    for ib in range(8):
+        idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
+        weights.append(v.sign8(_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib)))
+    return _grid_dot(v, weights, scale)
+
+
+def _unpack_iq3s(v: _Vec, blk):
+    """IQ3_S (110 bytes: d, qs[64], qh[8], signs[32], scales[4]): weight 4k + j = d · (1 + 2s) ·
+    grid[qs[k] | bit k % 8 of qh[k // 8] << 8][j] · sign, the sign bit (4k + j) % 8 of signs[(4k +
+    j) // 8], s = nibble ib % 2 of scales[ib // 2] for weights 32ib.."""
+    b = v.b
+    x16 = ir.VectorType(_I8, 16)
+    raw = v.load(blk, 106, ir.VectorType(_I8, 4))
+    placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [ib % 8 // 2 for ib in range(16)]))
+    s = b.and_(_shr_lanes(v, placed, [4 * (ib % 2) for ib in range(16)]), ir.Constant(x16, [15] * 16))
+    scale = b.add(b.shl(b.zext(s, _I16X16), v.splat_const(_I16X16, 1)), v.splat_const(_I16X16, 1))
+    signs = v.load(blk, 74, _U8X32)
+    table = _const_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS, _I32)
+    bit_of = ir.Constant(_I32X8, list(range(8)))
+    weights = []
+    for ib in range(8):
+        low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
+        qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
+        high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
+        weights.append(v.sign8(_gather_rows(v, table, b.or_(low, high)), _sign_bytes(v, signs, 4 * ib)))
+    return _grid_dot(v, weights, scale)
+
+
+def _unpack_iq1s(v: _Vec, blk):
+    """IQ1_S (50 bytes: d, qs[32], qh u16[8]): weight 32ib + 8l + j = d · (2s + 1) · (grid[g][j] +
+    delta), g = qs[4ib + l] | ((qh[ib] >> 3l) & 7) << 8, s = (qh[ib] >> 12) & 7, delta = −1/8 if
+    bit 15 of qh[ib] else 1/8, grid values −1, 0, 1. Exactly d/8 · (2s + 1) · (8·grid ± 1): the
+    signed weights 8·grid ± 1 (|w| ≤ 9) and the integer scale 2s + 1; the reader's d_factor 1/8."""
+    b = v.b
+    qh = b.zext(v.load(blk, 34, ir.VectorType(_I16, 8)), _I32X8)        # lane ib
+    scale8 = b.trunc(b.add(b.shl(b.and_(b.lshr(qh, v.splat_const(_I32X8, 12)), v.splat_const(_I32X8, 7)),
+                                 v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
+    scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
+    table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
+    x4 = ir.VectorType(_I32, 4)
+    weights = []
+    for ib in range(8):
+        h = b.zext(v.load(blk, 34 + 2 * ib, _I16), _I32)
+        h4 = v.splat(h, 4)
+        high = b.shl(b.and_(b.lshr(h4, ir.Constant(x4, [0, 3, 6, 9])), ir.Constant(x4, [7] * 4)),   # index bits 8..10
+                     ir.Constant(x4, [8] * 4))
+        idx = b.or_(b.zext(v.load(blk, 2 + 4 * ib, ir.VectorType(_I8, 4)), x4), high)
+        grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
+        neg = b.icmp_unsigned("!=", b.and_(h, _I32(0x8000)), _I32(0))
+        delta = v.splat(b.select(neg, _I8(-1), _I8(1)), 32)
+        weights.append(b.add(v.shl8(grid, 3), delta))
+    return _grid_dot(v, weights, scale)
+
+
+IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.25)
+IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET)
+IQ1_S_BLOCKS = _KQuant(_unpack_iq1s, 50, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.125)
 
 
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------

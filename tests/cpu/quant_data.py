@@ -49,10 +49,12 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     top=True: every quant code at its maximum (Q4_K/Q5_K 15/31 × scale 63, Q6_K 63 − 32 ×
     scale −128, Q8_0 127, Q4_0 15 − 8, Q5_0 31 − 16, IQ4_NL 113, MXFP4 12 (code 7), Q3_K 7 − 4 ×
     scale −32, Q2_K 3 × scale 15, IQ4_XS 113 × scale 31, IQ2 grid 43s (IQ2_XXS: its row 255),
-    all signs negative, × scale 31/8); top=False: every code 0 (Q4_K/Q5_K
-    −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16, IQ4_NL −127; MXFP4 −12
-    via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32, IQ2 grid row 0 (8s), signs positive, scale
-    31/8). Scales are 1 (MXFP4: e = 128)."""
+    all signs negative, × scale 31/8, IQ3_XXS / IQ3_S the grid row with the largest adjacent pair
+    (`_largest_pair_row`) × scale 31, signs +, IQ1_S grid 1 + 1/8 × scale 15); top=False: every
+    code 0 (Q4_K/Q5_K −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16,
+    IQ4_NL −127; MXFP4 −12 via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32, IQ2 grid
+    row 0 (8s), signs positive, scale 31/8, IQ3_XXS / IQ3_S that grid row with signs −, IQ1_S
+    −1 − 1/8). Scales are 1 (MXFP4: e = 128)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
@@ -109,9 +111,36 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
             b[:, :, 9::8] |= 0xF0                   # the top nibble of each u32 aux
         else:
             b[:, :, scales:scales + 8] = 0xFF
+    elif name == "IQ3_XXS":
+        b[:, :, 0:2] = one
+        b[:, :, 2:66] = _largest_pair_row(quants.IQ3_XXS)
+        aux = 0xF0000000 if top else 0xFFFFFFFF        # scale 15 → 31; sign fields 0 → all +, 127 → all −
+        b[:, :, 66:98] = np.frombuffer(np.array([aux] * 8, "<u4").tobytes(), np.uint8)
+    elif name == "IQ3_S":
+        g = _largest_pair_row(quants.IQ3_S)
+        b[:, :, 0:2] = one
+        b[:, :, 2:66] = g & 0xFF
+        b[:, :, 66:74] = 0xFF if g >> 8 else 0x00       # the ninth index bits
+        b[:, :, 74:106] = 0x00 if top else 0xFF         # signs
+        b[:, :, 106:110] = 0xFF                         # scales 15 → 31
+    elif name == "IQ1_S":
+        b[:, :, 0:2] = one
+        b[:, :, 2:34] = 0xFF                            # grid index low bits: row 2047 (all 1) or 0 (all −1) …
+        qh = 0x7FFF if top else 0xF000                  # … high bits 7 or 0; scale 7 → 15; delta +1/8 or −1/8
+        b[:, :, 34:50] = np.frombuffer(np.array([qh] * 8, "<u2").tobytes(), np.uint8)
+        if not top:
+            b[:, :, 2:34] = 0x00
     else:
         raise ValueError(name)
     return b.reshape(rows, n_blocks * t.block_bytes)
+
+
+def _largest_pair_row(cls) -> int:
+    """The grid row of an IQ grid type with the largest sum of two adjacent values (the largest
+    i16 pair sum of `vpmaddubsw` against equal activations)."""
+    cls.init_grid()
+    g = cls.grid.reshape(cls.grid_shape)
+    return int(np.maximum(g[:, 0] + g[:, 1], g[:, 2] + g[:, 3]).argmax())
 
 
 def dequantized(name: str, w: np.ndarray, cols: int) -> np.ndarray:

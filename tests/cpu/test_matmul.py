@@ -184,7 +184,7 @@ def test_decoded_types_chunk_has_each_slots_one_input_bits(name, cols, n):
     check_against_references(name, w, x, got)
 
 
-@pytest.mark.parametrize("gate, up", [("IQ3_XXS", "IQ3_XXS"), ("Q4_K", "IQ3_S"), ("Q4_K", "Q2_K")])
+@pytest.mark.parametrize("gate, up", [("IQ1_M", "IQ1_M"), ("Q4_K", "IQ1_M"), ("Q4_K", "Q2_K")])
 def test_decoded_swiglu_chunk_matches_per_slot_calls(gate, up):
     rng = np.random.default_rng(4)
     wg, wu = random_rows(gate, 21, 512, rng), random_rows(up, 21, 512, rng)

@@ -152,9 +152,11 @@ CASES = [("Q4_K", "Q6_K", False, True), ("Q8_0", "Q8_0", True, True), ("Q5_K", "
          # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes
          # are); each type pair compiles a kernel variant (~1.5 min on CI), so the MoE tests share
          # two pairs and the types themselves are covered one by one in test_matvec
-         ("Q4_1", "Q5_1", True, False), ("Q4_K", "IQ3_S", False, True),
+         ("Q4_1", "Q5_1", True, False), ("Q4_K", "IQ1_M", False, True),
          # 32-element types with SIMD row dots (the one all-types kernel: no variant of its own)
-         ("MXFP4", "Q5_0", True, False)]
+         ("MXFP4", "Q5_0", True, False),
+         # grid types with SIMD row dots (the same kernel)
+         ("IQ3_XXS", "IQ3_S", True, False), ("IQ1_S", "IQ3_XXS", False, True)]
 
 
 @pytest.mark.parametrize("gate_up, down, fused, shared", CASES)
@@ -215,7 +217,7 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
     assert len(fused) == 1 and len(per_expert) == 1          # the one swiglu: the shared expert
 
 
-@pytest.mark.parametrize("gate_up, down", [("Q4_1", "Q5_1"), ("Q4_K", "IQ3_S")])
+@pytest.mark.parametrize("gate_up, down", [("Q4_1", "Q5_1"), ("Q4_K", "IQ1_M")])
 def test_decoded_experts_run_in_one_kernel_call_whatever_the_threads(gate_up, down, monkeypatch):
     rng = np.random.default_rng(5)
     ffn = make_ffn(gate_up, down, fused=True, shared=False, rng=rng)

@@ -67,7 +67,7 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
 MOE_EXPERTS = {
     "MXFP4+Q5_0": {r"ffn_(gate|up)_exps": "MXFP4", r"ffn_down_exps": "Q5_0"},
     "Q4_1+Q5_1": {r"ffn_(gate|up)_exps": "Q4_1", r"ffn_down_exps": "Q5_1"},
-    "Q4_K+IQ3_S": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "IQ3_S"},
+    "Q4_K+IQ1_M": {r"ffn_(gate|up)_exps": "Q4_K", r"ffn_down_exps": "IQ1_M"},
 }
 
 
