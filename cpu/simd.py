@@ -727,6 +727,7 @@ def _grid_dot(v: _Vec, weights, scale):
     def dot(x, bs):
         pairs = [(v.maddubs(u, v.load(x, 32 * ib, _U8X32)), s) for ib, (u, s) in enumerate(zip(codes, scales))]
         return v.madd_sum(pairs), v.madd(per16, v.load(bs, 0, _I16X16))
+    return dot
 
 
 # ---- IQ2 grid types (IQ2_XXS, IQ2_XS, IQ2_S) ------------------------------------------------------
@@ -823,8 +824,7 @@ def _unpack_iq2s(v: _Vec, blk):
     qs = v.load(blk, 2, _U8X32)
     qh = v.load(blk, 66, ir.VectorType(_I8, 8))
     sc = _iq2_scales16(v, blk, 74)
-    bit = ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)])
-    zero = ir.Constant(_U8X32, None)
+    sign_bits = v.load(blk, 34, _U8X32)
     chunks = []
     for c in range(8):
         idx = []
@@ -834,11 +834,7 @@ def _unpack_iq2s(v: _Vec, blk):
             high = _bits_i64(v, b.zext(b.extract_element(qh, _I32(c)), _I64), 2 * l, 3)
             idx.append(b.or_(low, b.shl(high, _I64(8))))
         grid = _table_rows(v, "iq2s_grid", idx)
-        raw = v.load(blk, 34 + 4 * c, ir.VectorType(_I8, 4))
-        spread = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
-        negative = b.icmp_unsigned("!=", b.and_(spread, bit), zero)
-        signs = b.select(negative, v.splat_const(_U8X32, 0xFF), v.splat_const(_U8X32, 1))
-        chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
+        chunks.append((grid, _sign_bytes(v, sign_bits, 4 * c), v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
     return _signed_x_dot(v, chunks)
 
 
