@@ -685,6 +685,11 @@ def _const_table(v: _Vec, name: str, values, ty):
     return v.b.bitcast(table, ty.as_pointer())
 
 
+# An intrinsic's name spells its pointer arguments: "p0" where LLVM's pointers are opaque (LLVM 17 on,
+# whatever llvmlite prints), "p0i32" / "p0i64" before (llvmlite >= 0.44 may bring LLVM 15)
+_POINTER_MANGLE = "p0" if llvm.llvm_version_info >= (17,) else "p0i{}"
+
+
 def _gather_rows(v: _Vec, table, idx, ty=_I32):
     """table[idx[i]] for the i32 indices idx (8 for u32 rows, 4 for u64 rows), as 32 bytes (row i
     in bytes 4i.. / 8i..): `llvm.masked.gather` (vpgatherdd / vpgatherdq with AVX2, scalar loads
@@ -697,7 +702,7 @@ def _gather_rows(v: _Vec, table, idx, ty=_I32):
     rows_ty = ir.VectorType(ty, n)
     fn = cgutils.get_or_insert_function(
         b.module, ir.FunctionType(rows_ty, [ptrs.type, _I32, ir.VectorType(_I1, n), rows_ty]),
-        f"llvm.masked.gather.v{n}i{ty.width}.v{n}p0")
+        f"llvm.masked.gather.v{n}i{ty.width}.v{n}{_POINTER_MANGLE.format(ty.width)}")
     rows = b.call(fn, [ptrs, _I32(ty.width // 8), ir.Constant(ir.VectorType(_I1, n), [1] * n),
                        ir.Constant(rows_ty, None)])
     return b.bitcast(rows, _U8X32)
