@@ -440,27 +440,41 @@ def _unpack_q5k(v: _Vec, blk):
     return lambda x, bs: _k4_dot(v, chunks, scm, x, bs)
 
 
+def _scales_of_chunks(v: _Vec, sc):
+    """For each 32-element chunk c, the 16 i16 multipliers of its pair sums: lanes 0..7 the scale
+    of elements 32c..32c+15 (sc lane 2c), lanes 8..15 that of the next 16 (lane 2c + 1)."""
+    return [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
+
+
+def _per16_dot(v: _Vec, codes, sc, aux):
+    """The per-slot dot of a super-block with a scale per 16 weights (Q6_K, Q3_K, Q2_K): codes = 8 × 32
+    unsigned codes of elements 32c.., sc = the 16 scales, aux = the 16 multipliers of the x sums
+    per 16 (the scales again where an offset is taken back, the mins where they are subtracted);
+    (Σ sc·q·x, Σ aux·(x sums)) as 8 i32 lanes each."""
+    scale_pairs = _scales_of_chunks(v, sc)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(codes, scale_pairs))]
+        return v.madd_sum(pairs), v.madd(aux, v.load(bs, 0, _I16X16))
+
+    return dot
+
+
 def _unpack_q6k(v: _Vec, blk):
     """Q6_K: 6-bit unsigned q (the −32 offset is applied through the x sums), int8 scale per 16.
     Per slot: (Σ sc·q·x, Σ sc·(x sums per 16)) as 8 i32 lanes each."""
     b = v.b
     sc = b.sext(v.load(blk, 192, ir.VectorType(_I8, 16)), _I16X16)
-    parts = []  # (32 unsigned weights, index of their first 16-element sub-block)
+    parts = []  # 32 unsigned weights of elements 32c.., c = 4h + 0..3
     for h in range(2):
         ql_a = v.load(blk, 64 * h, _U8X32)
         ql_b = v.load(blk, 64 * h + 32, _U8X32)
         qh = v.load(blk, 128 + 32 * h, _U8X32)
-        parts.append((b.or_(v.and8(ql_a, 0x0F), v.bits8(qh, 0, 3, 4)), 8 * h + 0))
-        parts.append((b.or_(v.and8(ql_b, 0x0F), v.bits8(qh, 2, 3, 4)), 8 * h + 2))
-        parts.append((b.or_(v.shr8(ql_a, 4), v.bits8(qh, 4, 3, 4)), 8 * h + 4))
-        parts.append((b.or_(v.shr8(ql_b, 4), v.bits8(qh, 6, 3, 4)), 8 * h + 6))
-    scale_pairs = [v.pick16(sc, [t] * 8 + [t + 1] * 8) for _, t in parts]
-
-    def dot(x, bs):
-        pairs = [(v.maddubs(q, v.load(x, 16 * t, _U8X32)), s) for (q, t), s in zip(parts, scale_pairs)]
-        return v.madd_sum(pairs), v.madd(sc, v.load(bs, 0, _I16X16))
-
-    return dot
+        parts.append(b.or_(v.and8(ql_a, 0x0F), v.bits8(qh, 0, 3, 4)))
+        parts.append(b.or_(v.and8(ql_b, 0x0F), v.bits8(qh, 2, 3, 4)))
+        parts.append(b.or_(v.shr8(ql_a, 4), v.bits8(qh, 4, 3, 4)))
+        parts.append(b.or_(v.shr8(ql_b, 4), v.bits8(qh, 6, 3, 4)))
+    return _per16_dot(v, parts, sc, sc)
 
 
 def _shr_lanes(v: _Vec, vec, shifts):
@@ -501,6 +515,19 @@ def _q3k_scales(v: _Vec, blk):
                            [(104 + g % 4, 2 * (g // 4)) for g in range(16)])
 
 
+def _signed_x_dot(v: _Vec, chunks):
+    """chunks: 8 × (32 unsigned bytes u, 32 signs s, 16 i16 scale lanes) of the elements
+    32c..32c+31 → dot(x, bs) = (Σ scale·u·sign(s)·x, zero aux): the signs go onto x (`sign8`;
+    s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude)."""
+    zero = ir.Constant(_I32X8, None)
+
+    def dot(x, bs):
+        pairs = [(v.maddubs(g, v.sign8(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
+        return v.madd_sum(pairs), zero
+
+    return dot
+
+
 def _unpack_q3k(v: _Vec, blk):
     """Q3_K as unsigned 3-bit codes u = low2 + 4·hbit (weight d·scale·(u − 4): the −4 goes through
     the x sums, offset_scale 4). Weight e = 128h + 32s + l: low2 = bits 2s..2s+1 of qs[32h + l],
@@ -513,13 +540,7 @@ def _unpack_q3k(v: _Vec, blk):
         qs = v.load(blk, 32 + 32 * h, _U8X32)
         for s in range(4):
             parts.append(b.or_(v.bits8(qs, 2 * s, 3, 0), v.bits8(hm, 4 * h + s, 1, 2)))
-    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
-
-    def dot(x, bs):
-        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
-        return v.madd_sum(pairs), v.madd(sc, v.load(bs, 0, _I16X16))
-
-    return dot
+    return _per16_dot(v, parts, sc, sc)
 
 
 def _unpack_q2k(v: _Vec, blk):
@@ -535,13 +556,7 @@ def _unpack_q2k(v: _Vec, blk):
         qs = v.load(blk, 16 + 32 * h, _U8X32)
         for s in range(4):
             parts.append(v.bits8(qs, 2 * s, 3, 0))
-    scale_pairs = [v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8) for c in range(8)]
-
-    def dot(x, bs):
-        pairs = [(v.maddubs(q, v.load(x, 32 * c, _U8X32)), s) for c, (q, s) in enumerate(zip(parts, scale_pairs))]
-        return v.madd_sum(pairs), v.madd(mins, v.load(bs, 0, _I16X16))
-
-    return dot
+    return _per16_dot(v, parts, sc, mins)
 
 
 def _unpack_iq4xs(v: _Vec, blk):
@@ -552,17 +567,11 @@ def _unpack_iq4xs(v: _Vec, blk):
     meet ls in the `vpmaddwd`. No aux term (offset 0, aux lanes zero)."""
     ls = _six_bit_scales(v, blk, [(4 + ib % 8 // 2, 4 * (ib % 2)) for ib in range(16)],
                          [(2 + ib % 8 // 4, 2 * (ib % 4)) for ib in range(16)])   # lanes 8..15 repeat 0..7
-    subs = []
+    chunks = []
     for ib in range(8):
         q = _lookup16(v, _nibbles32(v, blk, 8 + 16 * ib), IQ4NL_KVALUES)
-        subs.append((q, v.abs8(q), v.pick16(ls, [ib] * 16)))
-    zero = ir.Constant(_I32X8, None)
-
-    def dot(x, bs):
-        pairs = [(v.maddubs(a, v.sign8(v.load(x, 32 * ib, _U8X32), q)), s) for ib, (q, a, s) in enumerate(subs)]
-        return v.madd_sum(pairs), zero
-
-    return dot
+        chunks.append((v.abs8(q), q, v.pick16(ls, [ib] * 16)))
+    return _signed_x_dot(v, chunks)      # |q| meets x with q's sign: signed_dot32's form
 
 
 class _Operands:
@@ -779,18 +788,6 @@ def _iq2_scales16(v: _Vec, blk, at: int):
     return b.add(b.add(s, s), v.splat_const(_I16X16, 1))
 
 
-def _signed_x_dot(v: _Vec, chunks):
-    """chunks: 8 × (32 unsigned grid bytes, 32 sign multipliers ±1, 16 i16 scale lanes) of the
-    elements 32c..32c+31 → dot(x, bs) = (Σ scale·grid·sign·x, zero aux)."""
-    zero = ir.Constant(_I32X8, None)
-
-    def dot(x, bs):
-        pairs = [(v.maddubs(g, v.sign8(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
-        return v.madd_sum(pairs), zero
-
-    return dot
-
-
 def _unpack_iq2xxs(v: _Vec, blk):
     """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
     each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
@@ -811,13 +808,13 @@ def _unpack_iq2xs(v: _Vec, blk):
     scales (nibbles per 16 weights) at byte 66."""
     b = v.b
     qs = v.load(blk, 2, ir.VectorType(_I16, 32))
-    sc = _iq2_scales16(v, blk, 66)
+    scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 66))
     chunks = []
     for c in range(8):
         q = [b.zext(b.extract_element(qs, _I32(4 * c + l)), _I64) for l in range(4)]
         grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
-        chunks.append((grid, signs, v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
+        chunks.append((grid, signs, scales[c]))
     return _signed_x_dot(v, chunks)
 
 
@@ -828,7 +825,7 @@ def _unpack_iq2s(v: _Vec, blk):
     b = v.b
     qs = v.load(blk, 2, _U8X32)
     qh = v.load(blk, 66, ir.VectorType(_I8, 8))
-    sc = _iq2_scales16(v, blk, 74)
+    scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 74))
     sign_bits = v.load(blk, 34, _U8X32)
     chunks = []
     for c in range(8):
@@ -839,7 +836,7 @@ def _unpack_iq2s(v: _Vec, blk):
             high = _bits_i64(v, b.zext(b.extract_element(qh, _I32(c)), _I64), 2 * l, 3)
             idx.append(b.or_(low, b.shl(high, _I64(8))))
         grid = _table_rows(v, "iq2s_grid", idx)
-        chunks.append((grid, _sign_bytes(v, sign_bits, 4 * c), v.pick16(sc, [2 * c] * 8 + [2 * c + 1] * 8)))
+        chunks.append((grid, _sign_bytes(v, sign_bits, 4 * c), scales[c]))
     return _signed_x_dot(v, chunks)
 
 
