@@ -8,6 +8,13 @@ i tokens, so the controller now and then tries one deeper than its current choic
 measured depth cannot price the others (the 15%-per-row prior may be far off), so every other
 such probe goes one shallower instead.
 
+At depth 0, a probe of depth 1 that could not pay even if draft 1 were kept as often as an
+optimistic count allows (two more keeps than observed) runs only every _PROBE_EVERY ×
+_HOPELESS_SPACING steps: on a model whose drafts die, or whose verify rows cost more than they
+bring, each probe is a slower step plus the MTP head's catch-up, and one every _PROBE_EVERY steps
+costs auto several percent against plain decoding. While depth 0 is chosen so, the MTP head is
+idle (`mtp_idle`): the rows it has not run need not be run.
+
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
 step costs afterwards, and one such sample would keep its depth unused for the rest of the run.
@@ -19,6 +26,7 @@ import numpy as np
 _DECAY = 0.9          # EMA weight of the past
 _PROBE_EVERY = 16     # steps between tries of a deeper draft
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
+_HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
 
 
 class DepthController:
@@ -82,8 +90,11 @@ class DepthController:
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
         elif self.steps % _PROBE_EVERY == 0 and self.max_depth > 0:
-            deeper = (self.steps // _PROBE_EVERY) % 2 == 1
-            if best == 0 or (deeper and best < self.max_depth):
+            slot = self.steps // _PROBE_EVERY
+            if best == 0:
+                if self.draft_may_pay() or slot % _HOPELESS_SPACING == 0:
+                    best = 1
+            elif slot % 2 == 1 and best < self.max_depth:
                 best += 1
             else:
                 best -= 1
@@ -93,6 +104,20 @@ class DepthController:
         self.held = best != self.depth
         self.depth = best
         return best
+
+    def draft_may_pay(self) -> bool:
+        """Whether depth 1 could beat depth 0 if draft 1 were kept as often as two more keeps than
+        observed would make it (an optimistic rate: 1 before anything is seen, and it stays
+        optimistic while few observations stand behind it)."""
+        p = (self.kept[1] + 2.0) / (self.tried[1] + 2.0)
+        return (1.0 + p) / self.step_cost(1) >= 1.0 / self.step_cost(0)
+
+    @property
+    def mtp_idle(self) -> bool:
+        """Depth 0 is chosen and a draft is not expected to pay: the MTP head's waiting rows may be
+        dropped rather than run (a later draft only attends to stale rows there: it costs
+        acceptance, never correctness)."""
+        return self.depth == 0 and self.max_depth > 0 and not self.draft_may_pay()
 
     def record(self, drafted: int, accepted: int, seconds: float, steady: bool = True) -> None:
         """One step: `drafted` offered, the first `accepted` of them kept, `seconds` wall time;

@@ -101,14 +101,19 @@ def draft_tokens(mtp, state, pending_ids, pending_h, depth: int, p_min: float) -
     return drafts
 
 
-def flush_pending(mtp, state, pending_ids, pending_h):
+def flush_pending(mtp, state, pending_ids, pending_h, drop: bool = False):
     """A step that drafts nothing runs the trunk alone: its MTP rows wait, and run with the next
     draft in one call. Once PENDING_MAX rows wait, all but the last (the next draft's seed) run
-    now, in a call of that fixed size. So a run that settles on depth 0 costs what plain
-    decoding costs, with one MTP call every PENDING_MAX − 1 tokens. Returns the rows still waiting."""
+    now, in a call of that fixed size, so a run that settles on depth 0 costs what plain
+    decoding costs, with one MTP call every PENDING_MAX − 1 tokens; with `drop` (the depth
+    controller expects no draft to pay) their positions are skipped instead, and cost nothing.
+    Returns the rows still waiting."""
     if len(pending_ids) < PENDING_MAX:
         return pending_ids, pending_h
-    mtp.forward(state, pending_ids[:-1], pending_h[:-1], logits="none")
+    if drop:
+        state.mtp_n_past += len(pending_ids) - 1
+    else:
+        mtp.forward(state, pending_ids[:-1], pending_h[:-1], logits="none")
     return pending_ids[-1:], pending_h[-1:]
 
 
@@ -137,8 +142,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
         pending_ids = np.array(emit_queue, np.int32)
         pending_h = h_last
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
-        plain = False           # whether the last step drafted nothing
-        last = None             # the last step, for the controller: (drafted, kept, start, one-off count, deferred rows)
+        last = None             # the last step, for the controller: (drafted, kept, start, one-off count, depth changed)
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
@@ -166,20 +170,23 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             if auto and last is not None:
                 # A step's cost is the whole cycle to the next step's start: its tokens' emission
                 # (detokenising, stop checks, the caller's own work per token) belongs to it too.
-                # A step that did once-only work, or ran MTP rows that plain steps left waiting,
-                # says nothing of its depth's cost.
-                drafted, kept, t_last, work_last, deferred = last
-                auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not deferred)
+                # A step that did once-only work says nothing of its depth's cost, nor does the
+                # first step at a new depth: its MTP call redoes the rows the previous step left
+                # (all that plain steps left waiting, or as many as a deeper step had kept), so it
+                # would teach a cost that belongs to the depth before.
+                drafted, kept, t_last, work_last, changed = last
+                auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not changed)
                 ds.depth = f"auto({auto.depth})"
             want = auto.choose() if auto else depth
             # The last token a step emits sits at n_past + k + 1 unprocessed; plain decoding's last
             # token sits at most at n_ctx − 1, so drafting never runs past that (−2, not −1).
             k = max(0, min(want, max_tokens - stats.generated_tokens - 1, n_ctx - state.n_past - 2,
                            state.n_ring - 1))
-            after_plain, plain = plain, k == 0
+            plain = k == 0
             if plain:
                 drafts = []
-                pending_ids, pending_h = flush_pending(mtp, state, pending_ids, pending_h)
+                pending_ids, pending_h = flush_pending(mtp, state, pending_ids, pending_h,
+                                                       drop=auto is not None and auto.mtp_idle)
             else:
                 drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
             t_verify = time.perf_counter()
@@ -204,7 +211,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             ds.verify_seconds += t_commit - t_verify
             ds.commit_seconds += t_end - t_commit
             ds.record(len(drafts), m)
-            last = (len(drafts), m, t_step, one_offs, bool(drafts) and after_plain)
+            last = (len(drafts), m, t_step, one_offs, last is not None and len(drafts) != last[0])
             stats.decode_seconds = t_end - t0
             stats.draft = ds.to_dict()
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@ second from scripted acceptance and step costs; probes one deeper now and then."
 import numpy as np
 import pytest
 
-from hybrid.draft_depth import _PROBE_EVERY, DepthController
+from hybrid.draft_depth import _HOPELESS_SPACING, _PROBE_EVERY, DepthController
 
 MAX = 4
 
@@ -128,3 +128,29 @@ def test_probing_finds_drafts_that_got_better():
     assert c.depth <= 2
     chosen = drive(c, 150, accepted=lambda d: d, cost=linear(0.15))
     assert (settled(chosen, 50, steps_before=100) == MAX).all()
+
+
+def test_drafts_that_cannot_pay_are_probed_rarely_and_idle_the_mtp_head():
+    """Draft 1 never kept: once that is known, a probe of depth 1 (a slower step) runs at every
+    _HOPELESS_SPACING-th probe slot only, and at depth 0 the MTP head is idle."""
+    c = DepthController(MAX)
+    drive(c, 4 * _PROBE_EVERY, accepted=lambda d: 0, cost=linear(0.5))
+    steps = 16 * _PROBE_EVERY * _HOPELESS_SPACING
+    chosen = np.asarray(drive(c, steps, accepted=lambda d: 0, cost=linear(0.5)))
+    probes = np.count_nonzero(chosen == 1)
+    assert chosen.max() == 1
+    assert 0 < probes <= 2 * (steps // (_PROBE_EVERY * _HOPELESS_SPACING) + 1)    # each probe lasts two steps
+    assert c.depth == 0 and c.mtp_idle
+
+
+def test_drafts_that_might_pay_keep_the_probes_and_the_mtp_head_busy():
+    """Draft 1 kept every other time, each drafted row costing 0.52 of a step: depth 0 is best on
+    the measured rate (1.5 / 1.52) but not by a margin the observations are sure of, so depth 1
+    is still probed every _PROBE_EVERY steps and the MTP head keeps its rows true."""
+    keep = iter(np.tile([0, 1], 10_000))
+    c = DepthController(1)
+    chosen = np.asarray(drive(c, 40 * _PROBE_EVERY, accepted=lambda d: next(keep) if d else 0, cost=linear(0.52)))
+    late = chosen[10 * _PROBE_EVERY:]
+    assert np.count_nonzero(late == 1) >= 2 * (len(late) // _PROBE_EVERY) - 2
+    assert np.mean(late == 0) > 0.8
+    assert c.draft_may_pay() and not c.mtp_idle
