@@ -205,16 +205,19 @@ class ChatSession:
 
 class _Checkpoint:
     """A copy of what a state holds after `ids`: GDN and conv states, the used KV rows (trunk and
-    MTP), kept where the state keeps its arrays. The snapshot ring is not kept: it is only valid
-    inside one speculative step."""
+    MTP), kept where the state keeps its arrays, or in host memory with `on_host` (the server's
+    cache: VRAM the placement did not plan for is not spent on it). The snapshot ring is not
+    kept: it is only valid inside one speculative step."""
 
     def __init__(self, ids, n_past, mtp_n_past, ssm, conv, kv, mtp_kv):
         self.ids, self.n_past, self.mtp_n_past = ids, n_past, mtp_n_past
         self.ssm, self.conv, self.kv, self.mtp_kv = ssm, conv, kv, mtp_kv
 
     @classmethod
-    def take(cls, state, ids: list[int]) -> "_Checkpoint":
+    def take(cls, state, ids: list[int], on_host: bool = False) -> "_Checkpoint":
         def clone(a):
+            if on_host:
+                return _host_copy(state, a)
             out = _zeros(state, a.shape)
             _copy(state, out, a)
             return out
@@ -242,6 +245,13 @@ class _Checkpoint:
 def _zeros(state, shape):
     backend = getattr(state, "backend", None)
     return backend.zeros(shape) if backend is not None else np.zeros(shape, np.float32)
+
+
+def _host_copy(state, a) -> np.ndarray:
+    backend = getattr(state, "backend", None)
+    if backend is None or isinstance(a, np.ndarray):
+        return np.array(a)
+    return backend.to_host(a)           # a device array comes down into a fresh host array
 
 
 def _copy(state, dst, src) -> None:

@@ -169,16 +169,27 @@ def upload(host: np.ndarray):
 
 
 def to_host(a) -> np.ndarray:
-    """A fresh host ndarray with a's contents (host arrays are returned as they are)."""
+    """A fresh C-contiguous host ndarray with a's contents (host arrays are returned as they are).
+    A strided view of three or more axes (a KV prefix: heads × used rows × head size) comes down
+    slice by slice along its first axis, so only its own elements cross, not the span they lie in."""
     if isinstance(a, np.ndarray):
         return a
-    if not a.is_c_contiguous() or a.size == 0:
-        host = a.copy_to_host(stream=stream())
-    else:
-        host = np.empty(a.shape, a.dtype)
-        copy_raw(host, a, up=False)
+    host = np.empty(a.shape, a.dtype)
+    _copy_down(host, a)
     synchronize()
     return host
+
+
+def _copy_down(host: np.ndarray, a) -> None:
+    if a.size == 0:
+        return
+    if a.is_c_contiguous():
+        copy_raw(host, a, up=False)
+    elif a.ndim >= 3:
+        for i in range(a.shape[0]):
+            _copy_down(host[i], a[i])
+    else:
+        host[...] = a.copy_to_host(stream=stream())
 
 
 @cuda.jit(cache=True)

@@ -27,8 +27,9 @@ def serve(
                                           "(every endpoint but /health).", show_default=False),
     alias: List[str] = typer.Option([], "-a", "--alias", help="Another name clients may give as 'model' "
                                     "(repeatable)."),
-    cache_mem: str = typer.Option("2GiB", "--cache-mem", help="Memory for saved conversation states (0 = off: "
-                                  "every request prefills its whole prompt)."),
+    cache_mem: str = typer.Option("8GiB", "--cache-mem", help="Host memory for saved conversation states, "
+                                  "as llama-server's --cache-ram (0 = off: every request prefills its whole "
+                                  "prompt)."),
     max_queue: int = typer.Option(16, "--max-queue", min=0, help="Requests that may wait while one runs; "
                                   "beyond that the server answers 503."),
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="The most tokens one request may "

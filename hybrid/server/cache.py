@@ -4,9 +4,9 @@ ids they hold, bounded by a memory budget, least recently used first out.
 A GDN layer's recurrent state folds in every token it has seen and cannot be cut back to a
 shorter prefix, so a snapshot serves a request only when its ids are a prefix of the request's
 ids; the longest such snapshot wins and only the rest is prefilled. A snapshot is the session's
-`_Checkpoint`: GDN/conv states and only the KV rows in use, kept where the state keeps its arrays
-(host memory on the CPU backend, device memory on the GPU: there the budget is VRAM that the
-placement did not plan for, so keep it within what the GPU has left).
+`_Checkpoint`: GDN/conv states and only the KV rows in use, always in host memory (on a GPU path
+the VRAM is the placement's; a 27B-shape state at 8K tokens is ~1.2 GB, which crosses PCIe in
+a fraction of a prefill's time), so the budget is host RAM.
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ class StateCache:
             self._entries.move_to_end(key)
             return
         try:
-            ckpt = _Checkpoint.take(state, list(key))
-        except Exception as e:      # out of (GPU) memory: serving goes on, only slower
+            ckpt = _Checkpoint.take(state, list(key), on_host=True)
+        except MemoryError as e:     # out of host memory: serving goes on, only slower
             log.warning("state not cached (%s: %s); emptying the cache", type(e).__name__, e)
             self.clear()
             return

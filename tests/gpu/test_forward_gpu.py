@@ -14,6 +14,7 @@ from hybrid.errors import HybridError
 from hybrid.forward import Forward
 from hybrid.generate import generate_tokens
 from hybrid.model_file import open_model
+from hybrid.session import _Checkpoint
 from hybrid.mtp import MTPHead
 from hybrid.speculative import generate_speculative
 from hybrid.synth import preset, write_model
@@ -137,6 +138,24 @@ def test_rollback_copy_and_save_load_on_device_states(stepping, tmp_path):
     for i, (k, v) in saved.kv.items():
         np.testing.assert_array_equal(host(loaded.kv[i][0])[:, :2], k[:, :2])
         np.testing.assert_array_equal(host(loaded.kv[i][1])[:, :2], v[:, :2])
+
+
+def test_host_snapshots_of_device_states_restore_bit_exactly(stepping):
+    """The server's cache keeps device states in host memory (compact: only the used KV rows
+    come down); restored into another device state they continue bit for bit."""
+    prefix, rest = PROMPT[:3], PROMPT[3:5]
+    state = stepping.new_state(32)
+    stepping.forward(state, prefix, logits="none")
+    ckpt = _Checkpoint.take(state, list(prefix), on_host=True)
+    arrays = [*ckpt.ssm.values(), *ckpt.conv.values(), *(a for kv in ckpt.kv.values() for a in kv)]
+    assert arrays and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+    assert all(k.shape[1] == len(prefix) for k, _ in ckpt.kv.values())
+    want, _ = stepping.forward(state, rest, logits="all")
+    other = stepping.new_state(32)
+    stepping.forward(other, PROMPT[5:8], logits="none")        # other contents, replaced by the restore
+    ckpt.restore(other)
+    got, _ = stepping.forward(other, rest, logits="all")
+    np.testing.assert_array_equal(got, want)
 
 
 def test_greedy_drafting_equals_plain_decoding(stepping):
