@@ -67,7 +67,9 @@ def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, in
         (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
-def conversation(url: str, turns: int, max_tokens: int, system: str) -> list[tuple]:
+def conversation(url: str, turns: int, max_tokens: int, system: str, mode: str | None = None) -> list[tuple]:
+    """Each turn's (TTFT s, reply, prompt tokens, cached tokens); with `mode`, each is also printed
+    as it comes, so a run cut short (a time limit) still shows the turns it finished."""
     messages = [{"role": "system", "content": system}]
     out = []
     for i in range(turns):
@@ -75,6 +77,8 @@ def conversation(url: str, turns: int, max_tokens: int, system: str) -> list[tup
         ttft, reply, prompt, cached = turn(url, messages, max_tokens)
         messages.append({"role": "assistant", "content": reply})
         out.append((ttft, reply, prompt, cached))
+        if mode:
+            print(f"{mode}: turn {i + 1}, prompt {prompt}, cached {cached}, TTFT {ttft * 1e3:.1f} ms", flush=True)
     return out
 
 
@@ -98,7 +102,7 @@ def main() -> None:
             # first-request costs (kernels of long prompts) out of the timings; a different first
             # word, so nothing of it is reused
             conversation(url, 1, 2, "Warm-up. " + system)
-            results[mode] = conversation(url, a.turns, a.max_tokens, system)
+            results[mode] = conversation(url, a.turns, a.max_tokens, system, mode)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
