@@ -13,7 +13,8 @@ optimistic count allows (two more keeps than observed) runs only every _PROBE_EV
 _HOPELESS_SPACING steps: on a model whose drafts die, or whose verify rows cost more than they
 bring, each probe is a slower step plus the MTP head's catch-up, and one every _PROBE_EVERY steps
 costs auto several percent against plain decoding. While depth 0 is chosen so, the MTP head is
-idle (`mtp_idle`): the rows it has not run need not be run.
+idle (`mtp_idle`): of the rows plain steps leave waiting, only the newest are kept for the next
+draft, the older ones are never run.
 
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
@@ -27,6 +28,7 @@ _DECAY = 0.9          # EMA weight of the past
 _PROBE_EVERY = 16     # steps between tries of a deeper draft
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
 _HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
+_IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
 
 
 class DepthController:
@@ -114,10 +116,13 @@ class DepthController:
 
     @property
     def mtp_idle(self) -> bool:
-        """Depth 0 is chosen and a draft is not expected to pay: the MTP head's waiting rows may be
-        dropped rather than run (a later draft only attends to stale rows there: it costs
-        acceptance, never correctness)."""
-        return self.depth == 0 and self.max_depth > 0 and not self.draft_may_pay()
+        """Depth 0 is chosen and, on measured costs of depths 0 and 1 and at least _IDLE_EVIDENCE
+        drafts offered, a draft is not expected to pay: the MTP head's oldest waiting rows may be
+        dropped rather than run. A later draft then attends to stale rows there, which costs
+        acceptance, never correctness; the evidence bar keeps a few noisy early steps from
+        starting that (the acceptance a probe then sees is lower, and would keep it idle)."""
+        return (self.depth == 0 and 0 in self.cost and 1 in self.cost
+                and self.tried[1] >= _IDLE_EVIDENCE and not self.draft_may_pay())
 
     def record(self, drafted: int, accepted: int, seconds: float, steady: bool = True) -> None:
         """One step: `drafted` offered, the first `accepted` of them kept, `seconds` wall time;

@@ -105,15 +105,16 @@ def flush_pending(mtp, state, pending_ids, pending_h, drop: bool = False):
     """A step that drafts nothing runs the trunk alone: its MTP rows wait, and run with the next
     draft in one call. Once PENDING_MAX rows wait, all but the last (the next draft's seed) run
     now, in a call of that fixed size, so a run that settles on depth 0 costs what plain
-    decoding costs, with one MTP call every PENDING_MAX − 1 tokens; with `drop` (the depth
-    controller expects no draft to pay) their positions are skipped instead, and cost nothing.
+    decoding costs, with one MTP call every PENDING_MAX − 1 tokens. With `drop` (the depth
+    controller expects no draft to pay) the oldest row's position is skipped instead, at no
+    cost, so the next draft still runs the newest PENDING_MAX rows (a call of that size).
     Returns the rows still waiting."""
     if len(pending_ids) < PENDING_MAX:
         return pending_ids, pending_h
     if drop:
-        state.mtp_n_past += len(pending_ids) - 1
-    else:
-        mtp.forward(state, pending_ids[:-1], pending_h[:-1], logits="none")
+        state.mtp_n_past += len(pending_ids) - PENDING_MAX + 1
+        return pending_ids[-(PENDING_MAX - 1):], pending_h[-(PENDING_MAX - 1):]
+    mtp.forward(state, pending_ids[:-1], pending_h[:-1], logits="none")
     return pending_ids[-1:], pending_h[-1:]
 
 
