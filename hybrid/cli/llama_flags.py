@@ -32,7 +32,9 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
                "--reasoning", "--presence-penalty", "--frequency-penalty", "--n-probs", "--pcie-share",
                "--spec-draft-p-min", "--typical-p", "--typical", "--xtc-probability", "--xtc-threshold",
                "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
-               "--dry-sequence-breaker", "--logit-bias", "-l"}
+               "--dry-sequence-breaker", "--logit-bias", "-l",
+               "--host", "--port", "--api-key", "-a", "--alias", "--cache-mem", "--max-queue", "--max-tokens",
+               "--max-body"}
 
 # llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
 # Values in ON_OFF are optional (older llama.cpp took -fa without one).
@@ -55,11 +57,23 @@ IGNORED = {
     "--mlock": (None, "the GGUF is always memory-mapped"),
 }
 
+# llama-server's options that mean nothing here (serve only).
+SERVER_IGNORED = {
+    "-np": ("value", "one request runs at a time here; --max-queue bounds the ones that wait"),
+    "--parallel": ("value", "one request runs at a time here; --max-queue bounds the ones that wait"),
+    "-cb": (None, "one request runs at a time here; --max-queue bounds the ones that wait"),
+    "--cont-batching": (None, "one request runs at a time here; --max-queue bounds the ones that wait"),
+}
+# llama-server's prompt-cache size in MiB (-1: no limit, 0: off) is our --cache-mem.
+CACHE_RAM = {"-cram", "--cache-ram"}
+NO_LIMIT = str(1 << 62)        # bytes: more host memory than any machine has
+
 # Conversation mode is a command of its own here.
 CONVERSATION = {"-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"}
 NO_CONVERSATION = {"-no-cnv", "--no-conversation"}
 
 GENERATION_COMMANDS = ("decode", "chat")
+LLAMA_COMMANDS = (*GENERATION_COMMANDS, "serve")      # commands that take llama.cpp's spellings
 
 
 def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
@@ -70,7 +84,8 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
     out: list[str] = []
     # -h is --help everywhere (no command uses -h for anything else).
     command = next((a for a in args if not a.startswith("-")), None)
-    generation = command in GENERATION_COMMANDS
+    generation = command in LLAMA_COMMANDS
+    ignored = {**IGNORED, **SERVER_IGNORED} if command == "serve" else IGNORED
     i = 0
     while i < len(args):
         a = args[i]
@@ -100,8 +115,19 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
                 i += 1
             i += 1
             continue
-        if name in IGNORED:
-            kind, why = IGNORED[name]
+        if command == "serve" and name in CACHE_RAM:
+            mib = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            try:
+                n = int(mib)
+            except ValueError:
+                raise HybridError(f"{name} {mib!r}: give the cache size in MiB (-1: no limit, 0: off)") from None
+            if n < -1:
+                raise HybridError(f"{name} {n}: give the cache size in MiB (-1: no limit, 0: off)")
+            out += ["--cache-mem", NO_LIMIT if n == -1 else f"{n}MiB"]
+            continue
+        if name in ignored:
+            kind, why = ignored[name]
             i += 1
             if kind == "value" and not eq and i < len(args):
                 i += 1

@@ -12,8 +12,8 @@ from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from . import app
 from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt,
-                     ModelArg, ModelOpt, OverrideTensorOpt, PcieShareOpt, ThreadsOpt, VramOpt, load_model,
-                     pick_model)
+                     ModelArg, ModelOpt, NCpuMoeOpt, NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, ThreadsOpt,
+                     VramOpt, load_model, pick_model)
 
 
 @app.command("serve")
@@ -46,6 +46,8 @@ def serve(
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
+    n_gpu_layers: Optional[str] = NGpuLayersOpt,
+    n_cpu_moe: Optional[int] = NCpuMoeOpt,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, tools).
 
@@ -66,7 +68,8 @@ def serve(
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, vram=vram,
                    cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
-                   pcie_share=pcie_share, max_rows=None, draft=draft)
+                   pcie_share=pcie_share, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe, max_rows=None,
+                   draft=draft)
     DraftPolicy.parse(draft, m.has_mtp)        # a bad --draft fails before the port opens
     engine = Engine(m, draft=draft, draft_p_min=draft_p_min, cache_bytes=cache_bytes, max_queue=max_queue)
     model_id = m.path.name

@@ -365,3 +365,28 @@ def test_nothing_is_echoed_when_generation_fails_before_its_first_event(capsys):
     with pytest.raises(HybridError):
         LiveStream(__import__("rich.console").console.Console(file=open(os.devnull, "w"))).run(failing(), prompt="PROMPT")
     assert "PROMPT" not in capsys.readouterr().out
+
+
+def test_serve_takes_llama_server_spellings():
+    """llama-server's -ngl/-c/-fa/-np/--cache-ram: placement and context as decode takes them, the
+    prompt cache's MiB as --cache-mem (-1 no limit), slots and batching ignored with a note."""
+    notes = []
+    assert rewrite(["serve", "m.gguf", "-ngl", "99", "-c", "16384", "-fa", "on", "-np", "4", "-cb",
+                    "--cache-ram", "4096", "--api-key", "-s3cret", "--port", "8081"], notes.append) == \
+        ["serve", "m.gguf", "--n-gpu-layers", "99", "-c", "16384", "--cache-mem", "4096MiB",
+         "--api-key", "-s3cret", "--port", "8081"]
+    assert len(notes) == 3 and all("ignored" in n for n in notes)
+    assert rewrite(["serve", "-cram", "-1"], notes.append)[1:] == ["--cache-mem", str(1 << 62)]
+    assert rewrite(["serve", "--cache-ram=0"], notes.append)[1:] == ["--cache-mem", "0MiB"]
+    for bad in ("x", "-2"):
+        with pytest.raises(HybridError, match="MiB"):
+            rewrite(["serve", "--cache-ram", bad], notes.append)
+    assert rewrite(["bench", "-np", "4"], notes.append) == ["bench", "-np", "4"]     # serve's alone
+
+
+def test_serve_refuses_a_bad_cache_ram_in_one_line():
+    r = run("serve", "--cache-ram", "lots")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--cache-ram 'lots': give the cache size in MiB" in r.stderr
+    h = run("serve", "--help")
+    assert h.returncode == 0 and "--n-gpu-layers" in h.stdout and "--n-cpu-moe" in h.stdout
