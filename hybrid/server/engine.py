@@ -7,9 +7,10 @@ stopped at the next event, i.e. within one forward step.
 
 Each job starts from the longest cached prefix of its token ids: the live state when it holds
 one (the previous request's conversation), else the best snapshot in the `StateCache`. Snapshots
-are taken right after a prompt is prefilled (always exact) and at the end of a reply when the
-state holds a known prefix of prompt + reply: with MTP drafting, a reply can end with the trunk
-having run drafted tokens that were never emitted, and then the end state is not kept.
+are taken of the prompt's state (always exact; once the first token is sent) and at the end of
+a reply when the state holds a known prefix of prompt + reply: with MTP drafting, a reply can
+end with the trunk having run drafted tokens that were never emitted, and then the end state is
+not kept.
 """
 from __future__ import annotations
 
@@ -148,14 +149,14 @@ class Engine:
         stats, cancelled = None, False
         t0 = time.perf_counter()
         first = None
+        prompt_done = False        # the prompt is in; its snapshot waits for the first token's send
         try:
             for ev in events:
                 if job.cancelled.is_set():
                     cancelled = True
                     break
                 if isinstance(ev, Prefill):
-                    if ev.done == ev.total and self.state.n_past == len(wanted) and self.reuse:
-                        self.cache.put(self.state, wanted)
+                    prompt_done = prompt_done or ev.done == ev.total
                     continue
                 if isinstance(ev, Token):
                     generated.append(ev.id)
@@ -164,6 +165,13 @@ class Engine:
                 if isinstance(ev, Done):
                     stats = ev.stats
                 job.emit(("token", ev) if isinstance(ev, Token) else ("done", ev))
+                # The generator yields a step's tokens before it runs the next step, so the state
+                # still holds exactly the prompt here; taking the snapshot after the send keeps its
+                # copy out of the time to first token.
+                if prompt_done:
+                    prompt_done = False
+                    if self.reuse and self.state.n_past == len(wanted):
+                        self.cache.put(self.state, wanted)
         finally:
             events.close()
         if cancelled or stats is None:
