@@ -226,7 +226,10 @@ def test_control_bytes_are_escaped(capsys):
 def test_ctrl_c_exits_130_with_the_summary():
     p = subprocess.Popen([*CLI, "decode", "-p", "def add(a, b):", "-n", "100000", "-c", "4096", "--ignore-eos",
                           "-t", "1", "--draft", "0"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=ENV)
+                         stderr=subprocess.PIPE, text=True, env=ENV,
+                         # a suite started in the background (`cmd &`) inherits SIGINT ignored, and
+                         # Python keeps an ignored SIGINT ignored: give the child the terminal's default
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         p.stdout.read(20)          # generation has started (the prompt and some tokens came)
         time.sleep(0.2)
