@@ -1,4 +1,4 @@
-"""Kernels compiled for the weight types a call meets, not for all five quantised types.
+"""Kernels compiled for the weight types a call meets, not for every quantised type.
 
 The kernels that take a weight type at run time (`cpu.matvec`'s, the fused FFN, the row
 dequantiser, the prompt-chunk matmul) branch on it inside. Compiled as one kernel for every
