@@ -107,7 +107,8 @@ class GPUBackend:
         """stream_weights: run the host FFNs of calls with ≥ stream_min_rows rows on the device on
         streamed weights (None: gpu.runtime.weight_stream.STREAM_MIN_ROWS); register_host_memory=False
         stages those copies through pinned buffers instead of page-locking the mapped file."""
-        # gpu.* (numba.cuda) only when a GPU backend is built: a CPU run never imports it
+        # the GPU kernel modules only once require_cuda has found a GPU (a clear error otherwise):
+        # a CPU run never loads them
         from gpu import require_cuda
         require_cuda()
         import cpu.ops    # with the GPU modules: the CPU kernels are loaded on first use (CPUBackend.ops)
@@ -116,7 +117,7 @@ class GPUBackend:
         import gpu.runtime.memory
         from gpu.runtime.weight_stream import STREAM_MIN_ROWS, WeightStreamer
         if ops is None:
-            import gpu.ops as ops    # numba.cuda: GPU backend only
+            import gpu.ops as ops    # GPU backend only (see above)
         self.ops = ops
         self.host_ops = cpu.ops
         self.memory = gpu.runtime.memory
@@ -248,7 +249,7 @@ def _with_expert_caches(weights, slots, pcie_share: float):
     """weights with an ExpertCache of slots[i] experts and the PCIe share on each MoE layer i
     (the MTP block is layer n_layer) whose routed experts stayed in host memory and whose router
     is on the GPU (the routing that splits the pairs runs there)."""
-    # gpu.* only once a GPU model places its experts: a CPU run never imports numba.cuda's users
+    # gpu.expert_cache only once a GPU model places its experts: a CPU run never loads it
     from gpu.expert_cache import ExpertCache, cacheable
     from gpu.runtime.memory import is_device
 

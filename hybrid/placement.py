@@ -525,7 +525,7 @@ def gpu_free_memory() -> int | None:
     imported only when a driver reports a device (importing it has side effects; DEVICE.md)."""
     if not available():
         return None
-    from numba import cuda    # deferred: importing numba.cuda picks real GPU vs simulator (DEVICE.md)
+    from numba import cuda    # deferred: reached only once a driver reports a GPU (DEVICE.md)
     free, _total = cuda.current_context().get_memory_info()
     return int(free)
 
