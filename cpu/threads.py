@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numba
+
 SMALL_STEP_BYTES = 64 << 20    # CPU weight bytes per token below which a step runs on one thread
 STEP_ROWS = 16                 # calls of at most this many rows are steps (decode, verify, MTP): bandwidth-bound
 
@@ -30,7 +32,6 @@ def available_cores() -> int:
 def set_threads(threads: int | None) -> int:
     """Use `threads` threads (None: every available core), capped at Numba's pool size; returns
     the number set. ValueError below 1."""
-    import numba
     n = available_cores() if threads is None else threads
     if n < 1:
         raise ValueError(f"threads must be ≥ 1, got {n}")
@@ -52,5 +53,4 @@ class ThreadPolicy:
         return cls(step=1 if token_bytes < SMALL_STEP_BYTES else threads, batch=threads)
 
     def use(self, rows: int) -> None:
-        import numba
         numba.set_num_threads(self.step if rows <= STEP_ROWS else self.batch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int64, uint32, uint64
 
+from .mma_layout import pack_halves, warp_mma
 from .runtime.device import simulated
 
 FULL_MASK = 0xFFFFFFFF
@@ -419,7 +420,6 @@ else:
     # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py): plain-Python stand-ins ------------------------------
 
     def pack_f16x2(lo, hi):
-        from .mma_layout import pack_halves
         return np.uint32(pack_halves(lo, hi))
 
     @cuda.jit(device=True)
@@ -427,7 +427,6 @@ else:
         # The simulator has no tensor cores: the warp's lanes pass their registers through
         # shared memory and each computes the warp's D from the PTX fragment layout
         # (gpu/mma_layout.py), then keeps its own part.
-        from .mma_layout import warp_mma
         words = cuda.shared.array((1024, 6), np.uint32)
         accs = cuda.shared.array((1024, 4), np.float32)
         tid = cuda.threadIdx.x

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 from numba import cuda, float32, uint32
+from numba import types
+from numba.np import numpy_support
 
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
@@ -65,8 +67,6 @@ def kernel(type_id: int):
 
 def kernel_argtypes(unit: LaneUnit) -> tuple:
     """Numba argument types of a row kernel (w, w8, ids, out, cols), for PTX checks."""
-    from numba import types
-    from numba.np import numpy_support
 
     def matrix(dtype, ndim=2):
         return types.Array(numpy_support.from_dtype(np.dtype(dtype)), ndim, "C")

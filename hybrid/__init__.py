@@ -10,5 +10,5 @@ from .events import Done, Prefill, Stats, Token  # noqa: F401  (what generate() 
 
 def load(path=None, device="auto", threads=None, n_ctx=None, **placement):
     """Open a GGUF model and return a `hybrid.api.Model` (see `hybrid.api.load`)."""
-    from .api import load as _load
+    from .api import load as _load    # deferred: hybrid.api loads numba and numba.cuda; `import hybrid` stays light
     return _load(path, device=device, threads=threads, n_ctx=n_ctx, **placement)

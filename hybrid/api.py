@@ -10,18 +10,23 @@ import numpy as np
 from cpu import threads as cpu_threads
 from cpu.threads import ThreadPolicy
 
+from .chat_template import ChatTemplate
 from .draft_depth import DepthController
 from .draft_policy import MAX_AUTO_DEPTH, DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
+from .forward import Forward
 from .generate import PREFILL_CHUNK, generate_tokens
 from .kernel_prep import prepare
 from .model_file import default_model_path, open_model
-from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share
+from .mtp import MTPHead
+from .placement import CPU, DEFAULT_PCIE_SHARE, check_pcie_share, plan_for
 from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
+from .session import ChatSession
 from .speculative import PENDING_MAX, generate_speculative
-from .state import DEFAULT_N_CTX
+from .state import DEFAULT_N_CTX, SessionState
+from .tokenizer import Tokenizer
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -41,10 +46,6 @@ class Model:
                  threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
                  overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True,
                  expert_cache: bool = True, pcie_share: float = DEFAULT_PCIE_SHARE):
-        from .chat_template import ChatTemplate
-        from .forward import Forward
-        from .placement import plan_for
-        from .tokenizer import Tokenizer
 
         if device not in DEVICES:
             raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
@@ -88,7 +89,6 @@ class Model:
     def load_state(self, path, n_ctx: int | None = None):
         """A state saved by `save_state` with this same model file (another file of the same
         shape is refused), checked and read with bounded memory."""
-        from .state import SessionState
         return SessionState.load(path, self.config, n_ctx, 0, self.forward.backend, model_id=self.file.identity)
 
     def warmup(self, max_rows: int | None = None, progress=None, draft_depth: int = 0) -> int:
@@ -282,7 +282,6 @@ class Model:
                 draft_p_min: float = 0.0, reasoning: bool | None = None):
         """A multi-turn chat that keeps its state between turns, so each `send` prefills only the
         new tokens (a `hybrid.session.ChatSession`). draft/draft_p_min/reasoning as for `generate`."""
-        from .session import ChatSession
         return ChatSession(self, system=system, n_ctx=n_ctx, draft=draft, draft_p_min=draft_p_min,
                            reasoning=reasoning)
 
@@ -294,7 +293,6 @@ class Model:
     def mtp(self):
         """The MTP draft head (HybridError if the model has none)."""
         if self._mtp is None:
-            from .mtp import MTPHead
             self._mtp = MTPHead(self.forward)
         return self._mtp
 

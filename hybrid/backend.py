@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from .errors import HybridError
 from .layout import expected_tensors, options_from_names
+from .weights import DenseFFN, MoEFFN, iter_matrices, place_weights
 
 PLACES = ("gpu", "cpu")
 Placement = Callable[[str], str] | Mapping[str, str] | Collection[str] | None
@@ -42,7 +44,7 @@ class CPUBackend:
 
     @property
     def ops(self):
-        if self._ops is None:          # imported on first use: a bare SessionState needs no kernels
+        if self._ops is None:          # imported on first use: a bare SessionState needs no kernels (cpu.ops loads them all)
             import cpu.ops
             self._ops = cpu.ops
         return self._ops
@@ -105,15 +107,17 @@ class GPUBackend:
         """stream_weights: run the host FFNs of calls with ≥ stream_min_rows rows on the device on
         streamed weights (None: gpu.runtime.weight_stream.STREAM_MIN_ROWS); register_host_memory=False
         stages those copies through pinned buffers instead of page-locking the mapped file."""
+        # the GPU kernel modules only once require_cuda has found a GPU (a clear error otherwise):
+        # a CPU run never loads them
         from gpu import require_cuda
         require_cuda()
-        import cpu.ops
+        import cpu.ops    # with the GPU modules: the CPU kernels are loaded on first use (CPUBackend.ops)
         import gpu.ffn
         import gpu.runtime.graphs
         import gpu.runtime.memory
         from gpu.runtime.weight_stream import STREAM_MIN_ROWS, WeightStreamer
         if ops is None:
-            import gpu.ops as ops
+            import gpu.ops as ops    # GPU backend only (see above)
         self.ops = ops
         self.host_ops = cpu.ops
         self.memory = gpu.runtime.memory
@@ -207,7 +211,6 @@ class GPUBackend:
         """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
         experts of each MoE layer copied to the GPU, and that share of each row's other routed
         experts fetched by the GPU over PCIe (gpu/expert_cache.py)."""
-        from .weights import place_weights
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
         if expert_cache or pcie_share > 0:
@@ -246,12 +249,9 @@ def _with_expert_caches(weights, slots, pcie_share: float):
     """weights with an ExpertCache of slots[i] experts and the PCIe share on each MoE layer i
     (the MTP block is layer n_layer) whose routed experts stayed in host memory and whose router
     is on the GPU (the routing that splits the pairs runs there)."""
-    from dataclasses import replace
-
+    # gpu.expert_cache only once a GPU model places its experts: a CPU run never loads it
     from gpu.expert_cache import ExpertCache, cacheable
     from gpu.runtime.memory import is_device
-
-    from .weights import MoEFFN
 
     def cached(layer, index):
         ffn, k = layer.ffn, int(slots.get(index, 0))
@@ -319,12 +319,10 @@ def _rule(placement: Placement, model_file) -> Callable[[str], str]:
 def streamable_ffn(ffn, is_device) -> bool:
     """Whether prompt chunks may stream this FFN's weights to the GPU: a dense FFN wholly in host
     memory (MoE experts are not streamed)."""
-    from .weights import DenseFFN
     return isinstance(ffn, DenseFFN) and not any(is_device(m.data) for m in _ffn_matrices(ffn))
 
 
 def _ffn_matrices(ffn):
-    from .weights import DenseFFN
     if isinstance(ffn, DenseFFN):
         return (ffn.gate, ffn.up, ffn.down)
     shared = (ffn.shared.gate, ffn.shared.up, ffn.shared.down, ffn.shared_gate) if ffn.shared else ()
@@ -332,5 +330,4 @@ def _ffn_matrices(ffn):
 
 
 def _all_matrices(weights):
-    from .weights import iter_matrices
     return iter_matrices(weights)

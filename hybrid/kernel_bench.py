@@ -16,13 +16,20 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
+import numba
 import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from cpu.bandwidth import read_bandwidth
+from cpu.ggml_types import BY_NAME, DECODED, GGMLType
+from cpu.matvec import matvec
 
 from .errors import HybridError
 from .synth.codes import random_blocks
-from cpu.ggml_types import BY_NAME, DECODED, GGMLType
 
 SHAPES = ((5120, 17408), (17408, 5120), (2048, 512))   # (rows, cols) of W = (out, in)
 NS = (1, 2, 4, 8)
@@ -77,7 +84,6 @@ class BenchPlan:
 
 def last_level_cache_bytes(default: int = 64 << 20) -> int:
     """Size of the largest CPU cache (Linux sysfs), or `default` where it cannot be read."""
-    from pathlib import Path
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     best = 0
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -137,8 +143,6 @@ def _weight_copies(w: np.ndarray, total_bytes: int) -> list[np.ndarray]:
 
 def warm_up(type_names) -> None:
     """Compile (or load from the cache) every kernel the benchmark will call."""
-    from cpu.bandwidth import read_bandwidth
-    from cpu.matvec import matvec
     rng = np.random.default_rng(0)
     for name in type_names:
         t = BY_NAME[name]
@@ -151,7 +155,6 @@ def warm_up(type_names) -> None:
 def _time_interleaved(t: GGMLType, copies, xs, outs, plan: BenchPlan) -> list[float]:
     """Median seconds of one matvec pass for each input (x, out) pair, timed round-robin: one
     pass per input per round, each pass on the next weight copy (so from DRAM)."""
-    from cpu.matvec import matvec
     for x, out in zip(xs, outs):
         matvec(t.id, copies[-1], x, out)
     times: list[list[float]] = [[] for _ in xs]
@@ -170,8 +173,6 @@ def _time_interleaved(t: GGMLType, copies, xs, outs, plan: BenchPlan) -> list[fl
 
 def run(plan: BenchPlan, threads: int, progress: Callable[[str], None] = lambda msg: None) -> BenchReport:
     """Measure bandwidth, then every (type, shape, n) of the plan."""
-    import numba
-    from cpu.bandwidth import read_bandwidth
     numba.set_num_threads(threads)
     progress(f"measuring read bandwidth over {plan.bandwidth_bytes >> 20} MiB")
     report = BenchReport(bandwidth_gbps=read_bandwidth(plan.bandwidth_bytes), threads=threads)
@@ -197,7 +198,6 @@ def run(plan: BenchPlan, threads: int, progress: Callable[[str], None] = lambda 
 
 def render_table(report: BenchReport):
     """A rich Table of the report (one row per type, shape and n)."""
-    from rich.table import Table
     table = Table(title=f"CPU matvec, {report.threads} threads, read bandwidth "
                         f"{report.bandwidth_gbps:.1f} GB/s", title_justify="left")
     for col in ("type", "W rows×cols", "N", "time/pass", "GB/s", "% of BW", "× N=1"):
@@ -221,8 +221,6 @@ def _fmt_time(seconds: float) -> str:
 
 def run_command(*, quick: bool = False, as_json: bool = False, threads: Optional[int] = None, types=None) -> None:
     """`hybrid bench-kernels` (and tools/bench_kernels.py): table or JSON on stdout, status on stderr."""
-    import numba
-    from rich.console import Console
     err = Console(stderr=True, highlight=False)
     try:
         chosen = parse_types(types or [])

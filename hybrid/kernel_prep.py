@@ -60,6 +60,8 @@ from numba.core.caching import NullCache
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
 
+from cpu.variants import Variants
+
 Progress = Callable[[int, "int | None"], None]   # progress(done, total); total None: not known yet
 
 # Processes compiling CUDA kernels at once: each holds a CUDA context (a few hundred MB of the
@@ -237,7 +239,6 @@ def _locate(dispatcher):
     """(module, attribute, variant key or None) naming the dispatcher so that another process
     can find it (`cpu.variants.Variants` for the kernels made per weight type); None if it
     cannot be named."""
-    from cpu.variants import Variants
     kernel_source = sys.modules.get("gpu.matmul.kernel_source")     # loaded whenever a GPU kernel exists
     made = kernel_source.made_by(dispatcher) if kernel_source is not None else None
     if made is not None:

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from gpu import available
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from gpu.matmul.quants import UNITS as GPU_UNITS
 
@@ -522,10 +523,9 @@ def _too_small(budget: int, must: list[_Unit], vram: dict[str, int], n_ctx: int,
 def gpu_free_memory() -> int | None:
     """Free VRAM in bytes on the current CUDA device; None without a real GPU. numba.cuda is
     imported only when a driver reports a device (importing it has side effects; DEVICE.md)."""
-    from gpu import available
     if not available():
         return None
-    from numba import cuda
+    from numba import cuda    # deferred: reached only once a driver reports a GPU (DEVICE.md)
     free, _total = cuda.current_context().get_memory_info()
     return int(free)
 

@@ -20,7 +20,10 @@ import numpy as np
 from .draft_policy import DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
+from .generate import generate_tokens
+from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
+from .speculative import generate_speculative
 
 SAMPLING_DEFAULTS = dict(max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                          repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
@@ -88,7 +91,6 @@ class ChatSession:
 
         def add_turn(reply: str) -> None:
             self.messages += [{"role": "user", "content": user_text}, {"role": "assistant", "content": reply}]
-        from .reasoning import ReasoningTagger, starts_inside
         wanted = self.render(user_text)
         return ReasoningTagger(self._turn(wanted, sampling, add_turn), starts_inside(self._rendered))
 
@@ -129,8 +131,6 @@ class ChatSession:
         return self._stream(wanted, run, on_reply)
 
     def _stream(self, wanted: list[int], run: dict, on_reply) -> Iterator[Prefill | Token | Done]:
-        from .generate import generate_tokens
-        from .speculative import generate_speculative
 
         cached = self._reusable(wanted, self._consumed)
         ckpt = self._checkpoint

@@ -11,6 +11,8 @@ from __future__ import annotations
 import codecs
 from typing import Any, Iterable, Mapping, Sequence
 
+from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+
 from .errors import HybridError, ModelError
 from .metadata import Meta, shown
 
@@ -333,8 +335,6 @@ def _utf8_clean(text: str) -> bool:
 
 
 def _build_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pre: str):
-    from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
-
     # Entries that are not valid UTF-8 (kept with surrogateescape) cannot cross into the Rust
     # library and can never come out of the byte-level pre-tokenizer either: BPE goes without them.
     if not _utf8_clean("".join(vocab)):

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, uint32
+from numba import types
+from numba.np import numpy_support
 
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
@@ -363,15 +365,12 @@ def _sum_splits():
 
 
 def _matrix(dtype, ndim: int = 2):
-    from numba import types
-    from numba.np import numpy_support
     return types.Array(numpy_support.from_dtype(np.dtype(dtype)), ndim, "C")
 
 
 def kernel_argtypes(unit: GemmUnit, tile: Tile | MmaTile | None = None) -> tuple:
     """Numba argument types of a GEMM kernel (w, w8, x, out, rows, cols): for the tensor-core
     kernel x is fp16 fragments (uint32) and out the splits' partial sums (3-D)."""
-    from numba import types
     if isinstance(tile, MmaTile):
         x, out = _matrix(np.uint32), _matrix(np.float32, 3)
     else:

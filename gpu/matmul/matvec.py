@@ -28,6 +28,8 @@ import functools
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
+from numba import types
+from numba.np import numpy_support
 
 
 from . import gemm, matvec_q8
@@ -167,8 +169,6 @@ def float_kernel(type_id: int, n_slots: int, rows_per_warp: int):
 
 def kernel_argtypes(unit: LaneUnit) -> tuple:
     """Numba argument types of a matvec kernel (w, w8, x, out, rows, cols)."""
-    from numba import types
-    from numba.np import numpy_support
 
     def matrix(dtype):
         return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 2, "C")

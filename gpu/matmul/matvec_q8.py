@@ -33,6 +33,8 @@ import functools
 
 import numpy as np
 from numba import cuda, float32, int32, uint32
+from numba import types
+from numba.np import numpy_support
 
 from ..runtime import memory
 from ..runtime.device import simulated
@@ -329,21 +331,17 @@ def experts_kernel(type_id: int, rows_per_warp: int, lanes: int):
 
 
 def _matrix(dtype):
-    from numba import types
-    from numba.np import numpy_support
     return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 2, "C")
 
 
 def kernel_argtypes(unit: Dp4aUnit) -> tuple:
     """Numba argument types of a kernel (w, w8, xq, xm, out, rows, n_blocks)."""
-    from numba import types
     return (_matrix(unit.word), _matrix(np.uint8), _matrix(np.uint32), _matrix(np.uint32),
             _matrix(np.float32), types.int64, types.int64)
 
 
 def group_argtypes(unit: Dp4aUnit) -> tuple:
     """Numba argument types of a group kernel: (w, w8, out, rows, blocks) × GROUP, xq, xm, n_blocks."""
-    from numba import types
     one = (_matrix(unit.word), _matrix(np.uint8), _matrix(np.float32), types.int64, types.int64)
     return (*one * GROUP, _matrix(np.uint32), _matrix(np.uint32), types.int64)
 
@@ -351,8 +349,6 @@ def group_argtypes(unit: Dp4aUnit) -> tuple:
 def experts_argtypes(unit: Dp4aUnit) -> tuple:
     """Numba argument types of an experts kernel (ws, ws8, hs, hs8, where, x_per_pair, xq, xm, out,
     rows, n_blocks)."""
-    from numba import types
-    from numba.np import numpy_support
 
     def stack(dtype):
         return types.Array(numpy_support.from_dtype(np.dtype(dtype)), 3, "C")

@@ -50,6 +50,7 @@ def require_cuda():
             "no CUDA GPU found: the GPU kernels need an NVIDIA GPU with a working driver "
             "(libcuda). Run on the CPU instead (device='cpu')."
         )
+    # numba.cuda only once a GPU (or the simulator) is known: importing it picks its mode
     from numba import cuda
 
     return cuda

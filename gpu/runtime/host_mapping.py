@@ -18,6 +18,7 @@ import mmap
 import weakref
 
 import numpy as np
+from numba import cuda
 
 from . import memory
 from .device import simulated
@@ -56,7 +57,7 @@ def register_host_ranges(arrays) -> tuple[list[int], str | None]:
 
 
 def unregister_host_ranges(bases: list[int]) -> None:
-    from cuda.bindings import driver as cu
+    from cuda.bindings import driver as cu    # cuda-python: only on a real GPU (none under the simulator)
     for base in bases:
         cu.cuMemHostUnregister(base)       # errors ignored: the mapping may already be gone
     bases.clear()
@@ -71,7 +72,6 @@ class DeviceViews:
     def __init__(self, hosts):
         self.arrays, self.why = None, None
         if simulated():
-            from numba import cuda
             self.arrays = [cuda.to_device(np.ascontiguousarray(h)) for h in hosts]
             return
         if not all(h.flags.c_contiguous for h in hosts):
@@ -86,8 +86,7 @@ class DeviceViews:
 
 def _device_view(host: np.ndarray):
     """A numba device array over registered host memory (no copy; the owner keeps it alive)."""
-    from cuda.bindings import driver as cu
-    from numba import cuda
+    from cuda.bindings import driver as cu    # cuda-python: only on a real GPU (none under the simulator)
     err, pointer = cu.cuMemHostGetDevicePointer(host.ctypes.data, 0)
     if int(err) != 0:
         raise RuntimeError(f"cuMemHostGetDevicePointer: {cu.cuGetErrorName(err)[1].decode()}")

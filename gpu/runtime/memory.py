@@ -87,7 +87,7 @@ def driver():
         if simulated():
             _driver = ()                     # known: no driver
         else:
-            from cuda.bindings import driver as cu
+            from cuda.bindings import driver as cu    # cuda-python: only with a real driver
             _driver = (cu, stream().handle)
     return _driver or None
 

@@ -24,10 +24,11 @@ device time, the time they waited for their weights, and the CPU FFN time of the
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
-from numba import njit, prange
+from numba import cuda, njit, prange
 
 from . import graphs, memory
 from .device import simulated
@@ -98,7 +99,6 @@ class StreamStats:
 
 def _event(timing: bool = False):
     """A CUDA event (the simulator's take no arguments and time nothing)."""
-    from numba import cuda
     return cuda.event() if simulated() else cuda.event(timing=timing)
 
 
@@ -230,7 +230,6 @@ class WeightStreamer:
         matrices = (ffn.gate, ffn.up, ffn.down)
         offsets, size = _layout(matrices)
         if slot.buffer is None or slot.buffer.size < size:
-            from numba import cuda
             slot.buffer = cuda.device_array(max(size, self.slot_bytes), np.uint8)
             slot.views.clear()
         stream = self._stream()
@@ -272,7 +271,6 @@ class WeightStreamer:
         self.stats.pinning = "registered" if why is None else f"staged: {why}"
         self._pinned = page_ranges(arrays) if bases else []
         if bases:
-            import weakref
             self._finalizer = weakref.finalize(self, unregister_host_ranges, bases)
 
     def _is_pinned(self, host: np.ndarray) -> bool:
@@ -281,7 +279,6 @@ class WeightStreamer:
 
     def _stream(self):
         if self._copy_stream is None:
-            from numba import cuda
             self._copy_stream = cuda.stream()
         return self._copy_stream
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.console import Console
+from rich.text import Text
 
+from .. import __version__
 from ..errors import HybridError
+from ..metadata import safe_text
+from .llama_flags import rewrite, stderr_note, version_requested
 
 app = typer.Typer(
     name="hybrid",
@@ -26,8 +31,6 @@ def main() -> None:
 
     argv is rewritten first so llama.cpp's spellings (-ngl, -fa, -sys, …) mean what a llama.cpp
     user expects instead of being read as bundled one-letter options (llama_flags)."""
-    from .. import __version__
-    from .llama_flags import rewrite, stderr_note, version_requested
     try:
         argv = sys.argv[1:]
         if version_requested(argv):
@@ -35,9 +38,6 @@ def main() -> None:
             return
         app(args=rewrite(argv, stderr_note), prog_name="hybrid")
     except HybridError as e:
-        from rich.console import Console
-        from rich.text import Text
-        from ..metadata import safe_text
         # a Text, not markup: messages quote shapes like [512, 1024] that markup would eat; and
         # escaped and cut, since messages quote file-derived text (the last line of defence:
         # readers already pass such text through safe_text)

@@ -11,7 +11,10 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from ..bench import bench_draft, bench_generate, bench_prompt
+from ..draft_policy import parse_depth
 from ..errors import HybridError
+from ..model_file import default_model_path, open_model
 from . import app
 from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, PcieShareOpt, ModelArg, ModelOpt, OverrideTensorOpt,
                      ThreadsOpt, VramOpt, load_model, pick_model)
@@ -39,9 +42,6 @@ def bench(
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
-    from ..draft_policy import parse_depth
-    from ..bench import bench_draft, bench_generate, bench_prompt
-
     if output not in FORMATS:
         raise HybridError(f"unknown output format {output!r}; choose one of {', '.join(FORMATS)}")
     if reps < 1:
@@ -54,7 +54,6 @@ def bench(
         raise HybridError("nothing to time: give a positive -p or -n")
     n_ctx = max([*n_prompt, *n_gen, 1]) + 64
     # the model's context bounds every test; read it from the header before loading anything
-    from ..model_file import default_model_path, open_model
     with open_model(path or default_model_path()) as f:
         model_ctx = f.config.context_length
     if n_ctx > model_ctx:

@@ -5,6 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..kernel_bench import run_command
 from . import app
 
 
@@ -16,5 +17,4 @@ def bench_kernels(
     types: Annotated[Optional[list[str]], typer.Option("--types", help="Weight types, e.g. --types Q4_K,Q8_0 (default: all; with --quick: Q4_K Q5_K Q6_K Q8_0).", show_default=False)] = None,
 ) -> None:
     """Time one N-input matvec pass (N = 1, 2, 4, 8) per weight type at FFN shapes, as GB/s and % of the CPU read bandwidth measured in the same run."""
-    from ..kernel_bench import run_command
     run_command(quick=quick, as_json=as_json, threads=threads, types=types)

@@ -65,7 +65,7 @@ def join_lines(lines):
 
 
 def _terminal_lines(console: Console):
-    try:
+    try:                       # prompt_toolkit is optional (line editing): deferred to the interactive path
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import InMemoryHistory
         session = PromptSession(history=InMemoryHistory())

@@ -10,10 +10,16 @@ from typing import Callable, Optional, Sequence
 import typer
 from rich.console import Console
 
+from gpu import available
+
+from ..api import load
+from ..chat_template import ChatTemplate
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
-from ..placement import DEFAULT_PCIE_SHARE
+from ..placement import DEFAULT_PCIE_SHARE, parse_overrides
+from ..sampling import SamplerConfig
 from ..state import DEFAULT_N_CTX
+from ..units import parse_size
 
 ModelArg = typer.Argument(None, help="GGUF model file (default: the bundled tiny qwen35 model).",
                           show_default=False)
@@ -162,7 +168,6 @@ def check_sampling(*, temp: float, top_k: int, top_p: float, min_p: float, repea
                    seed: int, repeat_last_n: int = 64) -> None:
     """Every sampling option checked before the model loads (a bad --top-p should not cost a
     minute of loading first): SamplerConfig holds the rules."""
-    from ..sampling import SamplerConfig
     SamplerConfig(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                   repeat_last_n=repeat_last_n, seed=None if seed < 0 else seed)
 
@@ -200,8 +205,6 @@ def placement_options(device: str, vram: Optional[str], cpu_only: bool,
 
     --cpu-only is device cpu; a bad --vram or -ot fails here, before the model is opened.
     """
-    from ..placement import parse_overrides
-    from ..units import parse_size
     if cpu_only:
         if device == "cuda":
             raise HybridError("--cpu-only and --device cuda contradict each other; pick one")
@@ -263,22 +266,18 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
     job takes (its prompt, a draft verify step), when known: the warm-up then compiles only the
     kernels of calls that size (`Model.warmup`); draft: the job's --draft, whose deepest verify
     the warm-up prepares too."""
-    from ..api import load
     rules, ngl_cpu = layer_rules(n_gpu_layers, n_cpu_moe)
     if rules and device != "cuda" and not cpu_only:
-        from gpu import available
         if not available():
             rules = []       # nothing to split without a GPU: said below, once the CPU run is loaded
     template = read_template(chat_template_file)
     if template is not None:
-        from ..chat_template import ChatTemplate
         ChatTemplate(template)        # a template that does not parse fails before the model loads
     device, extra = placement_options(device, vram, cpu_only or ngl_cpu, list(overrides) + rules)
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
                      expert_cache=expert_cache, pcie_share=pcie_share, **extra)
     if template is not None:
-        from ..chat_template import ChatTemplate
         model.chat_template = ChatTemplate(template, bos_token=model.chat_template.bos_token,
                                            eos_token=model.chat_template.eos_token)
     asked_gpu = [name for name, given in (("--vram", vram is not None), ("-ngl", n_gpu_layers is not None and not ngl_cpu),

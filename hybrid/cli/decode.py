@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+import numpy as np
 import typer
 from rich.console import Console
 
@@ -100,7 +101,6 @@ def pick_draft(draft: Optional[str], has_mtp: bool) -> int:
 def token_probs(m, prompt_ids: list[int], tokens: list[int], n: int) -> list[dict]:
     """Per generated token: its probability and the n likeliest tokens at its position, from
     the teacher-forced logits of prompt + generated text (what the model saw when sampling)."""
-    import numpy as np
     if not tokens:
         return []
     logits = m.logits(list(prompt_ids) + tokens[:-1])[len(prompt_ids) - 1:]

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gpu import available
+
 from . import app
 from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
 from ..metadata import safe_text
@@ -73,7 +75,6 @@ def _hypothetical(plan: dict) -> bool:
     """A GPU plan on a machine without a CUDA GPU: what would fit such a card, not what runs here."""
     if plan.get("budget") is None:
         return False
-    from gpu import available
     return not available()
 
 

@@ -1,6 +1,8 @@
 """`hybrid serve`: an OpenAI-compatible HTTP server (hybrid/server) over one loaded model."""
 from __future__ import annotations
 
+import logging
+import socket
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -10,6 +12,8 @@ from rich.console import Console
 
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
+from ..server.engine import Engine
+from ..units import parse_size
 from . import app
 from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt,
                      ModelArg, ModelOpt, NCpuMoeOpt, NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, ThreadsOpt,
@@ -53,14 +57,10 @@ def serve(
 
     Each conversation's state is kept between requests, so a new turn prefills only its new tokens.
     """
-    import logging
-    import socket
-
+    # the server stack (uvicorn, starlette) only for `hybrid serve`: every other command starts without it
     import uvicorn
 
     from ..server.app import Limits, build_app
-    from ..server.engine import Engine
-    from ..units import parse_size
 
     path = pick_model(model, model_opt)
     cache_bytes = parse_size(cache_mem, "state cache size (--cache-mem)")

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..events import Done, Prefill, Token
+from ..generate import generate_tokens
 from ..sampling import Sampler, SamplerConfig
+from ..speculative import generate_speculative
 from .cache import StateCache
 
 log = logging.getLogger("hybrid.server")
@@ -130,9 +132,6 @@ class Engine:
         return cached
 
     def _run(self, job: Job) -> None:
-        from ..generate import generate_tokens
-        from ..speculative import generate_speculative
-
         m, wanted = self.model, list(job.ids)
         sampler = Sampler(SamplerConfig(**job.sampling))
         cached = self._start(wanted)
