@@ -215,7 +215,7 @@ def find_missing(run: Callable[[], object], progress: Progress | None = None, do
     event.register("numba:compile", plan)
     Dispatcher._compile_for_args = _compile_for_args
     if cuda:
-        # numba.cuda is imported only when a GPU model warms up: a CPU run never loads it
+        # the CUDA dispatcher is patched only when a GPU model warms up; a CPU warm-up leaves it alone
         from numba.cuda.dispatcher import CUDADispatcher
         cuda_original = CUDADispatcher._compile_for_args
         CUDADispatcher._compile_for_args = _cuda_compile_for_args(cuda_original)
