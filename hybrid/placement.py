@@ -29,8 +29,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-import numpy as np
-
 from gpu import available
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from gpu.matmul.quants import UNITS as GPU_UNITS

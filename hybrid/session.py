@@ -131,7 +131,6 @@ class ChatSession:
         return self._stream(wanted, run, on_reply)
 
     def _stream(self, wanted: list[int], run: dict, on_reply) -> Iterator[Prefill | Token | Done]:
-
         cached = self._reusable(wanted, self._consumed)
         ckpt = self._checkpoint
         if ckpt is not None and self._reusable(wanted, ckpt.ids) > cached:
