@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))        # vs_llama_cpp, beside this file
+
+from vs_llama_cpp import JsonWorker  # noqa: E402
 
 # Runs inside a worker, with the tree under test first on sys.path: only APIs both trees have.
 WORKER = r"""
@@ -46,41 +47,6 @@ for line in sys.stdin:
 """
 
 
-class Worker:
-    def __init__(self, tree: Path, spec: dict, timeout: float):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(tree), json.dumps(spec)], cwd=tree,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.ready = self._read(timeout)
-
-    def _read(self, timeout: float) -> dict:
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
-        end = time.time() + timeout
-        while True:
-            if not sel.select(max(end - time.time(), 0)):
-                self.proc.kill()
-                raise TimeoutError(f"worker gave no answer in {timeout:.0f} s")
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"worker exited ({self.proc.wait()}); its errors are above")
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                print(line, end="", file=sys.stderr)
-
-    def rep(self, timeout: float) -> dict:
-        self.proc.stdin.write("rep\n")
-        self.proc.stdin.flush()
-        return self._read(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(60)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("models", nargs="+")
@@ -101,7 +67,9 @@ def main() -> int:
                 "vram": args.vram if args.device != "cpu" else None, "tokens": args.tokens, "k": args.k}
         workers = {}
         for name, tree in trees.items():
-            workers[name] = Worker(tree, spec, args.timeout)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]))
+            workers[name] = JsonWorker([sys.executable, "-c", WORKER, str(tree), json.dumps(spec)], args.timeout,
+                                       env=env, cwd=tree)
             print(f"[{Path(path).name}] {name}: loaded and warm in {workers[name].ready['ready']:.0f} s",
                   file=sys.stderr, flush=True)
         samples = {name: [] for name in trees}

@@ -354,13 +354,13 @@ def worker_main(spec: dict) -> None:
         print(json.dumps(res), file=proto, flush=True)
 
 
-class Worker:
-    """The parent's handle on a hybrid worker process: JSON lines with timeouts."""
+class JsonWorker:
+    """The parent's handle on a worker process that prints one JSON object when ready and one per
+    'rep' line it reads (tools/device/old_new.py's workers too): JSON lines with timeouts; other
+    lines it prints are passed to stderr. `popen`: Popen's keyword arguments (env, cwd)."""
 
-    def __init__(self, group: Group, path: Path, threads: int, timeout: float):
-        spec = {"group": asdict(group), "path": str(path), "threads": threads}
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_worker", json.dumps(spec)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, cmd: list[str], timeout: float, **popen):
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.ready = self._read(timeout)
@@ -402,6 +402,14 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class Worker(JsonWorker):
+    """A hybrid worker of this script (`worker_main`) for one row group."""
+
+    def __init__(self, group: Group, path: Path, threads: int, timeout: float):
+        spec = {"group": asdict(group), "path": str(path), "threads": threads}
+        super().__init__([sys.executable, str(Path(__file__).resolve()), "_worker", json.dumps(spec)], timeout)
 
 
 # --- the run ---------------------------------------------------------------------------------------
