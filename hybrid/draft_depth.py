@@ -6,7 +6,11 @@ exponential average of wall time); depths not yet tried are priced by a linear f
 ones that were. The acceptance at position i is only observed when a step drafts at least
 i tokens, so the controller now and then tries one deeper than its current choice; and one
 measured depth cannot price the others (the 15%-per-row prior may be far off), so every other
-such probe goes one shallower instead.
+such probe goes one shallower instead. A probe that leaves the choice as it was doubles the
+spacing to the next one (up to _PROBE_MAX steps); one that changes it resets the spacing to
+_PROBE_EVERY. Each probe is two steps at a worse depth and two changes of depth, and on a
+settled model at _PROBE_EVERY that is every eighth step spent switching; backing off keeps
+the cost of watching for drift near one step in a hundred.
 
 At depth 0, a probe of depth 1 that could not pay even if draft 1 were kept as often as an
 optimistic count allows (two more keeps than observed) runs only every _PROBE_EVERY ×
@@ -25,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 _DECAY = 0.9          # EMA weight of the past
-_PROBE_EVERY = 16     # steps between tries of a deeper draft
+_PROBE_EVERY = 16     # steps between tries of a neighbouring depth, at first and after a change
+_PROBE_MAX = 128      # the widest spacing probes that change nothing back off to
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
 _HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
 _IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
@@ -43,6 +48,10 @@ class DepthController:
         self.steps = 0
         self.unsteady = 0                        # steps whose cost was not learnt (record)
         self.held = False                        # the next choice repeats this one
+        self.spacing = _PROBE_EVERY              # steps from one probe to the next (backs off)
+        self.next_probe = _PROBE_EVERY           # the step of the next probe
+        self.probes = 0                          # probes so far (alternates deeper / shallower)
+        self.home = None                         # the choice a probe left, until the next choice
 
     def acceptance(self) -> np.ndarray:
         """a_i for i = 1..max_depth; an optimistic prior (0.8) where nothing was seen yet."""
@@ -85,18 +94,24 @@ class DepthController:
             return self.depth
         a = self.acceptance()
         best = max(range(0, self.max_depth + 1), key=lambda d: self.expected_tokens(d, a) / self.step_cost(d))
+        if self.home is not None:   # the first choice after a probe: did it change anything?
+            self.spacing = min(2 * self.spacing, _PROBE_MAX) if best == self.home else _PROBE_EVERY
+            self.home = None
         # a neighbour never timed is tried sooner: its cost is only learnt from steady steps
         # (a GPU step's first run and its capture are not), so a run would otherwise end before
         # the controller knew whether one draft fewer or more pays
         untimed = [d for d in (best - 1, best + 1) if 0 <= d <= self.max_depth and d not in self.cost]
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
-        elif self.steps % _PROBE_EVERY == 0 and self.max_depth > 0:
-            slot = self.steps // _PROBE_EVERY
+        elif self.steps >= self.next_probe and self.max_depth > 0:
+            self.probes += 1
+            # at depth 0 the spacing stays _PROBE_EVERY: acceptance is only seen through probes there
+            self.next_probe = self.steps + (self.spacing if best > 0 else _PROBE_EVERY)
+            self.home = best
             if best == 0:
-                if self.draft_may_pay() or slot % _HOPELESS_SPACING == 0:
+                if self.draft_may_pay() or self.probes % _HOPELESS_SPACING == 0:
                     best = 1
-            elif slot % 2 == 1 and best < self.max_depth:
+            elif self.probes % 2 == 1 and best < self.max_depth:
                 best += 1
             else:
                 best -= 1

@@ -3,16 +3,19 @@ second from scripted acceptance and step costs; probes one deeper now and then."
 import numpy as np
 import pytest
 
-from hybrid.draft_depth import _HOPELESS_SPACING, _PROBE_EVERY, DepthController
+from hybrid.draft_depth import _HOPELESS_SPACING, _PROBE_EVERY, _PROBE_MAX, DepthController
 
 MAX = 4
 
 
-def drive(c: DepthController, steps: int, accepted, cost) -> list[int]:
-    """Run `steps` scripted steps: accepted(depth) drafts kept, cost(depth) seconds each."""
+def drive(c: DepthController, steps: int, accepted, cost, probing: list | None = None) -> list[int]:
+    """Run `steps` scripted steps: accepted(depth) drafts kept, cost(depth) seconds each.
+    probing: appended to, per step, whether it was one of a probe's two steps."""
     chosen = []
     for _ in range(steps):
         d = c.choose()
+        if probing is not None:
+            probing.append(c.home is not None)      # set by a probe until the choice after it
         c.record(d, min(d, accepted(d)), cost(d))
         chosen.append(d)
     return chosen
@@ -60,30 +63,30 @@ def test_step_cost_prior_and_linear_fit():
     assert c.step_cost(3) == pytest.approx(0.9 * 4.0 + 0.1 * 5.0)   # EMA of what was measured
 
 
-def settled(chosen, tail, steps_before=0):
-    """The last `tail` choices without the probes (every _PROBE_EVERY-th choice of the
-    controller and the one after it, which repeats it; the controller had made `steps_before`
-    choices before these)."""
-    steps = np.arange(1, len(chosen) + 1) + steps_before
-    keep = steps % _PROBE_EVERY > 1
-    return np.asarray(chosen)[keep][-tail:]
+def settled(c: DepthController, steps: int, accepted, cost, tail: int) -> np.ndarray:
+    """Drive `steps` more steps; the last `tail` choices that were not a probe's."""
+    probing: list[bool] = []
+    chosen = np.asarray(drive(c, steps, accepted, cost, probing))
+    return chosen[~np.asarray(probing)][-tail:]
 
 
 def test_high_acceptance_and_flat_cost_go_deep():
-    chosen = drive(DepthController(MAX, start=1), 200, accepted=lambda d: d, cost=lambda d: 1.0)
-    assert (settled(chosen, 100) == MAX).all()
-    assert min(chosen[-100:]) == MAX - 1                       # only the shallower probes
+    c = DepthController(MAX, start=1)
+    assert (settled(c, 200, accepted=lambda d: d, cost=lambda d: 1.0, tail=100) == MAX).all()
+    chosen = drive(c, 2 * _PROBE_MAX, accepted=lambda d: d, cost=lambda d: 1.0)
+    assert min(chosen) == MAX - 1                               # only the shallower probes
 
 
 def test_high_acceptance_and_mild_cost_go_deep():
-    chosen = drive(DepthController(MAX), 300, accepted=bernoulli(0.95), cost=linear(0.1))
-    assert np.mean(settled(chosen, 200) == MAX) > 0.9
+    tail = settled(DepthController(MAX), 300, accepted=bernoulli(0.95), cost=linear(0.1), tail=200)
+    assert np.mean(tail == MAX) > 0.9
 
 
 def test_steep_cost_goes_shallow():
     """Each drafted row costing twice a plain step never pays, however good the drafts."""
-    chosen = drive(DepthController(MAX), 200, accepted=lambda d: d, cost=linear(2.0))
-    assert (settled(chosen, 150) == 0).all() and max(chosen[-150:]) <= 1
+    c = DepthController(MAX)
+    assert (settled(c, 200, accepted=lambda d: d, cost=linear(2.0), tail=150) == 0).all()
+    assert max(drive(c, 150, accepted=lambda d: d, cost=linear(2.0))) <= 1
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.1])
@@ -96,18 +99,32 @@ def test_low_acceptance_goes_shallow_and_stays_there(rate):
     assert tail.max() <= 1
 
 
-def test_probes_alternate_one_deeper_and_one_shallower():
-    """Settled on depth 2 (draft 3 always fails): every _PROBE_EVERY-th choice tries depth 3 or
-    depth 1, in turn; all others stay at 2."""
+def test_probes_alternate_and_back_off_while_they_change_nothing():
+    """Settled on depth 2 (draft 3 always fails): probes try depth 3 and depth 1 in turn, two
+    steps each; all other steps stay at 2; as no probe changes the choice, the spacing between
+    probes doubles up to _PROBE_MAX."""
     c = DepthController(MAX, start=2)
-    chosen = np.asarray(drive(c, 8 * _PROBE_EVERY, accepted=lambda d: min(d, 2), cost=linear(0.15)))
-    steps = np.arange(1, len(chosen) + 1)
-    late = steps > 2 * _PROBE_EVERY
-    probe, held = steps % _PROBE_EVERY == 0, steps % _PROBE_EVERY == 1
-    assert (chosen[late & ~probe & ~held] == 2).all()
-    assert sorted(set(chosen[late & probe])) == [1, 3]
-    assert list(chosen[late & probe]) == [3, 1, 3, 1, 3, 1]
-    assert list(chosen[late & held]) == [1, 3, 1, 3, 1, 3]     # each probe lasts two steps
+    probing: list[bool] = []
+    chosen = np.asarray(drive(c, 12 * _PROBE_MAX, accepted=lambda d: min(d, 2), cost=linear(0.15), probing=probing))
+    probing = np.asarray(probing)
+    late = np.arange(len(chosen)) > 4 * _PROBE_EVERY
+    assert (chosen[late & ~probing] == 2).all()
+    starts = np.flatnonzero(late & probing & ~np.roll(probing, 1))[:-1]     # the last may be cut short
+    assert all(probing[s + 1] and chosen[s + 1] == chosen[s] for s in starts)   # each probe lasts two steps
+    depths = chosen[starts].tolist()
+    assert set(depths) == {1, 3} and all(a != b for a, b in zip(depths, depths[1:]))
+    gaps = np.diff(np.flatnonzero(probing & ~np.roll(probing, 1)))
+    assert gaps[0] == _PROBE_EVERY and (np.diff(gaps) >= 0).all() and gaps[-1] == _PROBE_MAX
+
+
+def test_a_probe_that_changes_the_choice_resets_the_spacing():
+    """Backed off on depth 1 while draft 2 failed; drafts then start being kept, a deeper probe
+    sees it and the choice moves: probes come every _PROBE_EVERY steps again."""
+    c = DepthController(MAX, start=1)
+    drive(c, 8 * _PROBE_MAX, accepted=lambda d: min(d, 1), cost=linear(0.15))
+    assert c.spacing == _PROBE_MAX
+    drive(c, 2 * _PROBE_MAX + 2, accepted=lambda d: d, cost=linear(0.15))
+    assert c.depth > 1 and c.spacing < _PROBE_MAX
 
 
 def test_steep_cost_is_found_from_one_measured_depth():
@@ -116,8 +133,8 @@ def test_steep_cost_is_found_from_one_measured_depth():
     c = DepthController(MAX, start=MAX)
     first = drive(c, _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
     assert first[0] == MAX
-    later = drive(c, 3 * _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0))
-    assert (settled(later, 2 * _PROBE_EVERY, steps_before=_PROBE_EVERY) == 0).all()
+    later = settled(c, 3 * _PROBE_EVERY, accepted=lambda d: d, cost=linear(2.0), tail=2 * _PROBE_EVERY)
+    assert (later == 0).all()
 
 
 def test_probing_finds_drafts_that_got_better():
@@ -126,8 +143,8 @@ def test_probing_finds_drafts_that_got_better():
     c = DepthController(MAX)
     drive(c, 100, accepted=lambda d: min(d, 1), cost=linear(0.15))
     assert c.depth <= 2
-    chosen = drive(c, 150, accepted=lambda d: d, cost=linear(0.15))
-    assert (settled(chosen, 50, steps_before=100) == MAX).all()
+    # within two of the widest probe spacings (one deeper, one shallower probe each)
+    assert (settled(c, 2 * _PROBE_MAX + 50, accepted=lambda d: d, cost=linear(0.15), tail=50) == MAX).all()
 
 
 def test_drafts_that_cannot_pay_are_probed_rarely_and_idle_the_mtp_head():
