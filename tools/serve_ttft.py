@@ -67,6 +67,16 @@ def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, in
         (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
 
 
+def phases(url: str) -> str:
+    """Where the server says the last request's time went (its /stats): the wait for the worker
+    (which includes the previous reply's end snapshot), restoring a snapshot, the first token."""
+    last = httpx.get(url + "/stats", timeout=30).json().get("last") or {}
+    parts = [f"{label} {1e3 * last[key]:.0f}" for label, key in (
+        ("queued", "queued_s"), ("restore", "restore_s"), ("to first token", "ttft_s"),
+        ("prompt snapshot", "prompt_snapshot_s")) if key in last]
+    return f" ({', '.join(parts)} ms)" if parts else ""
+
+
 def conversation(url: str, turns: int, max_tokens: int, system: str, mode: str | None = None) -> list[tuple]:
     """Each turn's (TTFT s, reply, prompt tokens, cached tokens); with `mode`, each is also printed
     as it comes, so a run cut short (a time limit) still shows the turns it finished."""
@@ -78,7 +88,8 @@ def conversation(url: str, turns: int, max_tokens: int, system: str, mode: str |
         messages.append({"role": "assistant", "content": reply})
         out.append((ttft, reply, prompt, cached))
         if mode:
-            print(f"{mode}: turn {i + 1}, prompt {prompt}, cached {cached}, TTFT {ttft * 1e3:.1f} ms", flush=True)
+            print(f"{mode}: turn {i + 1}, prompt {prompt}, cached {cached}, TTFT {ttft * 1e3:.1f} ms"
+                  f"{phases(url)}", flush=True)
     return out
 
 

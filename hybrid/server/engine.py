@@ -134,7 +134,9 @@ class Engine:
     def _run(self, job: Job) -> None:
         m, wanted = self.model, list(job.ids)
         sampler = Sampler(SamplerConfig(**job.sampling))
+        began = time.perf_counter()
         cached = self._start(wanted)
+        timings = {"queued_s": began - job.submitted, "restore_s": time.perf_counter() - began}
         self._live = None            # until this job ends cleanly, the state's content is not known
         suffix = wanted[cached:]
         run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
@@ -170,7 +172,9 @@ class Engine:
                 if prompt_done:
                     prompt_done = False
                     if self.reuse and self.state.n_past == len(wanted):
+                        taken = time.perf_counter()
                         self.cache.put(self.state, wanted)
+                        timings["prompt_snapshot_s"] = time.perf_counter() - taken
         finally:
             events.close()
         if cancelled or stats is None:
@@ -187,4 +191,8 @@ class Engine:
         if n <= len(history):
             self._live = history[:n]
             if self.reuse and n > len(wanted):
+                taken = time.perf_counter()
                 self.cache.put(self.state, self._live)
+                timings["end_snapshot_s"] = time.perf_counter() - taken
+        # where a request's time went, for /stats (the end snapshot delays the next request's start)
+        self.stats["last"].update({k: round(v, 6) for k, v in timings.items()})

@@ -376,7 +376,10 @@ def test_completions_continue_from_the_previous_reply(srv, ref):
     assert stats(srv)["last"]["cached_from"] == "live"      # the state the reply left, not a copy
     # the same prompt again: the live state now holds more than it, a snapshot serves
     r3 = c.completions.create(model=model_id(srv), prompt=p2, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
-    assert stats(srv)["last"]["cached_from"] == "snapshot" and r3.choices[0].text == r2.choices[0].text
+    last = stats(srv)["last"]
+    assert last["cached_from"] == "snapshot" and r3.choices[0].text == r2.choices[0].text
+    # where the request's time went: restoring the snapshot is counted before the first token
+    assert 0 < last["restore_s"] and 0 <= last["queued_s"] and 0 < last["ttft_s"]
     full = client(ref, KEY).completions.create(model=model_id(ref), prompt=p2, max_tokens=20, temperature=0,
                                                extra_body={"ignore_eos": True})
     assert full.usage.prompt_tokens_details.cached_tokens == 0
