@@ -45,6 +45,7 @@ import collections
 import contextlib
 import importlib
 import inspect
+import logging
 import os
 import pickle
 import subprocess
@@ -62,6 +63,7 @@ from numba.core.dispatcher import Dispatcher
 
 from cpu.variants import Variants
 
+log = logging.getLogger("hybrid.kernel_prep")   # where a cold start's seconds go (tools/device/compile_profile.py)
 Progress = Callable[[int, "int | None"], None]   # progress(done, total); total None: not known yet
 
 # Processes compiling CUDA kernels at once: each holds a CUDA context (a few hundred MB of the
@@ -371,6 +373,7 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
         with lock:
             here.append(job)
 
+    started, here_count = time.perf_counter(), 0
     feeders = [threading.Thread(target=_feed_worker, args=(take, finished, give_back), daemon=True)
                for _ in range(n_procs)]
     for t in feeders:
@@ -382,10 +385,13 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
         if job is not None:
             job.compile()
             finished(job)
+            here_count += job.count
         elif idle:
             break                               # nothing queued, nothing running elsewhere
         else:
             time.sleep(0.01)                    # a worker may still hand its job back
+    log.info("compiled %d kernels in %.1f s: %d worker processes, %d kernels in this process",
+             len(missing), time.perf_counter() - started, n_procs, here_count)
 
 
 def _feed_worker(take, finished, give_back) -> None:
@@ -397,6 +403,7 @@ def _feed_worker(take, finished, give_back) -> None:
                                 text=True, bufsize=1)
     except OSError:
         return
+    began, kernels, saving = time.perf_counter(), 0, 0.0
     try:
         while (job := take()) is not None:
             try:
@@ -406,16 +413,21 @@ def _feed_worker(take, finished, give_back) -> None:
             except (OSError, ValueError):
                 reply = ""
             if reply.startswith("ok"):
+                saved = time.perf_counter()
                 try:
                     job.save(reply)
                 except Exception:               # noqa: BLE001 - the warm-up compiles it instead
                     pass
+                saving += time.perf_counter() - saved
+                kernels += job.count
                 finished(job)
                 continue
             give_back(job)
             if not reply:                       # the worker is gone
                 return
     finally:
+        log.info("worker %d: %d kernels, %.1f s from its start, %.1f s of it saving them here",
+                 proc.pid, kernels, time.perf_counter() - began, saving)
         try:
             proc.stdin.close()
         except OSError:
@@ -470,9 +482,12 @@ def prepare(run: Callable[[], object], progress: Progress | None = None, workers
     kernels are planned too; plan_context(): what each plan pass runs in (the GPU backend's
     `planning`: no graph captures of steps whose kernels were skipped)."""
     done = done_before
-    for _ in range(MAX_PASSES):
+    for pass_no in range(1, MAX_PASSES + 1):
+        started = time.perf_counter()
         with plan_context() if plan_context is not None else contextlib.nullcontext():
             plan = find_missing(run, progress, done, cuda)
+        log.info("plan pass %d: %d kernels missing, %d compiled on the spot, %.1f s", pass_no,
+                 len(plan.missing), plan.compiled_now, time.perf_counter() - started)
         done += plan.compiled_now
         if not plan.missing and plan.complete:
             if done > done_before and progress is not None:
@@ -482,7 +497,9 @@ def prepare(run: Callable[[], object], progress: Progress | None = None, workers
         done += len(plan.missing)
         if not plan.stopped:
             break                               # complete, or failed: the real warm-up says why
+    started = time.perf_counter()
     run()
+    log.info("warm-up run %.1f s", time.perf_counter() - started)
     return done - done_before
 
 

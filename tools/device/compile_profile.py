@@ -10,6 +10,7 @@ Run it with an empty NUMBA_CACHE_DIR to see a first run; a warm cache shows what
 from __future__ import annotations
 
 import collections
+import logging
 import sys
 import time
 
@@ -63,6 +64,9 @@ def report() -> None:
 
 
 def main() -> int:
+    # hybrid.kernel_prep's phase lines: plan passes, worker processes, the warm-up run
+    logging.basicConfig(stream=sys.stderr, format="[%(relativeCreated)7.0f ms] %(message)s")
+    logging.getLogger("hybrid.kernel_prep").setLevel(logging.INFO)
     event.register("numba:compile", _CPU())
     _wrap_cuda()
     from hybrid.cli import main as cli
