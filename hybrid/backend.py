@@ -38,6 +38,9 @@ Placement = Callable[[str], str] | Mapping[str, str] | Collection[str] | None
 
 class CPUBackend:
     name = "cpu"
+    # the fewest rows of a call that gets the prompt kernels' bits (`generate.prompt_chunks`): every
+    # CPU kernel keeps a row's bits whatever the number of rows
+    min_prompt_rows = 1
 
     def __init__(self, ops=None):
         self._ops = ops
@@ -115,6 +118,8 @@ class GPUBackend:
         import gpu.ffn
         import gpu.runtime.graphs
         import gpu.runtime.memory
+        from gpu.matmul.gemm import GEMM_MIN_ROWS
+        from gpu.runtime.pcie import PCIE_MAX_ROWS
         from gpu.runtime.weight_stream import STREAM_MIN_ROWS, WeightStreamer
         if ops is None:
             import gpu.ops as ops    # GPU backend only (see above)
@@ -124,6 +129,10 @@ class GPUBackend:
         self.graphs = gpu.runtime.graphs.StepGraphs(enabled=cuda_graphs)
         min_rows = (STREAM_MIN_ROWS if stream_min_rows is None else stream_min_rows) if stream_weights else None
         self.streamer = WeightStreamer(gpu.ffn.dense_ffn, min_rows, register=register_host_memory)
+        # Calls of fewer rows run the decode kernels (int8 matvec, host FFNs on the CPU, PCIe expert
+        # fetches), longer ones the prompt kernels (GEMM, streamed FFNs): each keeps a row's bits
+        # within its kind, not across (`generate.prompt_chunks` keeps prompts on one kind)
+        self.min_prompt_rows = max(GEMM_MIN_ROWS, min_rows or 0, PCIE_MAX_ROWS + 1)
 
     @property
     def stream_stats(self):

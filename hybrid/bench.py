@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .generate import PREFILL_CHUNK
+from .generate import PREFILL_CHUNK, prompt_chunks
 
 
 @dataclass
@@ -56,9 +56,8 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
 
 def _prefill(model, state, ids: np.ndarray) -> None:
     """Append `ids` to `state` in the engine's prefill chunks, logits of the last token only."""
-    for s in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[s:s + PREFILL_CHUNK]
-        model.forward.forward(state, chunk, logits="last" if s + len(chunk) == len(ids) else "none")
+    for start, stop in prompt_chunks(len(ids), model.forward.min_prompt_rows):
+        model.forward.forward(state, ids[start:stop], logits="last" if stop == len(ids) else "none")
 
 
 def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) -> BenchRow:

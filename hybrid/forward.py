@@ -226,6 +226,12 @@ class Forward:
             ops.moe_ffn(ffn, a, m, self.last_moe_stats)
 
     # --- helpers --------------------------------------------------------------------------------
+    @property
+    def min_prompt_rows(self) -> int:
+        """The fewest rows of a call that the backend computes with its prompt kernels
+        (`generate.prompt_chunks`)."""
+        return self.backend.min_prompt_rows
+
     def one_off_work(self) -> int:
         """A count that grows whenever a call does work that later calls of its size will not:
         compiling a kernel, allocating a size's scratch, a GPU step's first run or capture.

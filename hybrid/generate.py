@@ -16,6 +16,19 @@ from .sampling import Sampler, StopChecker
 PREFILL_CHUNK = 256   # prompt tokens per forward call: bounds scratch memory, gives progress ticks
 
 
+def prompt_chunks(n: int, min_rows: int = 1) -> list[tuple[int, int]]:
+    """(start, stop) of the forward calls that feed a prompt of n tokens: PREFILL_CHUNK rows each,
+    except that a last chunk shorter than `min_rows` (the backend's `min_prompt_rows`) takes rows
+    from the one before it. A backend may compute calls of fewer rows with its decode kernels,
+    whose last bits differ from its prompt kernels'; this way every position of a prompt of at
+    least min_rows tokens gets the prompt kernels' bits wherever the chunks fall, so a state cached
+    after one prompt and extended by the next continues exactly as a full prefill of both."""
+    bounds = [*range(0, n, PREFILL_CHUNK), n]
+    if len(bounds) > 2 and n - bounds[-2] < min_rows:
+        bounds[-2] = n - min_rows
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def check_fits(n_prompt: int, n_ctx: int) -> None:
     if n_prompt == 0:
         raise HybridError("the prompt is empty: give some text with -p/--prompt or -f/--file")
@@ -30,15 +43,13 @@ def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Pre
     t0 = time.perf_counter()
     ids = np.asarray(prompt, dtype=np.int32)
     logits = None
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[start:start + PREFILL_CHUNK]
-        last = start + len(chunk) == len(ids)
-        logits, _ = forward.forward(state, chunk, logits="last" if last else "none")
+    for start, stop in prompt_chunks(len(ids), forward.min_prompt_rows):
+        logits, _ = forward.forward(state, ids[start:stop], logits="last" if stop == len(ids) else "none")
         # counted per chunk, with the time, so that a Ctrl-C mid-prompt reports what was done
         # ("prompt 512 tokens in 3.1 s", not 0 tokens in 3.1 s)
         stats.prefill_seconds = time.perf_counter() - t0
-        stats.prompt_tokens = start + len(chunk)
-        yield Prefill(start + len(chunk), len(ids), stats.prefill_seconds)
+        stats.prompt_tokens = stop
+        yield Prefill(stop, len(ids), stats.prefill_seconds)
     yield logits[-1]
 
 

@@ -27,7 +27,7 @@ from .acceptance import accept_drafts, accept_greedy
 from .draft_depth import DepthController
 from .draft_policy import AUTO, MAX_AUTO_DEPTH
 from .events import Done, Prefill, Stats, Token
-from .generate import PREFILL_CHUNK, check_fits
+from .generate import check_fits, prompt_chunks
 from .sampling import Sampler, StopChecker
 
 PENDING_MAX = 8     # MTP rows left waiting by steps that draft nothing (flush_pending)
@@ -75,15 +75,14 @@ def prefill_with_mtp(forward, mtp, state, prompt: Sequence[int], stats: Stats) -
     ids = np.asarray(prompt, dtype=np.int32)
     h_last = np.zeros((1, forward.config.n_embd), np.float32)     # h_{−1} = 0
     logits = None
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[start:start + PREFILL_CHUNK]
-        last = start + len(chunk) == len(ids)
-        logits, hidden = forward.forward(state, chunk, logits="last" if last else "none")
+    for start, stop in prompt_chunks(len(ids), forward.min_prompt_rows):
+        chunk = ids[start:stop]
+        logits, hidden = forward.forward(state, chunk, logits="last" if stop == len(ids) else "none")
         mtp.forward(state, chunk, np.concatenate([h_last, hidden[:-1]]), logits="none")
         h_last = hidden[-1:]
         stats.prefill_seconds = time.perf_counter() - t0
-        stats.prompt_tokens = start + len(chunk)    # per chunk: a Ctrl-C reports what was done
-        yield Prefill(start + len(chunk), len(ids), stats.prefill_seconds)
+        stats.prompt_tokens = stop                  # per chunk: a Ctrl-C reports what was done
+        yield Prefill(stop, len(ids), stats.prefill_seconds)
     yield logits[-1], h_last
 
 

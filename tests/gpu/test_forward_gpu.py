@@ -186,3 +186,44 @@ def test_placement_forms_and_errors(model):
         Forward(mf, placement=all_on_device)
     with pytest.raises(HybridError, match="expected 'gpu' or 'cpu'"):
         Forward(mf, backend="gpu", placement=lambda name: "device")
+
+
+def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, monkeypatch):
+    """The server's case: a state holding prompt A (a cached turn), extended by B, must equal a
+    prefill of A + B. The GPU computes calls under `min_prompt_rows` rows with its decode kernels
+    (int8 matvec, host FFNs on the CPU) and longer ones with its prompt kernels (GEMM, streamed
+    FFNs), whose last bits differ; `prompt_chunks` keeps every call of a long enough prompt on the
+    prompt kernels, wherever the chunk boundaries fall. (Thresholds scaled down for the simulator.)"""
+    import gpu.matmul.gemm
+    import gpu.runtime.pcie
+    import hybrid.generate
+    from hybrid.events import Stats
+    from hybrid.generate import prefill, prompt_chunks
+    monkeypatch.setattr(gpu.matmul.gemm, "GEMM_MIN_ROWS", 2)
+    monkeypatch.setattr(gpu.runtime.pcie, "PCIE_MAX_ROWS", 1)
+    monkeypatch.setattr(hybrid.generate, "PREFILL_CHUNK", 4)
+    from hybrid.backend import GPUBackend
+    fw = Forward(model("Q8_0"), backend=GPUBackend(stream_min_rows=2))
+    assert fw.min_prompt_rows == 2
+    ids = np.array([3, 141, 59, 26, 53, 5, 89])
+    a, b = ids[:5], ids[5:]                       # alone, a is cut 4 + 1 unless min rows apply
+
+    def fill(state, prompt):
+        *_, last = prefill(fw, state, prompt, Stats())
+        return fw.backend.to_host(last) if not isinstance(last, np.ndarray) else last
+
+    whole = fw.new_state(32)
+    want = fill(whole, ids)
+    split = fw.new_state(32)
+    fill(split, a)
+    got = fill(split, b)
+    np.testing.assert_array_equal(got, want)
+    host = fw.backend.to_host
+    for i in whole.ssm:
+        np.testing.assert_array_equal(host(split.ssm[i]), host(whole.ssm[i]))
+    # the control: the same split fed 8 + 1 (a 1-row decode-kernel call) leaves other bits
+    monkeypatch.setattr(fw.backend, "min_prompt_rows", 1)
+    assert prompt_chunks(len(a), fw.min_prompt_rows)[-1] == (4, 5)
+    other = fw.new_state(32)
+    fill(other, a)
+    assert not np.array_equal(fill(other, b), want)

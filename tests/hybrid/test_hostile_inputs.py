@@ -303,6 +303,7 @@ def test_interrupted_prefill_reports_the_tokens_it_did():
 
     class Forward:
         calls = 0
+        min_prompt_rows = 1
 
         def forward(self, state, chunk, logits):
             Forward.calls += 1

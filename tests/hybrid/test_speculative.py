@@ -39,6 +39,7 @@ WIDTH = 4        # fake hidden: (position + 1, token, made-by-MTP flag, 0)
 class CountingTrunk:
     """A fake Forward whose target always continues token t with (t + 1) mod V. Its hidden rows
     are (position + 1, token, 0, 0), so the MTP side can tell which hidden it was handed."""
+    min_prompt_rows = 1
 
     def __init__(self):
         self.config = SimpleNamespace(n_embd=WIDTH)
