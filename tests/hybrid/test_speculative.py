@@ -24,6 +24,7 @@ from hybrid.mtp import MTPHead
 from hybrid.sampling import Picks, Sampler, SamplerConfig, TopLogits
 from hybrid.draft_depth import DepthController
 from hybrid.draft_policy import AUTO, MAX_AUTO_DEPTH
+from hybrid import speculative
 from hybrid.speculative import PENDING_MAX, generate_speculative
 from hybrid.state import SessionState
 from hybrid.synth import preset, write_model
@@ -426,11 +427,21 @@ def trained_plain(trained):
 
 
 @pytest.mark.parametrize("draft", DEPTHS)
-def test_trained_greedy_drafting_equals_plain_decoding(trained, trained_plain, draft):
+def test_trained_greedy_drafting_equals_plain_decoding(trained, trained_plain, draft, monkeypatch):
     """The trained head's own drafts. Afterwards the caches hold exactly what plain decoding and
     a teacher-forced MTP pass write: the trunk's up to n_past, the MTP head's up to mtp_n_past
-    (its kept rows redone with the trunk's true hiddens, not its own)."""
+    (its kept rows redone with the trunk's true hiddens, not its own), but for the positions an
+    idle MTP head skipped."""
     prompt, plain, teacher = trained_plain
+    skipped: list[int] = []          # MTP positions flush_pending(drop=True) passed over
+    flush = speculative.flush_pending
+
+    def spy(mtp, state, pending_ids, pending_h, drop=False):
+        before = state.mtp_n_past
+        out = flush(mtp, state, pending_ids, pending_h, drop)
+        skipped.extend(range(before, state.mtp_n_past))
+        return out
+    monkeypatch.setattr(speculative, "flush_pending", spy)
     got, end, state, kept = generate(trained, prompt, draft, repeat_penalty=TRAINED_PENALTY)
     assert got == plain
     d = end.stats.draft
@@ -446,13 +457,15 @@ def test_trained_greedy_drafting_equals_plain_decoding(trained, trained_plain, d
     for i in teacher.ssm:
         np.testing.assert_array_equal(state.ssm[i], teacher.ssm[i])
         np.testing.assert_array_equal(state.conv[i], teacher.conv[i])
+    # auto may have idled the MTP head (draft_depth.mtp_idle: a CPU step's cost depends on the
+    # box), skipping positions of steps that drafted nothing: those rows hold whatever was there
+    # (nothing, or a chained draft's row from its own hidden); every other row is the teacher's
+    assert draft == "auto" or not skipped
+    true_mtp_rows = np.ones(n_mtp, bool)
+    true_mtp_rows[[p for p in skipped if p < n_mtp]] = False
     for ours, ref, used in ((state.kv, teacher.kv, state.n_past), (state.mtp_kv, teacher.mtp_kv, n_mtp)):
         for i in ref:
-            # auto may have idled the MTP head (draft_depth.mtp_idle: a CPU step's cost depends on
-            # the box), skipping the rows of steps that drafted nothing: those positions were never
-            # written (zero in this fresh state); every row that was written is the teacher's
-            rows = (np.ones(used, bool) if draft != "auto" or ours is state.kv
-                    else ours[i][0][:, :used].any(axis=(0, 2)))
+            rows = true_mtp_rows if ours is state.mtp_kv else np.ones(used, bool)
             assert rows.sum() > len(prompt)
             np.testing.assert_array_equal(ours[i][0][:, :used][:, rows], ref[i][0][:, :used][:, rows])
             np.testing.assert_array_equal(ours[i][1][:, :used][:, rows], ref[i][1][:, :used][:, rows])
