@@ -169,7 +169,7 @@ def test_commands_keep_one_configuration_and_spell_each_engines_flags(m27b):
     cmd = vs.llama_command("llama.cpp", Path("/b/llama-bench"), Path("/m.gguf"), group, p, 16)
     ot = cmd[cmd.index("-ot") + 1]
     assert "," not in ot              # a ',' would start a second llama-bench configuration
-    assert cmd[cmd.index("-p") + 1] == "512,2,3,4,5" and cmd[cmd.index("-n") + 1] == "64"
+    assert cmd[cmd.index("-p") + 1] == ",".join(map(str, (512, *vs.VERIFY_KS))) and cmd[cmd.index("-n") + 1] == "64"
     assert cmd[cmd.index("-fa") + 1] == "1" and cmd[cmd.index("-t") + 1] == "16"
     assert cmd[cmd.index("-o") + 1] == "jsonl" and cmd[cmd.index("-r") + 1] == "1"
     deep = vs.llama_command("llama.cpp", Path("b"), Path("m"), vs.ROWS["27b-12g-8k"], p, 16)

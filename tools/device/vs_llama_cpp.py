@@ -32,7 +32,7 @@ Rows (`--rows`, comma-separated ids; default all):
   27b-cpu          27B CPU only (llama.cpp -ngl 0): tg32
   27b-12g-8k       27B at 12 GiB, tg64 after an 8192-token context (llama-bench -d 8192; ours its
                    own plan for that context, and llama.cpp's -ot derived from it)
-  verify           cost of a k-token pass over one plain step, k = 2..5, 27B at 12 GiB (llama.cpp:
+  verify           cost of a k-token pass over one plain step, k = 2..8, 27B at 12 GiB (llama.cpp:
                    a `-p k` batch over its tg per-token time; ours: a k-token verify step,
                    bench_27b.time_verify, over its tg per-token time)
 Engines alternate within a row: llama.cpp, hybrid, [ik_llama.cpp], repeated --reps times; each
@@ -125,7 +125,7 @@ MODELS = {"27b": SynthModel(Path("/tmp/m27b.gguf"), "27b", "qwen35"),
           "35b": SynthModel(Path("/tmp/m35b-a3b.gguf"), "35b-a3b", "qwen35moe")}
 
 VRAM = "12GiB"
-VERIFY_KS = (2, 3, 4, 5)
+VERIFY_KS = (2, 3, 4, 5, 6, 7, 8)    # issue 35: k = 4 under 1.45× a step, and no cliff up to 8
 DEPTH = 8192
 EVERY_DENSE_FFN_ON_CPU = r"\.ffn_(up|gate|down)\.weight$=CPU"
 
