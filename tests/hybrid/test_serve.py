@@ -3,7 +3,8 @@ by the official openai client and raw HTTP (httpx).
 
 Two servers: `srv` keeps conversation states (the default); `ref` keeps none (--cache-mem 0), needs
 an API key and lets one request wait at most, so it serves as the full-prefill reference and the
-auth / queue-full cases.
+auth / queue-full cases. A pair more serves a tiny synthetic qwen35moe file (the MoE FFN and its
+state) for the state-reuse and concurrency checks.
 """
 import json
 import queue
@@ -344,9 +345,28 @@ def test_concurrent_clients_get_their_sequential_outputs(srv):
 
 
 # --- state reuse ---------------------------------------------------------------------------------------
-def test_multi_turn_from_cached_states_equals_full_prefills(srv, ref):
+@pytest.fixture(scope="module")
+def moe_servers(tmp_path_factory):
+    """(cache on, cache off) servers of a tiny synthetic qwen35moe model with an MTP head."""
+    from hybrid.synth import preset, write_model
+    path = tmp_path_factory.mktemp("serve-moe") / "tiny-moe.gguf"
+    write_model(path, preset("tiny", arch="qwen35moe", mtp=True), types="Q4_K_M", seed=3)
+    started = []
+    try:
+        started.append(Server(str(path), "--max-tokens", "64"))
+        started.append(Server(str(path), "--cache-mem", "0", "--api-key", KEY, "--max-tokens", "64"))
+        yield started
+    finally:
+        for s in started:
+            s.stop()
+
+
+@pytest.mark.parametrize("model", ["bundled", "synthetic qwen35moe"])
+def test_multi_turn_from_cached_states_equals_full_prefills(model, request):
     """Each turn on `srv` starts from the state kept after the previous one (cached_tokens > 0);
     `ref` keeps nothing and prefills every turn whole: greedy replies are identical."""
+    srv, ref = (request.getfixturevalue("srv"), request.getfixturevalue("ref")) if model == "bundled" \
+        else request.getfixturevalue("moe_servers")
     turns = ["Write a function that adds two numbers", "Now make it subtract", "Add a docstring", "Thanks!"]
     history_srv, history_ref = [], []
     cached = []
