@@ -62,7 +62,9 @@ def build_all(path: Path) -> None:
 
 def cli(*args: str, input: str | None = None):
     """(exit code, stdout, stderr) of the real entry point in a child, as a user sees it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMBA_NUM_THREADS": "1"}
+    # this tree first, then the parent's path: dependencies may come from there (the GPU machine's gguf)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "NUMBA_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", "from hybrid.cli import main; main()", *args], input=input,
                        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     return r.returncode, r.stdout, r.stderr

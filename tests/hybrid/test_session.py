@@ -1,12 +1,16 @@
 """hybrid.session.ChatSession: later turns prefill only new tokens, and continue exactly as a fresh
-prefill of the whole conversation would (greedy, same kernels: the int8 matvecs give every row
-the bits of a one-row call, so how the prompt is split into prefill calls cannot matter)."""
+prefill of the whole conversation would: the same tokens (greedy), and a state holding the bits
+that the session's own calls compute in a new state. Not those of one call over everything: on
+the CPU every row of a call has a one-row call's bits, but on a GPU a call of GEMM_MIN_ROWS rows
+or more takes the GEMM, whose rows have other bits (gpu/matmul/matvec.py)."""
 import numpy as np
 import pytest
 
 import hybrid
+from gpu.runtime.memory import to_host
 from hybrid.errors import HybridError
 from hybrid.events import Done, Prefill, Token
+from hybrid.generate import prompt_chunks
 
 GREEDY = dict(max_tokens=10, temperature=0)
 
@@ -32,19 +36,34 @@ def fresh(model, ids, draft=0):
     return run(model.generate(list(ids), draft=draft, **GREEDY))[0]
 
 
-def assert_state_is_a_fresh_prefill_of_its_tokens(model, session):
-    """The session's state holds exactly what prefilling its consumed ids into a new state gives:
-    every GDN/conv state and every used KV row, bit for bit."""
+def assert_state_is_what_its_calls_compute(model, session, prompts):
+    """The session's state holds exactly what running its consumed ids into a new state gives, in
+    the calls the session made: each turn's prompt from its first uncached id, `prompts` giving
+    (cached, prompt end) per turn, in prefill chunks; every other id (a reply token) one row at a
+    time (a drafting step verifies several, with a one-row call's bits on every backend); on the
+    CPU, whose kernels keep a row's bits at any call size, as one call of every id. Every GDN/conv
+    state and every used KV row, bit for bit; arrays on a GPU compared as host copies."""
     ids = session.tokens
     assert ids and session.state.n_past == len(ids)
+    calls, done = [], 0
+    for cached, end in prompts:
+        calls += [ids[p:p + 1] for p in range(done, cached)]
+        calls += [ids[cached + a:cached + b] for a, b in prompt_chunks(end - cached, model.forward.min_prompt_rows)]
+        done = end
+    calls += [ids[p:p + 1] for p in range(done, len(ids))]
+    if model.forward.min_prompt_rows == 1:
+        # one kind of kernel for every call size (the CPU): a single call of every id is the same
+        calls = [ids]
     want = model.forward.new_state(session.n_ctx)
-    model.forward.forward(want, np.asarray(ids), logits="none")
-    got = session.state
+    for call in calls:
+        model.forward.forward(want, np.asarray(call), logits="none")
+    got, n = session.state, len(ids)
     for i in want.ssm:
-        assert np.array_equal(got.ssm[i], want.ssm[i]) and np.array_equal(got.conv[i], want.conv[i])
+        np.testing.assert_array_equal(to_host(got.ssm[i]), to_host(want.ssm[i]), err_msg=f"ssm of layer {i}")
+        np.testing.assert_array_equal(to_host(got.conv[i]), to_host(want.conv[i]), err_msg=f"conv of layer {i}")
     for i, (k, v) in want.kv.items():
-        assert np.array_equal(got.kv[i][0][:, :len(ids)], k[:, :len(ids)])
-        assert np.array_equal(got.kv[i][1][:, :len(ids)], v[:, :len(ids)])
+        np.testing.assert_array_equal(to_host(got.kv[i][0])[:, :n], to_host(k)[:, :n], err_msg=f"K of layer {i}")
+        np.testing.assert_array_equal(to_host(got.kv[i][1])[:, :n], to_host(v)[:, :n], err_msg=f"V of layer {i}")
 
 
 @pytest.mark.parametrize("draft", [0, 2])
@@ -63,7 +82,7 @@ def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_prefill(model,
     assert st2.cached_tokens + st2.prompt_tokens == len(second)
     assert prefills[-1].total == st2.prompt_tokens
     assert tokens2 == fresh(model, second, draft)
-    assert_state_is_a_fresh_prefill_of_its_tokens(model, s)
+    assert_state_is_what_its_calls_compute(model, s, [(0, len(first)), (st2.cached_tokens, len(second))])
     assert [m["role"] for m in s.messages] == ["user", "assistant", "user", "assistant"]
 
 
@@ -77,7 +96,7 @@ def test_raw_generate_continues_the_live_state(model):
     assert st.cached_tokens == len(history)          # prompt + every reply token, nothing re-run
     assert st.prompt_tokens == len(part2)
     assert tokens2 == fresh(model, history + part2)
-    assert_state_is_a_fresh_prefill_of_its_tokens(model, s)
+    assert_state_is_what_its_calls_compute(model, s, [(0, len(part1)), (len(history), len(history + part2))])
 
 
 def test_repeat_penalty_sees_the_cached_tokens(model):
@@ -133,7 +152,7 @@ def test_an_interrupted_turn_resumes_from_the_checkpoint(model):
     tokens, _, st = run(s.send("again", **GREEDY))
     assert st.cached_tokens == len(first)
     assert tokens == fresh(model, second)
-    assert_state_is_a_fresh_prefill_of_its_tokens(model, s)
+    assert_state_is_what_its_calls_compute(model, s, [(0, len(first)), (len(first), len(second))])
 
 
 def test_a_conversation_that_does_not_continue_the_state_starts_over(model):

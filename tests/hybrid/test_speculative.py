@@ -18,6 +18,7 @@ import pytest
 import hybrid
 from cpu.argmax import PICK_COLUMNS, argmax_rows
 from cpu.top_logits import top_logits
+from gpu.runtime.memory import to_host
 from hybrid.events import Done, Prefill, Token
 from hybrid.generate import generate_tokens
 from hybrid.mtp import MTPHead
@@ -317,8 +318,10 @@ def test_rollback_to_every_accept_count_equals_a_fresh_run(trained, k):
         fw.forward(fresh, np.concatenate([prefix, verify[:n_keep]]), logits="none")
         assert state.n_past == fresh.n_past == len(prefix) + n_keep
         for i in fresh.ssm:
-            np.testing.assert_array_equal(state.ssm[i], fresh.ssm[i], err_msg=f"layer {i} keep {n_keep}/{k}")
-            np.testing.assert_array_equal(state.conv[i], fresh.conv[i], err_msg=f"layer {i} keep {n_keep}/{k}")
+            np.testing.assert_array_equal(to_host(state.ssm[i]), to_host(fresh.ssm[i]),
+                                          err_msg=f"layer {i} keep {n_keep}/{k}")
+            np.testing.assert_array_equal(to_host(state.conv[i]), to_host(fresh.conv[i]),
+                                          err_msg=f"layer {i} keep {n_keep}/{k}")
         got, _ = fw.forward(state, after, logits="all")
         expect, _ = fw.forward(fresh, after, logits="all")
         np.testing.assert_array_equal(got, expect)
@@ -454,9 +457,9 @@ def test_trained_greedy_drafting_equals_plain_decoding(trained, trained_plain, d
     n_mtp = state.mtp_n_past
     # behind by the last step's drafts, and by the rows that steps drafting nothing left waiting
     assert state.n_past - (4 if draft == "auto" else draft) - (PENDING_MAX - 1) <= n_mtp <= state.n_past
-    for i in teacher.ssm:
-        np.testing.assert_array_equal(state.ssm[i], teacher.ssm[i])
-        np.testing.assert_array_equal(state.conv[i], teacher.conv[i])
+    for i in teacher.ssm:       # compared as host copies: on a GPU the states are device arrays
+        np.testing.assert_array_equal(to_host(state.ssm[i]), to_host(teacher.ssm[i]))
+        np.testing.assert_array_equal(to_host(state.conv[i]), to_host(teacher.conv[i]))
     # auto may have idled the MTP head (draft_depth.mtp_idle: a CPU step's cost depends on the
     # box), skipping positions of steps that drafted nothing: those rows hold whatever was there
     # (nothing, or a chained draft's row from its own hidden); every other row is the teacher's
@@ -465,10 +468,12 @@ def test_trained_greedy_drafting_equals_plain_decoding(trained, trained_plain, d
     true_mtp_rows[[p for p in skipped if p < n_mtp]] = False
     for ours, ref, used in ((state.kv, teacher.kv, state.n_past), (state.mtp_kv, teacher.mtp_kv, n_mtp)):
         for i in ref:
+            k, v = (to_host(a)[:, :used] for a in ours[i])
+            k_ref, v_ref = (to_host(a)[:, :used] for a in ref[i])
             rows = true_mtp_rows if ours is state.mtp_kv else np.ones(used, bool)
             assert rows.sum() > len(prompt)
-            np.testing.assert_array_equal(ours[i][0][:, :used][:, rows], ref[i][0][:, :used][:, rows])
-            np.testing.assert_array_equal(ours[i][1][:, :used][:, rows], ref[i][1][:, :used][:, rows])
+            np.testing.assert_array_equal(k[:, rows], k_ref[:, rows])
+            np.testing.assert_array_equal(v[:, rows], v_ref[:, rows])
 
 
 def test_sampled_drafting_is_seeded_and_respects_max_tokens(trained):

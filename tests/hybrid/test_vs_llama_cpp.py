@@ -232,12 +232,12 @@ def test_dry_run_prints_every_command(tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, str(TOOL), "bench", "--dry-run", "--ik", "--reps", "1",
                         "--rows", "27b-12g,35b-12g",
-                        "--bench-dir", str(tmp_path), "--json", str(out)], capture_output=True, text=True,
-                       timeout=300)
+                        "--bench-dir", str(tmp_path), "--model-dir", str(tmp_path), "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     runs = [line for line in r.stderr.splitlines() if "would run:" in line]
     assert not any("build_llama_cuda.sh" in line for line in runs)        # bench never compiles
-    assert any("make_model.py /tmp/m27b.gguf --preset 27b" in line for line in runs)
+    assert any(f"make_model.py {tmp_path / 'm27b.gguf'} --preset 27b" in line for line in runs)   # missing there
     assert sum("/tmp/llama-cuda/bin/llama-bench" in line and "-ot" in line for line in runs) == 1
     assert sum("ik-llama-cuda/bin/llama-bench" in line and "--n-cpu-moe" in line for line in runs) == 1
     assert "| 27B Q4_K_M @ 12 GiB | pp512 |" in r.stdout

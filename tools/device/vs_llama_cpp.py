@@ -45,7 +45,8 @@ says on both sides; llama.cpp's prompt batches also copy CPU weights to the GPU 
 
 On the GPU machine (no network; numpy<2.5 and gguf from wheels on PYTHONPATH): the llama.cpp
 tarballs and build_llama_cuda.sh sit in --bench-dir (default .bench, an ignored, carried folder);
-builds go to /tmp/llama-cuda and /tmp/ik-llama-cuda, models to /tmp (kept while the machine is).
+builds go to /tmp/llama-cuda and /tmp/ik-llama-cuda, models to --model-dir (default /tmp, kept while the
+machine is).
 Each step has a timeout; results are written to --json after every row, so a call that runs out
 of time still returns the rows it finished.
 """
@@ -97,7 +98,7 @@ ENGINE_BUILDS = {"llama.cpp": (LLAMA_TARBALL, Path("/tmp/llama-cuda")),
 @dataclass(frozen=True)
 class SynthModel:
     """A synthetic model tools/make_model.py writes (random codes: llama.cpp loads it as the real
-    shape). The 27B path is bench_27b.sh's too, so either tool writes it once."""
+    shape). The 27B file in the default folder is bench_27b.sh's too, so either tool writes it once."""
     path: Path
     preset: str
     arch: str
@@ -121,8 +122,16 @@ class SynthModel:
             for t in plan_model(spec, self.type)})
 
 
-MODELS = {"27b": SynthModel(Path("/tmp/m27b.gguf"), "27b", "qwen35"),
-          "35b": SynthModel(Path("/tmp/m35b-a3b.gguf"), "35b-a3b", "qwen35moe")}
+MODEL_DIR = Path("/tmp")
+
+
+def synth_models(folder: Path) -> dict[str, SynthModel]:
+    """The models the rows use, by key, as files in `folder`."""
+    return {"27b": SynthModel(folder / "m27b.gguf", "27b", "qwen35"),
+            "35b": SynthModel(folder / "m35b-a3b.gguf", "35b-a3b", "qwen35moe")}
+
+
+MODELS = synth_models(MODEL_DIR)       # main() points them at --model-dir
 
 VRAM = "12GiB"
 VERIFY_KS = (2, 3, 4, 5, 6, 7, 8)    # issue 35: k = 4 under 1.45× a step, and no cliff up to 8
@@ -727,9 +736,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--build-timeout", type=float, default=560, help="seconds for one llama-bench build")
     p.add_argument("--model-timeout", type=float, default=150, help="seconds for writing one model")
     p.add_argument("--log-dir", default="/tmp/vs_llama_logs")
+    p.add_argument("--model-dir", type=Path, default=MODEL_DIR,
+                   help=f"folder of the synthetic models, written there when missing (default {MODEL_DIR})")
     p.add_argument("--no-warm", action="store_true", help="build: do not compile our kernels afterwards")
     p.add_argument("--warm-min", type=float, default=90, help="build: seconds a kernel warm-up needs to start")
     args = p.parse_args(argv)
+    MODELS.update(synth_models(args.model_dir))
     start = time.time()
     deadline = start + args.time_limit
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
