@@ -11,13 +11,13 @@ a warp 32/L such groups; lane l of a group takes units l, l + L, l + 2L, ... of 
 rows (the same columns in each row, so each x word it loads serves R rows). L is the width that
 leaves few lanes idle in a row's last step: a 5120-wide Q4_K row is 80 units, 2.5 steps of 32
 lanes (a sixth of the lane-steps idle) but 5 steps of 16. A unit is 64
-weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 or 32
-for the 32-weight block types. A lane issues the loads of U units of its R rows (R·U = the type's in_flight: 128
-weights of the K-quants) before it uses any, so that several loads per lane are in flight; x
-(small, L1/L2-resident) is read from global memory, nothing goes through shared memory. For the
-64-weight types the quantiser lays x out so that each 16-byte x load of a warp is one contiguous
-run (gpu/matmul/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the group at the end
-by a fixed butterfly.
+weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 for
+Q8_0, 32 for the other 32-weight block types. A lane issues the loads of U units of its R rows
+(R·U = the type's in_flight: 128 weights of the K-quants) before it uses any, so that several
+loads per lane are in flight; x (small, L1/L2-resident) is read from global memory, nothing
+goes through shared memory. For the 64-weight types the quantiser lays x out so that each
+16-byte x load of a warp is one contiguous run (gpu/matmul/quants_q8.py `step_slot`). Each
+(row, slot) sum is reduced across the group at the end by a fixed butterfly.
 
 Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
 slot count, R or U: the same lane adds the same units, one after another in column order, then

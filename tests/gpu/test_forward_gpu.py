@@ -50,7 +50,8 @@ def model(tmp_path_factory):
     def make(types: str):
         if types not in opened:
             path = folder / f"tiny-{types}.gguf"
-            write_model(path, preset("tiny", arch="qwen35", ssm_d_state=D_STATE.get(types, 16), **SHAPE), types=types, seed=7)
+            d_state = D_STATE.get(types, 16)
+            write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **SHAPE), types=types, seed=7)
             files.append(open_model(path))
             opened[types] = files[-1].__enter__()
         return opened[types]
