@@ -15,8 +15,10 @@ reason, never a missing row.
   shows a not-on entry by itself.
 * Activations meet a weight as each backend rounds them: the CPU as llama.cpp's CPU backend
   does (the format per type is `cpu.activations.FORMAT_OF`; the numbers come from the numpy
-  statement in tests/reference/llama_cpp_rounding.py), the GPU's int8 kernels per block of 32
-  (tests/gpu/test_matvec_q8.py states them), its float kernel not at all.
+  statement in tests/reference/llama_cpp_rounding.py; Q8_1's sum s is not used there, the CPU's
+  decoded kernels take Q8_1 as codes times d), the GPU's int8 kernels per block of 32
+  (tests/gpu/test_matvec_q8.py states them; Q4_1/Q5_1's min meets Q8_1's s, as in llama.cpp),
+  its float kernel not at all.
 * Per-slot bit identity, the property lossless drafting rests on, is checked where an op takes
   several token rows: row i of an n-row call has the bits of a one-row call on row i.
 * GPU shapes are tiny: on a box without a GPU the CUDA simulator runs them (tests/conftest.py).
@@ -42,6 +44,7 @@ from cpu.activations import FORMAT_OF
 from cpu.argmax import PICK_COLUMNS, PICK_ID, PICK_MAX, PICK_P
 from cpu.ggml_types import SUPPORTED
 from cpu.matmul import MIN_SLOTS as MATMUL_MIN_SLOTS
+from gpu.matmul.gemm import GEMM_MIN_ROWS
 from gpu.matmul.quants import UNITS as GPU_UNITS
 from gpu.matmul.quants_q8 import NATURAL
 from gpu.matmul.quants_q8 import UNITS as GPU_INT8_UNITS
@@ -55,9 +58,10 @@ from tests.cpu.test_norm import ref_rms
 from tests.cpu.test_rope import ref_rope
 from tests.cpu.test_top_logits import expected as top_expected
 from tests.cpu.test_top_logits import rows_with_ties
+from tests.gpu.test_gemm import fp16_bound
 from tests.gpu.test_matvec_q8 import quantize_reference, scale_part
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture: a faster simulator)
-from tests.reference.llama_cpp_rounding import round_activations
+from tests.reference.llama_cpp_rounding import q8_1, round_activations
 
 EPS = 1e-6
 
@@ -129,6 +133,15 @@ def product_reference(name: str, w: np.ndarray, x: np.ndarray, backend: str):
         a = scale_part(t, w).astype(np.float64).reshape(wd.shape)
         x64 = x.astype(np.float64)
         return x_hat @ a.T + x64 @ (wd - a).T, np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(wd - a).T
+    if backend == "gpu" and FORMAT_OF[t.id].name == "Q8_1":
+        # Q4_1/Q5_1 on the GPU: d·q meets Q8_1's codes, the min m meets its fp16 sum s (per block),
+        # as in llama.cpp's vec_dot_q4_1_q8_1
+        qs, d, s = q8_1(x)
+        x_hat = qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
+        a = scale_part(t, w).astype(np.float64).reshape(wd.shape)
+        m = (wd - a)[:, ::32]
+        s = s.astype(np.float64)
+        return x_hat @ a.T + s @ m.T, np.abs(x_hat) @ np.abs(a).T + np.abs(s) @ np.abs(m).T
     if (backend == "gpu" and t.id not in GPU_INT8_UNITS) or (backend, name) in X_AS_IS:
         xr = x.astype(np.float64)                      # a float kernel: x as it is
     else:
@@ -180,9 +193,11 @@ def per_slot(backend: Backend, call, x, got):
 # matvec: every type, one and several slots
 
 def matvec_cases(backend):
+    """n = 1 and 3: the decode matvec; the last n: the prompt-chunk kernel (cpu.matmul on the
+    CPU, the GEMM of gpu.matmul.gemm on the GPU)."""
     rows = 5 if backend == "gpu" else 37                 # never a multiple of a tile's rows
     return [type_cases(name, backend, f"{name}-{rows}x{cols_for(name, backend)}-n{n}", dict(name=name, rows=rows, n=n))
-            for name in TYPES for n in ((1, 3) if backend == "gpu" else (1, 3, MATMUL_MIN_SLOTS))]
+            for name in TYPES for n in ((1, 3, GEMM_MIN_ROWS) if backend == "gpu" else (1, 3, MATMUL_MIN_SLOTS))]
 
 
 def run_matvec(b: Backend, p, rng):
@@ -198,6 +213,15 @@ def run_matvec(b: Backend, p, rng):
         return b.host(out)
 
     got = call(x)
+    if b.name == "gpu" and n >= GEMM_MIN_ROWS:
+        # the GPU's GEMM: x unrounded, products in fp16 on tensor cores (float32 for F32 weights);
+        # its rows keep their bits whatever the call's other rows (tests/gpu/test_gemm.py), but
+        # they are not the matvec's bits, so no per-slot check against one-row calls here
+        xr = x.astype(np.float64)
+        wd = dequantized(name, w, cols)
+        want, mag = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
+        within(got, want, fp16_bound(BY_NAME[name], w, x, mag) + 1e-30, name)
+        return
     want, mag = product_reference(name, w, x, b.name)
     within(got, want, product_rel(name) * mag + 1e-30, name)
     if n > 1:
@@ -206,7 +230,7 @@ def run_matvec(b: Backend, p, rng):
 
 # matvecs: one x, several matrices of different types (the GPU quantises x once for them all)
 
-MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"))
+MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"), ("Q4_1", "IQ4_NL", "Q5_0"))
 
 
 def matvecs_cases(backend):
@@ -238,7 +262,7 @@ def run_matvecs(b: Backend, p, rng):
 # swiglu: gate and up of possibly different types
 
 SWIGLU_PAIRS = (("Q4_K", "Q4_K"), ("Q5_K", "Q6_K"), ("Q8_0", "Q4_0"), ("Q6_K", "Q8_0"), ("F16", "BF16"), ("F32", "Q4_K"),
-                ("F32", "F32"))
+                ("F32", "F32"), ("Q5_1", "Q5_0"))
 
 
 def swiglu_cases(backend):
@@ -519,7 +543,12 @@ def run_top_logits(b: Backend, p, rng):
 # the MoE FFN: router, k of E experts, the gated shared expert
 
 def moe_cases(backend):
-    return [(f"{t}-E4k2-D32-n{n}", dict(name=t, n=n)) for t in ("F32", "Q8_0") for n in (1, 3)]
+    # Q5_0 on the GPU: a 32-weight type of the dp4a experts kernel (on the CPU each decoded type
+    # compiles a MoE kernel variant: tests/cpu/test_moe.py has its pairs). (Q4_1/Q5_1 experts meet
+    # x's fp16 block sums in their min term, which the float64 reference does not model:
+    # tests/gpu/test_expert_cache.py checks their GPU experts bit for bit instead.)
+    names = ("F32", "Q8_0", "Q5_0") if backend == "gpu" else ("F32", "Q8_0")
+    return [(f"{t}-E4k2-D32-n{n}", dict(name=t, n=n)) for t in names for n in (1, 3)]
 
 
 def tiny_moe(name, b: Backend, rng, D=32, F=32, E=4, k=2):

@@ -12,7 +12,7 @@ kernels, one template per ggml type and tile:
   weights, any call given one of its tiles, and what the CUDA simulator mostly runs.
 
 The float32 kernel: a block owns a tile of BM weight rows × BN token rows of `out` and walks K
-in steps of BK = 32 columns (one Q8_0/Q4_0 block, one K-quant sub-block): the block's threads
+in steps of BK = 32 columns (one 32-weight block, one K-quant sub-block): the block's threads
 cooperatively decode the (BM × 32) weight tile into shared memory as float32 (each thread one or
 more 16-weight "units", gpu/matmul/gemm_units.py) and stage the (BN × 32) x tile next to it; each
 thread then accumulates a register micro-tile of TM rows × TN tokens with FMAs, reading one

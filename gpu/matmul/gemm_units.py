@@ -1,7 +1,7 @@
 """Per-type loading and decoding of GGUF weights for the prompt-chunk GEMMs (gpu/matmul/gemm.py's float32
 kernel and gpu/matmul/gemm_mma.py's tensor-core kernel share them).
 
-A "unit" is 16 consecutive weights of one row, half of a 32-column block (one Q8_0/Q4_0
+A "unit" is 16 consecutive weights of one row, half of a 32-column block (one 32-weight
 block, one K-quant sub-block): the unit of column `col` (a multiple of 16) is its half
 col // 16 % 2 of that block. The float32 kernel decodes a row's two units of a K step into
 shared memory, the tensor-core kernel one unit per lane straight into its registers. Per type
@@ -37,7 +37,7 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, store4
+from .quants import int8_to_f32, iq4_nl_byte, store4
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -274,6 +274,87 @@ def q4_0_store(raw, p, col, cols, ws, at, stride):
         ws[at + uint32(i) * stride] = d * small_uint_to_f32(nib, float32(8.0))
 
 
+# ---------------------------------------------------------------- Q4_1, Q5_0, Q5_1, IQ4_NL (32 per block)
+# Q4_0's split: half h reads all 16 qs bytes (raw[p, 0:8]) and takes nibble h; Q5_* take bit
+# 16h + i of qh as weight i's fifth bit. uint16 words: Q4_1 blocks are 10 (d, m, qs at 2..9),
+# Q5_0 11 (d, qh 1..2, qs 3..10), Q5_1 12 (d, m, qh 2..3, qs 4..11), IQ4_NL 9 (Q4_0's).
+# raw[p, 8] = d bits; raw[p, 9] = m bits (Q4_1) or qh (Q5_*); Q5_1: raw[p, 10] = m bits.
+
+@device_function
+def qs_load(w, first, raw, p):
+    for j in range(8):
+        raw[p, j] = uint32(w[first + j])
+
+
+@device_function
+def q4_1_load(w, w8, col, cols, raw, p):
+    base = (col >> 5) * 10
+    raw[p, 8] = uint32(w[base])
+    raw[p, 9] = uint32(w[base + 1])
+    qs_load(w, base + 2, raw, p)
+
+
+@device_function
+def q5_0_load(w, w8, col, cols, raw, p):
+    base = (col >> 5) * 11
+    raw[p, 8] = uint32(w[base])
+    raw[p, 9] = uint32(w[base + 1]) | (uint32(w[base + 2]) << SIXTEEN)
+    qs_load(w, base + 3, raw, p)
+
+
+@device_function
+def q5_1_load(w, w8, col, cols, raw, p):
+    base = (col >> 5) * 12
+    raw[p, 8] = uint32(w[base])
+    raw[p, 9] = uint32(w[base + 2]) | (uint32(w[base + 3]) << SIXTEEN)
+    raw[p, 10] = uint32(w[base + 1])
+    qs_load(w, base + 4, raw, p)
+
+
+@device_function
+def nibble(raw, p, i, shift):
+    """Weight i's 4-bit quant of the unit: nibble `shift` / 4 of qs byte i."""
+    return (raw[p, i >> 1] >> (uint32(8 * (i & 1)) + shift)) & uint32(15)
+
+
+@device_function
+def q4_1_store(raw, p, col, cols, ws, at, stride):
+    d = f16_bits_to_f32(raw[p, 8])
+    m = f16_bits_to_f32(raw[p, 9])
+    shift = uint32(4 * ((col >> 4) & 1))
+    for i in range(16):
+        ws[at + uint32(i) * stride] = fma(d, small_uint_to_f32(nibble(raw, p, i, shift), ZERO), m)
+
+
+@device_function
+def q5_0_store(raw, p, col, cols, ws, at, stride):
+    d = f16_bits_to_f32(raw[p, 8])
+    half = uint32((col >> 4) & 1)
+    qh = shr_u32(raw[p, 9], half << uint32(4))
+    for i in range(16):
+        q = nibble(raw, p, i, half << uint32(2)) | (((qh >> uint32(i)) & uint32(1)) << uint32(4))
+        ws[at + uint32(i) * stride] = d * small_uint_to_f32(q, float32(16.0))
+
+
+@device_function
+def q5_1_store(raw, p, col, cols, ws, at, stride):
+    d = f16_bits_to_f32(raw[p, 8])
+    m = f16_bits_to_f32(raw[p, 10])
+    half = uint32((col >> 4) & 1)
+    qh = shr_u32(raw[p, 9], half << uint32(4))
+    for i in range(16):
+        q = nibble(raw, p, i, half << uint32(2)) | (((qh >> uint32(i)) & uint32(1)) << uint32(4))
+        ws[at + uint32(i) * stride] = fma(d, small_uint_to_f32(q, ZERO), m)
+
+
+@device_function
+def iq4_nl_store(raw, p, col, cols, ws, at, stride):
+    d = f16_bits_to_f32(raw[p, 8])
+    shift = uint32(4 * ((col >> 4) & 1))
+    for i in range(16):
+        ws[at + uint32(i) * stride] = d * int8_to_f32(iq4_nl_byte(nibble(raw, p, i, shift)))
+
+
 # ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
 # Sub-block j (32 weights) of a block: scale/min j, the qs bytes of chunk c = j // 2 (low
 # nibbles for even j, high for odd), Q5_K's fifth bits as bit j of qh bytes 0..31. Unit half h
@@ -423,6 +504,10 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.BF16, 8, dense16_load, bf16_store),
     GemmUnit(gt.Q8_0, 9, q8_0_load, q8_0_store),
     GemmUnit(gt.Q4_0, 9, q4_0_load, q4_0_store),
+    GemmUnit(gt.Q4_1, 10, q4_1_load, q4_1_store),
+    GemmUnit(gt.Q5_0, 10, q5_0_load, q5_0_store),
+    GemmUnit(gt.Q5_1, 11, q5_1_load, q5_1_store),
+    GemmUnit(gt.IQ4_NL, 9, q4_0_load, iq4_nl_store),
     GemmUnit(gt.Q4_K, 8, q4_k_load, q4_k_store),
     GemmUnit(gt.Q5_K, 12, q5_k_load, q5_k_store),
     GemmUnit(gt.Q6_K, 13, q6_k_load, q6_k_store),

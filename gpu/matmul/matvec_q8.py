@@ -11,13 +11,13 @@ a warp 32/L such groups; lane l of a group takes units l, l + L, l + 2L, ... of 
 rows (the same columns in each row, so each x word it loads serves R rows). L is the width that
 leaves few lanes idle in a row's last step: a 5120-wide Q4_K row is 80 units, 2.5 steps of 32
 lanes (a sixth of the lane-steps idle) but 5 steps of 16. A unit is 64
-weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 or 32
-for Q8_0/Q4_0. A lane issues the loads of U units of its R rows (R·U = the type's in_flight: 128
-weights of the K-quants) before it uses any, so that several loads per lane are in flight; x
-(small, L1/L2-resident) is read from global memory, nothing goes through shared memory. For the
-64-weight types the quantiser lays x out so that each 16-byte x load of a warp is one contiguous
-run (gpu/matmul/quants_q8.py `step_slot`). Each (row, slot) sum is reduced across the group at the end
-by a fixed butterfly.
+weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 for
+Q8_0, 32 for the other 32-weight block types. A lane issues the loads of U units of its R rows
+(R·U = the type's in_flight: 128 weights of the K-quants) before it uses any, so that several
+loads per lane are in flight; x (small, L1/L2-resident) is read from global memory, nothing
+goes through shared memory. For the 64-weight types the quantiser lays x out so that each
+16-byte x load of a warp is one contiguous run (gpu/matmul/quants_q8.py `step_slot`). Each
+(row, slot) sum is reduced across the group at the end by a fixed butterfly.
 
 Per-slot bit identity: slot s of a row is the same sequence of float operations whatever the
 slot count, R or U: the same lane adds the same units, one after another in column order, then
@@ -61,8 +61,8 @@ load = prepare = load_x = dot = add_unit = None
 def _quantize_template(STAMP, LAYOUT):
     def quantize_kernel(x, xq, xm_f, xm_i):
         """Blocks of 32 of x (n, cols) -> xq (n, cols/4) packed int8 words, and per block
-        dx = max|x|/127, the float sum of x and the int sums of xq over each half of 16, into xm
-        (n, cols/8) as LAYOUT says.
+        dx = max|x|/127, the float sum of x (NATURAL: Q8_1's s instead) and the int sums of xq
+        over each half of 16, into xm (n, cols/8) as LAYOUT says.
 
         8 threads per block, 4 elements each; they combine their partial results through
         shared memory in a fixed tree (one barrier each for the floats and the int sums)."""
@@ -88,13 +88,15 @@ def _quantize_template(STAMP, LAYOUT):
         amax = partial[first, 0]
         for j in range(1, LANES_PER_X_BLOCK):
             amax = max(amax, partial[first + j, 0])
+        d32 = amax / float32(127.0)
         if LAYOUT == NATURAL:
-            # Q8_0/Q4_0 weights: x rounded as llama.cpp's CPU does for them (cpu.activations'
-            # Q8_0): dx = fp16(amax/127), codes x·(127/amax) rounded half to even
-            dx = f16_bits_to_f32(pack_f16x2(amax / float32(127.0), float32(0.0)))
+            # the 32-weight block types: x rounded as llama.cpp's CPU does for them
+            # (cpu.activations' Q8_0 and Q8_1, whose codes and d are Q8_0's): dx = fp16(amax/127),
+            # codes x·(127/amax) rounded half to even
+            dx = f16_bits_to_f32(pack_f16x2(d32, float32(0.0)))
             inv = float32(127.0) / amax if amax > float32(0.0) else float32(0.0)
         else:
-            dx = amax / float32(127.0)
+            dx = d32
             inv = float32(1.0) / dx if dx > float32(0.0) else float32(0.0)
         q0, q1, q2, q3 = round_to_int(v0 * inv), round_to_int(v1 * inv), round_to_int(v2 * inv), round_to_int(v3 * inv)
         q_sums[tid] = int32(q0 + q1 + q2 + q3)
@@ -113,8 +115,9 @@ def _quantize_template(STAMP, LAYOUT):
                 half0 = (q_sums[first] + q_sums[first + 1]) + (q_sums[first + 2] + q_sums[first + 3])
                 half1 = (q_sums[first + 4] + q_sums[first + 5]) + (q_sums[first + 6] + q_sums[first + 7])
                 if LAYOUT == NATURAL:
+                    # Q8_1's s = fp16(d·Σ xq) with the unrounded d (the min term of Q4_1/Q5_1)
                     xm_f[s, 4 * b] = dx
-                    xm_f[s, 4 * b + 1] = x_sum
+                    xm_f[s, 4 * b + 1] = f16_bits_to_f32(pack_f16x2(d32 * float32(half0 + half1), float32(0.0)))
                     xm_i[s, 4 * b + 2] = half0
                     xm_i[s, 4 * b + 3] = half1
                 elif LAYOUT == K64:  # lane (blk, p) reads blocks 2p, 2p + 1: one 16-byte load

@@ -28,9 +28,10 @@ from numba import float32, uint32
 
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
+from cpu.simd import IQ4NL_KVALUES
 
 from ..runtime.device import simulated
-from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4,
+from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, shr_u32,
                          small_uint_to_f32)
 
 ZERO = float32(0.0)
@@ -203,6 +204,114 @@ def q4_0_weight(raw, fac, r, i, lane):
     return fac[r, i >> 2] * small_uint_to_f32(nib, float32(8.0))
 
 
+# ---------------------------------------------------------------- Q4_1, Q5_0, Q5_1, IQ4_NL (32 per block)
+# Q4_0's split of the tile (q4_0_owner): step m, lane l takes block 4m + l // 8 and its qs bytes
+# 2k, 2k+1 (k = l % 8), elements 2k, 2k+1 (low nibbles) and 16+2k, 17+2k (high nibbles); Q5_*
+# take bits 2k, 2k+1, 16+2k, 17+2k of qh as their fifth bits. Weight i = 4m + 2*high + byte.
+# raw[r, m] = the two qs bytes | d bits << 16 (all four types); Q4_1 / Q5_1: raw[r, 8 + m] = m
+# bits, fac[r, 8 + m] = m; Q5_0 / Q5_1: raw[r, 16 + m] (Q5_0: 8 + m) = qh >> 2k after prepare.
+# uint16 words: Q4_1 blocks are 10 (d, m, qs at 2..9), Q5_0 11 (d, qh 1..2, qs 3..10), Q5_1 12
+# (d, m, qh 2..3, qs 4..11).
+
+@device_function
+def q4_1_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 4, cols)
+        raw[r, m] = uint32(w[row, blk * 10 + 2 + (lane & 7)]) | (uint32(w[row, blk * 10]) << SIXTEEN)
+        raw[r, 8 + m] = uint32(w[row, blk * 10 + 1])
+
+
+@device_function
+def q5_0_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 4, cols)
+        raw[r, m] = uint32(w[row, blk * 11 + 3 + (lane & 7)]) | (uint32(w[row, blk * 11]) << SIXTEEN)
+        raw[r, 8 + m] = uint32(w[row, blk * 11 + 1]) | (uint32(w[row, blk * 11 + 2]) << SIXTEEN)
+
+
+@device_function
+def q5_1_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 4, cols)
+        raw[r, m] = uint32(w[row, blk * 12 + 4 + (lane & 7)]) | (uint32(w[row, blk * 12]) << SIXTEEN)
+        raw[r, 8 + m] = uint32(w[row, blk * 12 + 1])
+        raw[r, 16 + m] = uint32(w[row, blk * 12 + 2]) | (uint32(w[row, blk * 12 + 3]) << SIXTEEN)
+
+
+@device_function
+def q4_1_prepare(raw, fac, r, col0, cols, lane):
+    for m in range(8):
+        _, live = small_block(col0, m, lane, 4, cols)
+        fac[r, m] = f16_or_zero(raw[r, m] >> SIXTEEN, live)
+        fac[r, 8 + m] = f16_or_zero(raw[r, 8 + m], live)
+
+
+@device_function
+def q5_0_prepare(raw, fac, r, col0, cols, lane):
+    q4_0_prepare(raw, fac, r, col0, cols, lane)
+    shift = uint32(2 * (lane & 7))
+    for m in range(8):
+        raw[r, 8 + m] = raw[r, 8 + m] >> shift
+
+
+@device_function
+def q5_1_prepare(raw, fac, r, col0, cols, lane):
+    q4_1_prepare(raw, fac, r, col0, cols, lane)
+    shift = uint32(2 * (lane & 7))
+    for m in range(8):
+        raw[r, 16 + m] = raw[r, 16 + m] >> shift
+
+
+@device_function
+def nibble_at(raw, r, i):
+    """The 4-bit quant of weight i of a Q4_0-split unit."""
+    t = i & 3
+    return (raw[r, i >> 2] >> uint32(8 * (t & 1) + 4 * (t >> 1))) & uint32(15)
+
+
+@device_function
+def fifth_bit_at(raw, r, first, i):
+    """Weight i's fifth bit, from qh >> 2k in raw[r, first + m]: bit byte + 16·high."""
+    t = i & 3
+    return ((raw[r, first + (i >> 2)] >> uint32((t & 1) + 16 * (t >> 1))) & uint32(1)) << uint32(4)
+
+
+@device_function
+def q4_1_weight(raw, fac, r, i, lane):
+    return fma(fac[r, i >> 2], small_uint_to_f32(nibble_at(raw, r, i), ZERO), fac[r, 8 + (i >> 2)])
+
+
+@device_function
+def q5_0_weight(raw, fac, r, i, lane):
+    q = nibble_at(raw, r, i) | fifth_bit_at(raw, r, 8, i)
+    return fac[r, i >> 2] * small_uint_to_f32(q, float32(16.0))
+
+
+@device_function
+def q5_1_weight(raw, fac, r, i, lane):
+    q = nibble_at(raw, r, i) | fifth_bit_at(raw, r, 16, i)
+    return fma(fac[r, i >> 2], small_uint_to_f32(q, ZERO), fac[r, 8 + (i >> 2)])
+
+
+# IQ4_NL's values (IQ4NL_KVALUES, int8) packed four to a word: IQ4_NL_Wk holds entries
+# 4k..4k+3, so that a lookup is two selects and a shift, with no table in memory.
+IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3 = (uint32(v) for v in np.array(IQ4NL_KVALUES, np.int8).view(np.uint32))
+
+
+@device_function
+def iq4_nl_byte(n):
+    """The table value of nibble n (0..15) as a byte (uint32 0..255, two's complement)."""
+    a = IQ4_NL_W2 if n & uint32(8) else IQ4_NL_W0
+    b = IQ4_NL_W3 if n & uint32(8) else IQ4_NL_W1
+    word = b if n & uint32(4) else a
+    return shr_u32(word, (n & uint32(3)) << uint32(3)) & uint32(0xFF)
+
+
+@device_function
+def iq4_nl_weight(raw, fac, r, i, lane):
+    return fac[r, i >> 2] * int8_to_f32(iq4_nl_byte(nibble_at(raw, r, i)))
+
+
 # ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
 # Tile = 4 blocks; 8 lanes per block. Lane l: block l // 8, chunk c = (l % 8) // 2, half hh =
 # l % 2, i.e. the 16 qs bytes 32c + 16hh + j (one 16-byte load). Low nibbles are elements
@@ -364,6 +473,10 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.BF16, U16, 16, 16, 1, dense_load, dense_prepare, bf16_weight, dense_owner),
     LaneUnit(gt.Q8_0, U16, 16, 8, 8, q8_0_load, q8_0_prepare, q8_0_weight, q8_0_owner),
     LaneUnit(gt.Q4_0, U16, 32, 8, 8, q4_0_load, q4_0_prepare, q4_0_weight, q4_0_owner),
+    LaneUnit(gt.Q4_1, U16, 32, 16, 16, q4_1_load, q4_1_prepare, q4_1_weight, q4_0_owner),
+    LaneUnit(gt.Q5_0, U16, 32, 16, 8, q5_0_load, q5_0_prepare, q5_0_weight, q4_0_owner),
+    LaneUnit(gt.Q5_1, U16, 32, 24, 16, q5_1_load, q5_1_prepare, q5_1_weight, q4_0_owner),
+    LaneUnit(gt.IQ4_NL, U16, 32, 8, 8, q4_0_load, q4_0_prepare, iq4_nl_weight, q4_0_owner),
     LaneUnit(gt.Q4_K, U32, 32, 8, 4, q4_k_load, kquant_prepare, q4_k_weight, kquant_owner,
              aligned16=True),
     LaneUnit(gt.Q5_K, U32, 32, 12, 4, q5_k_load, q5_k_prepare, q5_k_weight, kquant_owner,

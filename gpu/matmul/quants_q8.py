@@ -21,8 +21,9 @@ p is the same for all of a lane's units: what depends on it alone is computed on
 (the compiler hoists it out of the kernel's loop), so the decoding is branch-free selects.
 
 Activations (gpu/matmul/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
-per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term),
-the int sums of xq over its two halves of 16 (the zero points of Q4_0 and Q6_K). Where each goes
+per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term;
+in the NATURAL layout Q8_1's s = fp16(d·Σ xq) instead, the min term of Q4_1/Q5_1), the int sums
+of xq over its two halves of 16 (the zero points of Q4_0, Q5_0 and Q6_K). Where each goes
 depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
@@ -39,7 +40,7 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import int8_to_f32, store4
+from .quants import int8_to_f32, iq4_nl_byte, store4
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -128,7 +129,7 @@ def pick(mask, a, b):
 
 # ---------------------------------------------------------------- x layouts
 # Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
-NATURAL = 0   # xq in column order; xm: per block of 32 [dx, float sum, int sums of both halves]
+NATURAL = 0   # xq in column order; xm: per block of 32 [dx, Q8_1's s, int sums of both halves]
 K64 = 1       # Q4_K/Q5_K lanes of 64 weights (xq permuted, step_slot); xm: per block [dx, float sum]
 Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
 
@@ -363,8 +364,63 @@ def q8_0_dot(q, fac, r, xv, xf, xs, acc):
     return fma(fac[r, 0] * xf[0], magic_sum(dot4(q, r, 0, xv, 0, START)), acc)
 
 
-# ---------------------------------------------------------------- Q4_0 (18 B: d, qs[16])
-# One unit per block: low nibbles are elements 0..15, high nibbles 16..31; zero point 8.
+# ---------------------------------------------------------------- the other 32-weight blocks
+# One unit per block: qs[16]'s low nibbles are elements 0..15, its high nibbles 16..31 (Q5_*:
+# bit j of qh is element j's fifth bit). q[r] = elements 0..15 as four words, then 16..31.
+# x (NATURAL): its Q8_0 codes and dx, and per block either the dp4a start value for a zero
+# point z (START − z·Σ xq: Q4_0 z = 8, Q5_0 16, IQ4_NL 0, whose table values are the quants) or,
+# for the types with a min (Q4_1, Q5_1: d·q + m), Q8_1's s = fp16(amax/127 · Σ xq), so that the
+# min term is m·s as llama.cpp's CPU computes it.
+
+@device_function
+def block_load_x(xq, xm, s, blk, xv, xf, xs, zero):
+    put4(xv, 0, load_u32x4(xq, s, 8 * blk))
+    put4(xv, 4, load_u32x4(xq, s, 8 * blk + 4))
+    m = load_u32x4(xm, s, 4 * blk)
+    xf[0] = bits_to_f32(m[0])
+    xf[1] = bits_to_f32(m[1])
+    xs[0] = START - zero * (int32(m[2]) + int32(m[3]))
+
+
+@device_function
+def block_dot(q, fac, r, xv, xf, xs, acc):
+    """acc + d·dx·Σ (q − z)·xq (the zero point is in the start value xs[0])."""
+    return fma(fac[r, 0] * xf[0], magic_sum(dot8(q, r, 0, xv, 0, xs[0])), acc)
+
+
+@device_function
+def min_dot(q, fac, r, xv, xf, xs, acc):
+    """acc + d·dx·Σ q·xq + m·s."""
+    acc = fma(fac[r, 0] * xf[0], magic_sum(dot8(q, r, 0, xv, 0, START)), acc)
+    return fma(fac[r, 1], xf[1], acc)
+
+
+@device_function
+def nibbles(raw, i, q, r):
+    """q[r] = the low nibbles of qs (raw[i, 0:4]), then its high nibbles, one per byte."""
+    for j in range(4):
+        v = raw[i, j]
+        q[r, j] = v & LOW4
+        q[r, 4 + j] = (v >> FOUR) & LOW4
+
+
+@device_function
+def spread_bit4(h):
+    """Bits 0..3 of h to bit 4 of bytes 0..3 (bit b moves 7b + 4 up)."""
+    return (((h & uint32(1)) << FOUR) | ((h & uint32(2)) << uint32(11)) | ((h & uint32(4)) << uint32(18))
+            | ((h & uint32(8)) << uint32(25)))
+
+
+@device_function
+def fifth_bits(raw, i, q, r, qh):
+    """nibbles(), with bit j of qh as element j's fifth bit."""
+    for j in range(4):
+        v = raw[i, j]
+        q[r, j] = (v & LOW4) | spread_bit4(shr_u32(qh, uint32(4 * j)))
+        q[r, 4 + j] = ((v >> FOUR) & LOW4) | spread_bit4(shr_u32(qh, uint32(16 + 4 * j)))
+
+
+# Q4_0 (18 B: d, qs[16]); zero point 8. raw[i] = qs[4] | d.
 
 @device_function
 def q4_0_load(w, w8, row, blk, p, raw, i):
@@ -374,32 +430,107 @@ def q4_0_load(w, w8, row, blk, p, raw, i):
 
 @device_function
 def q4_0_prepare(raw, i, q, fac, r, p):
-    for j in range(4):
-        v = raw[i, j]
-        q[r, j] = v & LOW4
-        q[r, 4 + j] = (v >> FOUR) & LOW4
+    nibbles(raw, i, q, r)
     fac[r, 0] = f16_bits_to_f32(raw[i, 4])
 
 
 @device_function
 def q4_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
-    put4(xv, 0, load_u32x4(xq, s, 8 * blk))
-    put4(xv, 4, load_u32x4(xq, s, 8 * blk + 4))
-    m = load_u32x4(xm, s, 4 * blk)
-    xf[0] = bits_to_f32(m[0])
-    xs[0] = START - int32(8) * (int32(m[2]) + int32(m[3]))
+    block_load_x(xq, xm, s, blk, xv, xf, xs, int32(8))
+
+
+# IQ4_NL (18 B: d, qs[16]): Q4_0's layout, each nibble an index into the IQ4_NL table
+# (gpu/matmul/quants.py iq4_nl_byte). raw[i] = qs[4] | d.
+
+@device_function
+def iq4_nl_word(v):
+    """Four nibbles, one in the low half of each byte of v, to their four table bytes."""
+    return (iq4_nl_byte(v & LOW8) | (iq4_nl_byte((v >> EIGHT) & LOW8) << EIGHT)
+            | (iq4_nl_byte((v >> SIXTEEN) & LOW8) << SIXTEEN) | (iq4_nl_byte(v >> TWENTY_FOUR) << TWENTY_FOUR))
 
 
 @device_function
-def q4_0_dot(q, fac, r, xv, xf, xs, acc):
-    total = dot4(q, r, 4, xv, 4, dot4(q, r, 0, xv, 0, xs[0]))  # Σ (q − 8)·xq
-    return fma(fac[r, 0] * xf[0], magic_sum(total), acc)
+def iq4_nl_prepare(raw, i, q, fac, r, p):
+    for j in range(4):
+        v = raw[i, j]
+        q[r, j] = iq4_nl_word(v & LOW4)
+        q[r, 4 + j] = iq4_nl_word((v >> FOUR) & LOW4)
+    fac[r, 0] = f16_bits_to_f32(raw[i, 4])
+
+
+@device_function
+def iq4_nl_load_x(xq, xm, s, blk, p, xv, xf, xs):
+    block_load_x(xq, xm, s, blk, xv, xf, xs, int32(0))
+
+
+# Q5_0 (22 B: d, qh u32, qs[16], 2-byte aligned); zero point 16. raw[i] = qs[4] | d | qh.
+
+@device_function
+def q5_0_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 22 * blk + 6))
+    raw[i, 4] = uint32(w[row, uint64(11 * blk)])
+    raw[i, 5] = uint32(w[row, uint64(11 * blk + 1)]) | (uint32(w[row, uint64(11 * blk + 2)]) << SIXTEEN)
+
+
+@device_function
+def q5_0_prepare(raw, i, q, fac, r, p):
+    fifth_bits(raw, i, q, r, raw[i, 5])
+    fac[r, 0] = f16_bits_to_f32(raw[i, 4])
+
+
+@device_function
+def q5_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
+    block_load_x(xq, xm, s, blk, xv, xf, xs, int32(16))
+
+
+# Q4_1 (20 B: d, m, qs[16]) and Q5_1 (24 B: d, m, qh u32, qs[16]), 4-byte aligned: d·q + m.
+# raw[i] = qs[4] | d | m << 16 (| qh); fac[r] = d, m.
+
+@device_function
+def q4_1_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 20 * blk + 4))
+    raw[i, 4] = w[row, uint64(5 * blk)]
+
+
+@device_function
+def q5_1_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 24 * blk + 8))
+    raw[i, 4] = w[row, uint64(6 * blk)]
+    raw[i, 5] = w[row, uint64(6 * blk + 1)]
+
+
+@device_function
+def min_factors(raw, i, fac, r):
+    fac[r, 0] = f16_bits_to_f32(raw[i, 4] & LOW16)
+    fac[r, 1] = f16_bits_to_f32(raw[i, 4] >> SIXTEEN)
+
+
+@device_function
+def q4_1_prepare(raw, i, q, fac, r, p):
+    nibbles(raw, i, q, r)
+    min_factors(raw, i, fac, r)
+
+
+@device_function
+def q5_1_prepare(raw, i, q, fac, r, p):
+    fifth_bits(raw, i, q, r, raw[i, 5])
+    min_factors(raw, i, fac, r)
+
+
+@device_function
+def min_load_x(xq, xm, s, blk, p, xv, xf, xs):
+    block_load_x(xq, xm, s, blk, xv, xf, xs, int32(0))
 
 
 U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q8_0, U16, 2, 16, 4, NATURAL, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
-    Dp4aUnit(gt.Q4_0, U16, 1, 32, 4, NATURAL, 5, 8, 1, 8, 1, 1, q4_0_load, q4_0_prepare, q4_0_load_x, q4_0_dot),
+    Dp4aUnit(gt.Q4_0, U16, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, q4_0_load, q4_0_prepare, q4_0_load_x, block_dot),
+    Dp4aUnit(gt.Q4_1, U32, 1, 32, 4, NATURAL, 5, 8, 2, 8, 2, 1, q4_1_load, q4_1_prepare, min_load_x, min_dot),
+    Dp4aUnit(gt.Q5_0, U16, 1, 32, 4, NATURAL, 6, 8, 1, 8, 2, 1, q5_0_load, q5_0_prepare, q5_0_load_x, block_dot),
+    Dp4aUnit(gt.Q5_1, U32, 1, 32, 4, NATURAL, 6, 8, 2, 8, 2, 1, q5_1_load, q5_1_prepare, min_load_x, min_dot),
+    Dp4aUnit(gt.IQ4_NL, U16, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, q4_0_load, iq4_nl_prepare, iq4_nl_load_x,
+             block_dot),
     Dp4aUnit(gt.Q4_K, U32, 4, 64, 2, K64, 12, 16, 4, 16, 4, 1, q4_k_load, q4_k_prepare, kquant_load_x, q4_k_dot),
     Dp4aUnit(gt.Q5_K, U32, 4, 64, 2, K64, 20, 16, 4, 16, 4, 1, q5_k_load, q5_k_prepare, kquant_load_x, q5_k_dot),
     Dp4aUnit(gt.Q6_K, U16, 4, 64, 2, Q6K64, 14, 16, 4, 16, 4, 4, q6_k_load, q6_k_prepare, q6_k_load_x, q6_k_dot),

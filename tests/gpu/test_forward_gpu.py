@@ -28,7 +28,7 @@ from tests.hybrid.test_speculative import KnownFutureHead, LetterTokenizer, gree
 SIMULATED = simulated()
 SHAPE = dict(n_layer=2, full_attention_interval=2, n_embd=32, n_vocab=MIN_VOCAB + 8, n_head=2, n_head_kv=1,
              head_dim=16, n_rot=8, ssm_n_k_heads=1, ssm_n_v_heads=2, n_ff=32, context_length=256)
-D_STATE = {"F32": 8, "Q8_0": 16}        # Q8_0 rows need multiples of 32 (d_inner = 2·d_state)
+D_STATE = {"F32": 8}                    # the 32-weight block types need multiples of 32 (d_inner = 2·d_state)
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
 EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
 LOGIT_TOL, MEAN_TOL = 0.5, 0.1          # quantised: the CPU rounds activations to int8 (test_forward.py)
@@ -56,7 +56,8 @@ def model(tmp_path_factory):
     def make(types: str):
         if types not in opened:
             path = folder / f"tiny-{types}.gguf"
-            write_model(path, preset("tiny", arch="qwen35", ssm_d_state=D_STATE[types], **SHAPE), types=types, seed=7)
+            d_state = D_STATE.get(types, 16)
+            write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **SHAPE), types=types, seed=7)
             files.append(open_model(path))
             opened[types] = files[-1].__enter__()
         return opened[types]
@@ -97,6 +98,32 @@ def test_quantised_model_matches_float_reference_and_cpu_forward(model):
         err, mean = max_error(got, other), float(np.abs(got - other).mean())
         assert err < LOGIT_TOL and mean < MEAN_TOL, f"vs {name}: max {err:.3g}, mean {mean:.3g}"
     assert (got.argmax(1) == reference.argmax(1)).all()
+
+
+GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]     # the GPU kernels' 32-weight types past Q8_0/Q4_0
+
+
+@pytest.mark.parametrize("types", GPU_BLOCK_TYPES)
+def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, types):
+    """A model of one of these types, every matrix on the device (the GPU kernels run them all,
+    placement.check_gpu_types lets it load): its prompt logits within the quantised tolerance of
+    the CPU forward's (both round x as llama.cpp does for the type; the GPU sums in another
+    order), and greedy decoding gives the CPU's tokens."""
+    mf = model(types)
+    assert {t.type.name for n, t in mf.tensors.items() if n.endswith("weight") and t.type.name != "F32"} == {types}
+    prompt = [int(t) for t in PROMPT]
+    cpu_fw, gpu_fw = Forward(mf), Forward(mf, backend="gpu", placement=all_on_device)
+    want, _ = run(cpu_fw, PROMPT)
+    got, _ = run(gpu_fw, PROMPT)
+    err, mean = max_error(got, want), float(np.abs(got - want).mean())
+    assert err < LOGIT_TOL and mean < MEAN_TOL, f"max {err:.3g}, mean {mean:.3g}"
+    count = 4 if SIMULATED else N_TOKENS       # the simulator runs a decode step in seconds
+    n_ctx = len(prompt) + count + 8
+
+    def tokens(fw):
+        return [e.id for e in generate_tokens(fw, fw.new_state(n_ctx), LetterTokenizer(), prompt, max_tokens=count,
+                                              sampler=greedy(), n_ctx=n_ctx, ignore_eos=True) if hasattr(e, "id")]
+    assert tokens(gpu_fw) == tokens(cpu_fw)
 
 
 @pytest.fixture(scope="module")

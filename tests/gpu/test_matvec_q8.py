@@ -24,16 +24,19 @@ from cpu import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 
-Q_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+Q_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K"]
 U = 2.0 ** -24                      # unit roundoff of float32
-MIN_FIELD = {"Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 dmin in a block
-TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
+MIN_FIELD = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 min (dmin) in a block
+Q8_1_MIN = ("Q4_1", "Q5_1")         # their min term meets x as Q8_1's s, not the float sum
+TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2, "Q5_0": 1, "Q5_1": 2, "IQ4_NL": 1, "Q4_K": 4, "Q5_K": 4,
+                  "Q6_K": 4}
 
 
 def quantize_reference(x: np.ndarray, layout: int = NATURAL):
     """(xq (n, cols) int, dx (n, blocks), float sums (n, blocks), int sums (n, blocks, 2)).
-    NATURAL (the Q8_0/Q4_0 layout): llama.cpp's Q8_0 rounding, dx = fp16(amax/127) and
-    x·(127/amax); the 64-weight K-quant layouts: dx = amax/127 in float32 and x·(1/dx)."""
+    NATURAL (the 32-weight block types' layout): llama.cpp's Q8_0 rounding, dx = fp16(amax/127)
+    and x·(127/amax), and in place of the float sums Q8_1's s = fp16(amax/127 · Σ xq); the
+    64-weight K-quant layouts: dx = amax/127 in float32 and x·(1/dx)."""
     n, cols = x.shape
     blocks = x.astype(np.float32).reshape(n, cols // 32, 8, 4)   # 8 lanes of 4 elements each
     amax = np.abs(blocks).max(axis=(2, 3))
@@ -47,11 +50,14 @@ def quantize_reference(x: np.ndarray, layout: int = NATURAL):
         inv = np.divide(np.float32(1.0), dx, out=np.zeros_like(dx), where=dx > 0)
     xq = np.rint(blocks.reshape(n, -1, 32) * inv[..., None]).astype(np.int64)
     assert np.abs(xq).max() <= 127
+    if layout == NATURAL:
+        with np.errstate(over="ignore"):
+            sums = ((amax / np.float32(127.0)) * xq.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
     return xq.reshape(n, cols), dx, sums, xq.reshape(n, -1, 2, 16).sum(-1)
 
 
 def scale_part(t: gt.GGMLType, w_bytes: np.ndarray) -> np.ndarray:
-    """The dequantised weights without the K-quants' −dmin·m term."""
+    """The dequantised weights without the min term (the K-quants' −dmin·m, Q4_1/Q5_1's m)."""
     if t.name not in MIN_FIELD:
         return dequantize(w_bytes, GGMLQuantizationType(t.id))
     blocks = w_bytes.copy().reshape(w_bytes.shape[0], -1, t.block_bytes)
@@ -70,9 +76,14 @@ def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray, lanes: in
     """
     w = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
     a = scale_part(t, w_bytes).astype(np.float64)
-    xq, dx, _, _ = quantize_reference(x, UNITS[t.id].x_layout)
+    xq, dx, s, _ = quantize_reference(x, UNITS[t.id].x_layout)
     x_hat = xq * np.repeat(dx.astype(np.float64), 32, axis=1)
     x64 = x.astype(np.float64)
+    if t.name in Q8_1_MIN:      # Σ m·s over the blocks: m is constant in a block
+        m = (w - a)[:, ::32]
+        want = x_hat @ a.T + s.astype(np.float64) @ m.T
+        return want, (TERMS_PER_UNIT[t.name] * -(-m.shape[1] // lanes) + 16) * U * (
+            np.abs(x_hat) @ np.abs(a).T + np.abs(s.astype(np.float64)) @ np.abs(m).T)
     want = x_hat @ a.T + x64 @ (w - a).T
     magnitude = np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(w - a).T
     units = UNITS[t.id].units_per_row(x.shape[1])
@@ -84,10 +95,15 @@ def rounding_bound(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray) -> np.nda
     """Bound on |A·(x − x̂)|: |xq − x/dx| ≤ 1/2 + 256u (x/dx ≤ 127 through two float32 roundings),
     plus 127·|dx − fp16(dx)| ≤ 127·2**-11·dx where dx is an fp16 (NATURAL)."""
     a = scale_part(t, w_bytes).astype(np.float64)
-    _, dx, _, _ = quantize_reference(x, UNITS[t.id].x_layout)
+    _, dx, s, _ = quantize_reference(x, UNITS[t.id].x_layout)
     half = 127 * 2.0 ** -11 if UNITS[t.id].x_layout == NATURAL else 0.0
     step = np.repeat(dx.astype(np.float64), 32, axis=1) * (0.5 + 256 * U + half)
-    return step @ np.abs(a).T
+    bound = step @ np.abs(a).T
+    if t.name in Q8_1_MIN:
+        # |Σx − s| ≤ Σ|x − d·xq| + the fp16 rounding of s: at most 32·(dx/2)(1 + 2**-10) + 2**-11·|s|
+        m = np.abs(dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64) - a)[:, ::32]
+        bound += (17 * dx.astype(np.float64) + 2.0 ** -11 * np.abs(s)) @ m.T
+    return bound
 
 
 def assert_within(got, want, bound, what):
@@ -109,13 +125,13 @@ def test_quantiser_matches_the_numpy_spec_bit_for_bit():
     got_q = xq_words.view(np.int8).reshape(3, 96).astype(np.int64)
     np.testing.assert_array_equal(got_q, want_q)
     np.testing.assert_array_equal(xm[..., 0].view(np.float32), dx)
-    np.testing.assert_array_equal(xm[..., 1].view(np.float32), sums)
+    np.testing.assert_array_equal(xm[..., 1].view(np.float32), sums)      # Q8_1's s
     np.testing.assert_array_equal(xm[..., 2:].view(np.int32), halves)
 
 
-def test_q8_0_and_q4_0_activations_are_the_cpu_kernels_bit_for_bit():
-    """The GPU's x for Q8_0/Q4_0 weights (NATURAL layout) has the codes and scales of the CPU
-    kernels' (cpu.activations Q8_0, llama.cpp's rounding), so both backends round alike."""
+def test_natural_layout_activations_are_the_cpu_kernels_bit_for_bit():
+    """The GPU's x for the 32-weight block types (NATURAL layout) has the codes and scales of the
+    CPU kernels' (cpu.activations Q8_0 and Q8_1, llama.cpp's rounding), so both backends round alike."""
     assert UNITS[gt.Q8_0.id].x_layout == NATURAL and UNITS[gt.Q4_0.id].x_layout == NATURAL
     rng = np.random.default_rng(4)
     x = (rng.standard_t(2, (2, 256)) * rng.uniform(1e-3, 1e3, (2, 1))).astype(np.float32)
@@ -127,6 +143,11 @@ def test_q8_0_and_q4_0_activations_are_the_cpu_kernels_bit_for_bit():
     cpu_q, cpu_d, _ = cpu_activations.quantize(cpu_activations.format_of(gt.Q8_0.id), x)
     np.testing.assert_array_equal(got_q, cpu_q)
     np.testing.assert_array_equal(got_d.view(np.uint32), cpu_d.view(np.uint32))
+    # Q4_1/Q5_1 weights: the same codes and d, and Q8_1's s (cpu.activations' Q8_1)
+    assert UNITS[gt.Q4_1.id].x_layout == NATURAL and UNITS[gt.Q5_1.id].x_layout == NATURAL
+    got_s = xm_dev.copy_to_host().reshape(2, -1, 4)[..., 1].view(np.float32)
+    _, cpu_ds, _ = cpu_activations.quantize(cpu_activations.format_of(gt.Q4_1.id), x)
+    np.testing.assert_array_equal(got_s.view(np.uint32), cpu_ds[:, 1::2].view(np.uint32))
 
 
 def lane_columns(layout: int, blk: int, p: int, k: int) -> np.ndarray:
@@ -263,9 +284,10 @@ def test_more_slots_than_one_launch_takes():
 
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator reads unaligned words byte by byte")
 def test_misaligned_weight_rows():
-    """Q6_K/Q8_0/Q4_0 rows of an odd block count start 2 bytes off a word boundary every other
-    row; a view one row in starts anywhere: the unaligned loads must see the same bytes."""
-    for name in ("Q6_K", "Q8_0", "Q4_0"):
+    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL rows of an odd block count start 2 bytes off a word boundary
+    every other row (Q4_1/Q5_1 rows stay 4-byte aligned); a view one row in starts anywhere: the
+    unaligned loads must see the same bytes."""
+    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1"):
         t = gt.by_name(name)
         rng = np.random.default_rng(11)
         cols = t.block_elems * 33

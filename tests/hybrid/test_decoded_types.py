@@ -1,7 +1,7 @@
 """Models of the decoded types (cpu.decoded: Q4_1 … IQ1_M, MXFP4) and of llama.cpp's low-bit
 mixes, CPU-only, against the numpy float64 reference (weights read by gguf-py); the mixes'
 per-tensor types against llama-quant.cpp's rules; the errors for an unknown type and for a type
-the GPU kernels do not run."""
+the GPU kernels do not run, and the GPU plan of the decoded types they do run."""
 import struct
 
 import numpy as np
@@ -156,6 +156,19 @@ def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path):
     msg = str(e.value)
     assert "\n" not in msg and "IQ4_XS" in msg and ("blk." in msg or "token_embd" in msg)
     assert "--device cpu" in msg
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL"])
+def test_gpu_path_takes_the_decoded_types_with_gpu_kernels(name, tmp_path, monkeypatch):
+    """These decoded types have GPU units (gpu/matmul): a GPU load plans them (on the device
+    where they fit), and --device auto keeps the GPU."""
+    monkeypatch.setattr(placement, "gpu_free_memory", lambda: 12 << 30)
+    path = tmp_path / f"tiny-{name}.gguf"
+    write_model(path, preset("tiny", arch="qwen35"), types=name, seed=2)
+    with open_model(path) as mf:
+        check_gpu_types(mf)
+        plan = plan_for(mf, "auto")
+        assert plan.device != "cpu" and not any("GPU kernels" in note for note in plan.notes)
 
 
 def test_device_auto_runs_types_without_gpu_kernels_on_the_cpu(tmp_path, monkeypatch):
