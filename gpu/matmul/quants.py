@@ -247,19 +247,23 @@ def q4_1_prepare(raw, fac, r, col0, cols, lane):
 
 
 @device_function
-def q5_0_prepare(raw, fac, r, col0, cols, lane):
-    q4_0_prepare(raw, fac, r, col0, cols, lane)
+def shift_fifth_bits(raw, r, first, lane):
+    """The qh words raw[r, first .. first + 7] shifted down to this lane's weights' bits."""
     shift = uint32(2 * (lane & 7))
     for m in range(8):
-        raw[r, 8 + m] = raw[r, 8 + m] >> shift
+        raw[r, first + m] = raw[r, first + m] >> shift
+
+
+@device_function
+def q5_0_prepare(raw, fac, r, col0, cols, lane):
+    q4_0_prepare(raw, fac, r, col0, cols, lane)
+    shift_fifth_bits(raw, r, 8, lane)
 
 
 @device_function
 def q5_1_prepare(raw, fac, r, col0, cols, lane):
     q4_1_prepare(raw, fac, r, col0, cols, lane)
-    shift = uint32(2 * (lane & 7))
-    for m in range(8):
-        raw[r, 16 + m] = raw[r, 16 + m] >> shift
+    shift_fifth_bits(raw, r, 16, lane)
 
 
 @device_function
