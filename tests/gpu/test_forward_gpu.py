@@ -111,13 +111,14 @@ def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, typ
     order), and greedy decoding gives the CPU's tokens."""
     mf = model(types)
     assert {t.type.name for n, t in mf.tensors.items() if n.endswith("weight") and t.type.name != "F32"} == {types}
-    prompt = [int(t) for t in PROMPT]
+    # the simulator runs a decode step in seconds: a shorter prompt and two steps there
+    prompt = [int(t) for t in (PROMPT[:3] if SIMULATED else PROMPT)]
     cpu_fw, gpu_fw = Forward(mf), Forward(mf, backend="gpu", placement=all_on_device)
-    want, _ = run(cpu_fw, PROMPT)
-    got, _ = run(gpu_fw, PROMPT)
+    want, _ = run(cpu_fw, np.array(prompt))
+    got, _ = run(gpu_fw, np.array(prompt))
     err, mean = max_error(got, want), float(np.abs(got - want).mean())
     assert err < LOGIT_TOL and mean < MEAN_TOL, f"max {err:.3g}, mean {mean:.3g}"
-    count = 4 if SIMULATED else N_TOKENS       # the simulator runs a decode step in seconds
+    count = 2 if SIMULATED else N_TOKENS
     n_ctx = len(prompt) + count + 8
 
     def tokens(fw):
@@ -249,14 +250,15 @@ def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, mon
     want = fill(whole, ids)
     split = fw.new_state(32)
     fill(split, a)
+    after_a = split.copy()
     got = fill(split, b)
     np.testing.assert_array_equal(got, want)
     host = fw.backend.to_host
     for i in whole.ssm:
         np.testing.assert_array_equal(host(split.ssm[i]), host(whole.ssm[i]))
-    # the control: the same split fed 8 + 1 (a 1-row decode-kernel call) leaves other bits
+    # the control: A fed 4 + 1 (a 1-row decode-kernel call) leaves other bits than 3 + 2
     monkeypatch.setattr(fw.backend, "min_prompt_rows", 1)
     assert prompt_chunks(len(a), fw.min_prompt_rows)[-1] == (4, 5)
     other = fw.new_state(32)
     fill(other, a)
-    assert not np.array_equal(fill(other, b), want)
+    assert not all(np.array_equal(host(other.ssm[i]), host(after_a.ssm[i])) for i in after_a.ssm)
