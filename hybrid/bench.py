@@ -49,12 +49,12 @@ def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
         ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
         state.reset()
         t0 = time.perf_counter()
-        _prefill(model, state, ids)
+        prefill_prompt(model, state, ids)
         times.append(time.perf_counter() - t0)
     return BenchRow(f"pp{n_prompt}", n_prompt, times)
 
 
-def _prefill(model, state, ids: np.ndarray) -> None:
+def prefill_prompt(model, state, ids: np.ndarray) -> None:
     """Append `ids` to `state` in the engine's prefill chunks, logits of the last token only."""
     for start, stop in prompt_chunks(len(ids), model.forward.min_prompt_rows):
         model.forward.forward(state, ids[start:stop], logits="last" if stop == len(ids) else "none")
@@ -75,7 +75,7 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) 
     for _ in range(reps):
         state.reset()
         if depth:
-            _prefill(model, state, _random_tokens(depth, model.config.n_vocab, rng))
+            prefill_prompt(model, state, _random_tokens(depth, model.config.n_vocab, rng))
         picks, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last",
                                          pick=True)
         t0 = time.perf_counter()

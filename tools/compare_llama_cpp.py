@@ -59,6 +59,7 @@ class HybridEngine:
         # everything hybrid.load and the forward import lazily: numba alone is ~60 MB of RSS
         import cpu.ops  # noqa: F401
         import hybrid.api  # noqa: F401
+        import hybrid.bench  # noqa: F401
         import hybrid.chat_template  # noqa: F401
         import hybrid.forward  # noqa: F401
         import hybrid.tokenizer  # noqa: F401
@@ -80,13 +81,11 @@ class HybridEngine:
         m.warmup()
 
     def prefill(self, ids: list[int]) -> float:
-        from hybrid.generate import PREFILL_CHUNK
+        from hybrid.bench import prefill_prompt
         tokens = np.asarray(ids, dtype=np.int32)
         state = self.model.new_state(len(tokens) + 1)
         t0 = time.perf_counter()
-        for s in range(0, len(tokens), PREFILL_CHUNK):
-            chunk = tokens[s:s + PREFILL_CHUNK]
-            self.model.forward.forward(state, chunk, logits="last" if s + len(chunk) == len(tokens) else "none")
+        prefill_prompt(self.model, state, tokens)
         return time.perf_counter() - t0
 
     def decode(self, prompt: list[int], n: int) -> tuple[float, list[int]]:
