@@ -58,12 +58,9 @@ IGNORED = {
 }
 
 # llama-server's options that mean nothing here (serve only).
-SERVER_IGNORED = {
-    "-np": ("value", "one request runs at a time here; --max-queue bounds the ones that wait"),
-    "--parallel": ("value", "one request runs at a time here; --max-queue bounds the ones that wait"),
-    "-cb": (None, "one request runs at a time here; --max-queue bounds the ones that wait"),
-    "--cont-batching": (None, "one request runs at a time here; --max-queue bounds the ones that wait"),
-}
+_ONE_AT_A_TIME = "one request runs at a time here; --max-queue bounds the ones that wait"
+SERVER_IGNORED = {"-np": ("value", _ONE_AT_A_TIME), "--parallel": ("value", _ONE_AT_A_TIME),
+                  "-cb": (None, _ONE_AT_A_TIME), "--cont-batching": (None, _ONE_AT_A_TIME)}
 # llama-server's prompt-cache size in MiB (-1: no limit, 0: off) is our --cache-mem.
 CACHE_RAM = {"-cram", "--cache-ram"}
 NO_LIMIT = str(1 << 62)        # bytes: more host memory than any machine has

@@ -9,12 +9,17 @@ and the all-device placement are each checked once against the CPU forward.
 import numpy as np
 import pytest
 
+import gpu.matmul.gemm
+import gpu.runtime.pcie
+import hybrid.generate
 from gpu import simulated
 from gpu.attention import ROWS_PER_CALL
 from gpu.gdn import CONV_PARALLEL_TOKENS
+from hybrid.backend import GPUBackend
 from hybrid.errors import HybridError
+from hybrid.events import Stats
 from hybrid.forward import Forward
-from hybrid.generate import generate_tokens
+from hybrid.generate import generate_tokens, prefill, prompt_chunks
 from hybrid.model_file import open_model
 from hybrid.session import _Checkpoint
 from hybrid.mtp import MTPHead
@@ -228,15 +233,9 @@ def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, mon
     (int8 matvec, host FFNs on the CPU) and longer ones with its prompt kernels (GEMM, streamed
     FFNs), whose last bits differ; `prompt_chunks` keeps every call of a long enough prompt on the
     prompt kernels, wherever the chunk boundaries fall. (Thresholds scaled down for the simulator.)"""
-    import gpu.matmul.gemm
-    import gpu.runtime.pcie
-    import hybrid.generate
-    from hybrid.events import Stats
-    from hybrid.generate import prefill, prompt_chunks
     monkeypatch.setattr(gpu.matmul.gemm, "GEMM_MIN_ROWS", 2)
     monkeypatch.setattr(gpu.runtime.pcie, "PCIE_MAX_ROWS", 1)
     monkeypatch.setattr(hybrid.generate, "PREFILL_CHUNK", 4)
-    from hybrid.backend import GPUBackend
     fw = Forward(model("Q8_0"), backend=GPUBackend(stream_min_rows=2))
     assert fw.min_prompt_rows == 2
     ids = np.array([3, 141, 59, 26, 53, 5, 89])
@@ -244,7 +243,7 @@ def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, mon
 
     def fill(state, prompt):
         *_, last = prefill(fw, state, prompt, Stats())
-        return fw.backend.to_host(last) if not isinstance(last, np.ndarray) else last
+        return fw.backend.to_host(last)
 
     whole = fw.new_state(32)
     want = fill(whole, ids)
