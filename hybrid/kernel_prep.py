@@ -20,7 +20,8 @@ three steps:
    goes further (the MoE FFN's kernels; the dense forward has none).
 2. Compile the recorded (kernel, signature) pairs, reporting progress(done, total): with several
    cores, this process and one worker process per other core take kernels from one queue (Numba
-   compiles under one global lock, so threads would not help). A worker writes what it compiles
+   compiles under one global lock, so threads would not help; with CUDA kernels only the workers
+   take from it, see `compile_all`). A worker writes what it compiles
    to the disk cache; all variants of one kernel go to one process, so no two processes write one
    cache index file at once.
 3. Run the warm-up again, for real: every kernel loads from memory or the disk cache now.
@@ -297,10 +298,7 @@ class _Job:
                 sigs.append(sig)
                 return
         self.parts.append((dispatcher, [sig], _locate(dispatcher)))
-        try:
-            self.size += len(inspect.getsource(dispatcher.py_func))
-        except (OSError, TypeError):
-            pass
+        self.size += _source_size(dispatcher.py_func)
 
     @property
     def count(self) -> int:
@@ -333,6 +331,25 @@ class _Job:
                     dispatcher._cache.save_overload(sig, kernel)
 
 
+def _source_size(fn, seen: set | None = None) -> int:
+    """Characters of fn's source and of every compiled function it calls by a global name: device
+    functions are inlined into a kernel, so they are part of its compile work (a CUDA matvec's own
+    source is a few lines around the type's unit functions)."""
+    seen = set() if seen is None else seen
+    if fn.__code__ in seen:
+        return 0
+    seen.add(fn.__code__)
+    try:
+        size = len(inspect.getsource(fn))
+    except (OSError, TypeError):
+        size = 0
+    for name in fn.__code__.co_names:
+        inner = getattr(fn.__globals__.get(name), "py_func", None)
+        if inner is not None and hasattr(inner, "__code__"):
+            size += _source_size(inner, seen)
+    return size
+
+
 def compile_all(missing: list[tuple], progress: Progress | None = None, done: int = 0,
                 workers: int | None = None) -> None:
     """Compile each (dispatcher, signature) pair (step 2), reporting progress(done, total) as
@@ -341,7 +358,8 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
     With several cores, worker processes (`python -m hybrid.kernel_prep`, one per core but this
     one) take kernels from the same queue as this process, the biggest first; each writes what it
     compiles to the disk cache, where the warm-up then finds it. A kernel a worker cannot compile
-    is compiled here."""
+    is compiled here. CUDA kernels: one worker per core up to CUDA_WORKERS, and this process only
+    saves what they send and compiles what they cannot."""
     total = done + len(missing)
     report = progress or (lambda d, t: None)
     report(done, total)
@@ -352,9 +370,14 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
         by_code.setdefault(key, _Job(cuda)).add(dispatcher, sig)
     jobs = sorted(by_code.values(), key=lambda j: j.size, reverse=True)
     workers = default_workers() if workers is None else workers
-    if any(j.cuda for j in jobs):
+    # A CUDA kernel from a worker is saved here under Numba's compiler lock, which a compilation
+    # in this process holds throughout: while this process compiled, finished workers waited to
+    # hand their kernels over instead of taking the next. So with CUDA kernels this process
+    # compiles only what no worker can (and what they all leave), and the workers take a core each.
+    cuda = any(j.cuda for j in jobs)
+    if cuda:
         workers = min(workers, CUDA_WORKERS)
-    n_procs = min(workers, len(jobs)) - 1 if len(jobs) >= MIN_PARALLEL_KERNELS else 0
+    n_procs = min(workers, len(jobs)) - (0 if cuda else 1) if len(jobs) >= MIN_PARALLEL_KERNELS else 0
     lock = threading.Lock()
     state = {"done": done}
     queue = collections.deque(j for j in jobs if not j.here)    # workers take from the left
@@ -380,8 +403,10 @@ def compile_all(missing: list[tuple], progress: Progress | None = None, done: in
         t.start()
     while True:
         with lock:
-            job = here.pop() if here else (queue.pop() if queue else None)   # from the small end
-            idle = job is None and not any(t.is_alive() for t in feeders)
+            working = any(t.is_alive() for t in feeders)
+            shares = queue and not (cuda and working)
+            job = here.pop() if here else (queue.pop() if shares else None)   # from the small end
+            idle = job is None and not working
         if job is not None:
             job.compile()
             finished(job)

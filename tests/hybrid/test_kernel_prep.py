@@ -2,10 +2,12 @@
 with a count (here or in worker processes), and a warm run reports nothing; the CLI shows the
 count on a cold cache and no compile line on a warm one."""
 import importlib
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -33,6 +35,11 @@ def fill_twice(out, v):
 @njit(cache=True)
 def total(x):
     return x.sum()
+
+
+@njit(cache=True)
+def total_plus_one(x):
+    return total(x) + 1.0
 
 
 @njit(cache=True)
@@ -142,6 +149,47 @@ def test_compile_all_with_workers_counts_every_kernel(kernels, monkeypatch):
     assert seen[0] == (0, 2) and seen[-1] == (2, 2)
     fresh = importlib.reload(kernels)
     assert _nothing_missing(fresh, out, x)
+
+
+def _fake_workers(monkeypatch, take_jobs: bool) -> tuple[list, list]:
+    """compile_all with CUDA-like jobs and stand-in workers: returns (jobs compiled in this
+    process, jobs the workers took)."""
+    monkeypatch.setattr(kernel_prep, "MIN_PARALLEL_KERNELS", 1)
+    monkeypatch.setattr(kernel_prep, "_is_cuda", lambda dispatcher: True)
+    here, taken = [], []
+    monkeypatch.setattr(kernel_prep._Job, "compile", lambda job: here.append(job))
+
+    def worker(take, finished, give_back):
+        while take_jobs and (job := take()) is not None:
+            time.sleep(0.05)                    # compiling: this process's loop runs meanwhile
+            taken.append(job)
+            finished(job)
+    monkeypatch.setattr(kernel_prep, "_feed_worker", worker)
+    return here, taken
+
+
+def test_with_cuda_kernels_this_process_leaves_the_queue_to_the_workers(kernels, monkeypatch):
+    """Saving a worker's CUDA kernel needs the compiler lock that a compilation here holds
+    throughout, so this process compiling would stall every finished worker."""
+    here, taken = _fake_workers(monkeypatch, take_jobs=True)
+    missing = kernel_prep.find_missing(_run(kernels, np.zeros(4), np.arange(3.0))).missing
+    seen = []
+    kernel_prep.compile_all(missing, lambda d, t: seen.append((d, t)), workers=2)
+    assert here == [] and len(taken) == 2 and seen[-1] == (2, 2)
+
+
+def test_with_cuda_kernels_and_no_worker_left_this_process_compiles_them(kernels, monkeypatch):
+    here, taken = _fake_workers(monkeypatch, take_jobs=False)
+    missing = kernel_prep.find_missing(_run(kernels, np.zeros(4), np.arange(3.0))).missing
+    kernel_prep.compile_all(missing, workers=2)
+    assert len(here) == 2 and taken == []
+
+
+def test_a_kernels_size_counts_the_compiled_functions_it_calls(kernels):
+    """Jobs go biggest first; a kernel's own source may be a few lines around inlined calls."""
+    size = kernel_prep._source_size
+    assert size(kernels.total_plus_one.py_func) == \
+        len(inspect.getsource(kernels.total_plus_one.py_func)) + size(kernels.total.py_func)
 
 
 def test_warmup_compiles_everything_a_short_greedy_generation_needs():
