@@ -113,7 +113,8 @@ def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, typ
     """A model of one of these types, every matrix on the device (the GPU kernels run them all,
     placement.check_gpu_types lets it load): its prompt logits within the quantised tolerance of
     the CPU forward's (both round x as llama.cpp does for the type; the GPU sums in another
-    order), and greedy decoding gives the CPU's tokens."""
+    order), and greedy decoding gives the CPU's tokens up to a near-tie: where they part, the
+    GPU's pick scores within that tolerance of the CPU's best in the CPU's own logits."""
     mf = model(types)
     assert {t.type.name for n, t in mf.tensors.items() if n.endswith("weight") and t.type.name != "F32"} == {types}
     # the simulator runs a decode step in seconds: a shorter prompt and two steps there
@@ -129,7 +130,13 @@ def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, typ
     def tokens(fw):
         return [e.id for e in generate_tokens(fw, fw.new_state(n_ctx), LetterTokenizer(), prompt, max_tokens=count,
                                               sampler=greedy(), n_ctx=n_ctx, ignore_eos=True) if hasattr(e, "id")]
-    assert tokens(gpu_fw) == tokens(cpu_fw)
+    on_gpu, on_cpu = tokens(gpu_fw), tokens(cpu_fw)
+    assert len(on_gpu) == len(on_cpu) == count
+    parted = next((i for i, (a, b) in enumerate(zip(on_gpu, on_cpu)) if a != b), None)
+    if parted is not None:       # seen on an H100 with Q4_1 at token 20 of 24
+        seen = np.array(prompt + on_gpu[:parted])
+        last = run(cpu_fw, seen, n_ctx=len(seen) + 1)[0][-1]
+        assert last[on_cpu[parted]] - last[on_gpu[parted]] < LOGIT_TOL, (parted, on_gpu, on_cpu)
 
 
 @pytest.fixture(scope="module")
