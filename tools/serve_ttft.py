@@ -29,19 +29,23 @@ def start(model: str | None, extra: list[str], timeout: float = 900.0):
     if model:
         cmd.insert(4, model)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    ready: queue.Queue = queue.Queue()
+
+    def echo() -> None:
+        # the server's log goes on to ours for its whole life: if it dies mid-run, its last words show
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if "listening on http://" in line:
+                ready.put(line.split("listening on ")[1].split()[0])
+    threading.Thread(target=echo, daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            line = lines.get(timeout=1.0)
+            return proc, ready.get(timeout=1.0)
         except queue.Empty:
             continue
-        sys.stderr.write(line)
-        if "listening on http://" in line:
-            return proc, line.split("listening on ")[1].split()[0]
     proc.terminate()
-    raise SystemExit("hybrid serve did not start")
+    raise SystemExit(f"hybrid serve did not start (exit code {proc.poll()})")
 
 
 def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, int]:
@@ -114,6 +118,9 @@ def main() -> None:
             # word, so nothing of it is reused
             conversation(url, 1, 2, "Warm-up. " + system)
             results[mode] = conversation(url, a.turns, a.max_tokens, system, mode)
+        except httpx.TransportError as e:
+            time.sleep(1.0)                     # let its last log lines through
+            raise SystemExit(f"lost the server ({mode}, exit code {proc.poll()}): {e}") from None
         finally:
             proc.terminate()
             proc.wait(timeout=30)
