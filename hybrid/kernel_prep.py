@@ -1,5 +1,5 @@
-"""Compile the CPU kernels a warm-up needs up front: counted, spread over the cores, and not at
-all when Numba's disk cache already holds them.
+"""Compile the kernels a warm-up needs up front (CPU ones, and CUDA ones on the GPU path):
+counted, spread over the cores, and not at all when Numba's disk cache already holds them.
 
 Numba compiles a kernel (`@njit(cache=True)`) at its first call with new argument types and then
 keeps it in its disk cache (NUMBA_CACHE_DIR, else `__pycache__` next to the source). A model's
