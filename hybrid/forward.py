@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from . import compiles
 from .backend import make_backend
 from .config import ModelConfig
 from .errors import HybridError
+from .generate import PREFILL_CHUNK
 from .sampling import Picks, TopLogits
 from .state import DEFAULT_N_CTX, SessionState
 from .weights import AttentionLayer, DenseFFN, GDNLayer, MoEFFN, ModelWeights, bind_weights, lm_head
@@ -42,8 +43,9 @@ LOGITS_MODES = ("last", "all", "none")
 _identities = itertools.count()
 # Scratch of step-sized calls (≤ STEP_ROWS rows: decode, every verify size, the MTP head's calls)
 # is kept for the forward's lifetime: its buffers are part of each captured step's key, so freeing
-# one would make every later step of that size run eagerly and be captured again. Larger calls
-# (prompt chunks) keep only the latest few sizes.
+# one would make every later step of that size run eagerly and be captured again. Prompt chunks
+# (up to PREFILL_CHUNK rows) all use the leading rows of one chunk-sized allocation, so a prompt's
+# last, shorter chunk costs no memory of its own; the views of the latest few sizes are kept.
 _CHUNK_SIZES_KEPT = 2
 
 
@@ -65,6 +67,7 @@ class Forward:
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"
         self._scratch: OrderedDict[int, _Scratch] = OrderedDict()
+        self._chunk_rows: _Scratch | None = None     # the prompt chunks' allocation (see _CHUNK_SIZES_KEPT)
         self._allocations = 0
         self.threads: ThreadPolicy | None = None    # CPU threads per call size (None: leave as set)
         compiles.count()                      # start counting before the first kernel compiles
@@ -252,8 +255,14 @@ class Forward:
     def _scratch_for(self, n: int) -> "_Scratch":
         s = self._scratch.get(n)
         if s is None:
-            s = self._scratch[n] = _Scratch.allocate(self.config, n, self.backend.zeros)
-            self._allocations += 1
+            if STEP_ROWS < n <= PREFILL_CHUNK:
+                if self._chunk_rows is None:
+                    self._chunk_rows = _Scratch.allocate(self.config, PREFILL_CHUNK, self.backend.zeros)
+                    self._allocations += 1
+                s = self._scratch[n] = self._chunk_rows.leading(n)
+            else:
+                s = self._scratch[n] = _Scratch.allocate(self.config, n, self.backend.zeros)
+                self._allocations += 1
             chunks = [size for size in self._scratch if size > STEP_ROWS]
             for size in chunks[:max(0, len(chunks) - _CHUNK_SIZES_KEPT)]:
                 del self._scratch[size]
@@ -341,3 +350,8 @@ class _Scratch:
             b=buf(c.ssm_n_v_heads), alpha=buf(c.ssm_n_v_heads),
             o=buf(c.ssm_d_inner), y=buf(c.ssm_d_inner),
         )
+
+    def leading(self, n: int) -> "_Scratch":
+        """The first n rows of every buffer (views: the same memory) as a call size's scratch."""
+        rows = {f.name: getattr(self, f.name)[:n] for f in fields(self) if f.name != "identity"}
+        return _Scratch(identity=next(_identities), **rows)

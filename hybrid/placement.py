@@ -285,19 +285,26 @@ def gdn_state_bytes(c: ModelConfig, n_ring: int) -> int:
     return n_gdn * per_layer * F32_BYTES * (1 + n_ring)
 
 
+# Device scratch outside the forward's own buffers (the GPU attention's partial results for each
+# call size, the GEMMs' staged inputs): an allowance of this many rows of H × n_ctx floats, the
+# figure the plans measured on the GPU machine were made with (it once stood for a chunk's
+# attention scores, which no kernel materialises now).
+OTHER_SCRATCH_ROWS = 256
+
+
 def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
     """Activation buffers, an estimate from hybrid.forward's _Scratch: the forward keeps buffers
-    for a prompt chunk, a last chunk, the verify width and one token; plus the verify rows'
-    logits and one chunk's attention scores (if a kernel materialises them)."""
+    for a prompt chunk (shorter chunks use its leading rows), each verify width and one token;
+    plus the verify rows' logits and the allowance above."""
     D, H, dh = c.n_embd, c.n_head, c.head_dim
     ff = max(c.n_ff, c.n_ff_shexp, c.n_ff_exp * max(c.n_expert_used, 1))
     per_row = (4 * D + 2 * ff + 4 * H * dh + 2 * c.n_head_kv * dh
                + 2 * c.ssm_conv_channels + 3 * c.ssm_d_inner + 2 * c.ssm_n_v_heads)
     verify = max(n_ring, 1)
-    rows = 2 * PREFILL_CHUNK + verify + 1
+    rows = PREFILL_CHUNK + verify + 1
     logits = verify * c.n_vocab
-    scores = H * PREFILL_CHUNK * min(n_ctx, c.context_length)
-    return (rows * per_row + logits + scores) * F32_BYTES
+    other = H * OTHER_SCRATCH_ROWS * min(n_ctx, c.context_length)
+    return (rows * per_row + logits + other) * F32_BYTES
 
 
 def streaming_bytes(c: ModelConfig, groups: Mapping[str, str], size: Mapping[str, int]) -> int:

@@ -11,6 +11,7 @@ import sys
 from typing import Callable, Sequence
 
 from ..errors import HybridError
+from ..generate import PREFILL_CHUNK
 
 # Commands that take generation options (decode, chat): the llama-cli / llama-completion spellings.
 RENAMES = {
@@ -39,6 +40,7 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
 # llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
 # Values in ON_OFF are optional (older llama.cpp took -fa without one).
 ON_OFF = {"on", "off", "auto", "true", "false", "1", "0"}
+_CHUNKS = f"prompts are fed in chunks of {PREFILL_CHUNK} tokens here (llama.cpp's default micro-batch)"
 IGNORED = {
     "-fa": ("on_off", "hybrid always runs its own fused attention"),
     "--flash-attn": ("on_off", "hybrid always runs its own fused attention"),
@@ -49,10 +51,10 @@ IGNORED = {
     "-ctv": ("value", "the KV cache type is fixed here; -c sizes the context"),
     "--cache-type-k": ("value", "the KV cache type is fixed here; -c sizes the context"),
     "--cache-type-v": ("value", "the KV cache type is fixed here; -c sizes the context"),
-    "-b": ("value", "prompts are processed in one batch here"),
-    "--batch-size": ("value", "prompts are processed in one batch here"),
-    "-ub": ("value", "prompts are processed in one batch here"),
-    "--ubatch-size": ("value", "prompts are processed in one batch here"),
+    "-b": ("value", _CHUNKS),
+    "--batch-size": ("value", _CHUNKS),
+    "-ub": ("value", _CHUNKS),
+    "--ubatch-size": ("value", _CHUNKS),
     "--no-mmap": (None, "the GGUF is always memory-mapped"),
     "--mlock": (None, "the GGUF is always memory-mapped"),
 }

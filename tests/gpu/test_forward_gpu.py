@@ -11,6 +11,7 @@ import pytest
 
 import gpu.matmul.gemm
 import gpu.runtime.pcie
+import hybrid.forward
 import hybrid.generate
 from gpu import simulated
 from gpu.attention import ROWS_PER_CALL
@@ -232,6 +233,18 @@ def test_placement_forms_and_errors(model):
         Forward(mf, placement=all_on_device)
     with pytest.raises(HybridError, match="expected 'gpu' or 'cpu'"):
         Forward(mf, backend="gpu", placement=lambda name: "device")
+
+
+def test_prompt_chunks_on_the_device_use_views_of_one_allocation(model, monkeypatch):
+    """Calls past a step's rows use the leading rows of one device allocation (STEP_ROWS scaled
+    down here; on a real GPU the CHUNK tests run such calls through the whole forward)."""
+    monkeypatch.setattr(hybrid.forward, "STEP_ROWS", 2)
+    fw = Forward(model("F32"), backend="gpu", placement=all_on_device)
+    long, short = fw._scratch_for(4), fw._scratch_for(3)
+    rows = np.arange(4 * long.x.shape[1], dtype=np.float32).reshape(4, -1)
+    fw.backend.copy(long.x, fw.backend.to_backend(rows))
+    np.testing.assert_array_equal(fw.backend.to_host(short.x), rows[:3])
+    assert short.qg3.shape[0] == 3 and fw.backend.memory.address(short.x) == fw.backend.memory.address(long.x)
 
 
 def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, monkeypatch):

@@ -133,6 +133,20 @@ def test_chunks_equal_all_at_once_equal_token_by_token(q4km):
         np.testing.assert_array_equal(np.concatenate(hiddens), hidden_whole)
 
 
+def test_prompt_chunks_share_one_allocation_and_keep_every_bit(q4km):
+    """Calls longer than a step use the leading rows of one chunk-sized allocation: a short chunk
+    after a long one (and the reverse) sees only its own rows, and the split changes no bit."""
+    ids = np.resize(PROMPT, 60)
+    whole, hidden_whole, _ = run_all(q4km, ids)
+    for sizes in ([40, 20], [17, 43]):
+        state = q4km.new_state(64)
+        got = [q4km.forward(state, ids[a:b], logits="all") for a, b in zip([0, sizes[0]], [sizes[0], 60])]
+        np.testing.assert_array_equal(np.concatenate([g[0] for g in got]), whole)
+        np.testing.assert_array_equal(np.concatenate([g[1] for g in got]), hidden_whole)
+    long, short = q4km._scratch_for(43), q4km._scratch_for(17)
+    assert short.x.shape[0] == 17 and np.shares_memory(long.x, short.x) and np.shares_memory(long.h, short.h)
+
+
 def test_logits_modes(q4km):
     whole, hidden, _ = run_all(q4km, PROMPT[:6])
     last, hidden_last = q4km.forward(q4km.new_state(16), PROMPT[:6], logits="last")
