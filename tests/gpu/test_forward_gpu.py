@@ -37,7 +37,7 @@ D_STATE = {"F32": 8}                    # the 32-weight block types need multipl
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
 EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
 LOGIT_TOL, MEAN_TOL = 0.5, 0.1          # quantised: the CPU rounds activations to int8 (test_forward.py)
-N_TOKENS = 10 if SIMULATED else 24      # greedy decoding length for the drafting test
+N_TOKENS = 6 if SIMULATED else 24       # greedy decoding length for the drafting test
 # A chunk on the real GPU also meets what a short call never does: the GDN conv's launch per
 # token (CONV_PARALLEL_TOKENS rows or more) and a second attention launch pair (past
 # ROWS_PER_CALL rows). The simulator keeps to 3 tokens: it takes seconds per forward.
