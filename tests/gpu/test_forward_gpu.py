@@ -246,7 +246,17 @@ def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, mon
         return fw.backend.to_host(last)
 
     whole = fw.new_state(32)
+    first_chunk = []                  # whole after its first call, ids[:4] = a[:4]: the control's start
+    forward = fw.forward
+
+    def recording_forward(state, chunk, **kw):
+        out = forward(state, chunk, **kw)
+        if state is whole and not first_chunk:
+            first_chunk.append(state.copy())
+        return out
+    monkeypatch.setattr(fw, "forward", recording_forward)
     want = fill(whole, ids)
+    assert prompt_chunks(len(ids), fw.min_prompt_rows)[0] == (0, 4)
     split = fw.new_state(32)
     fill(split, a)
     after_a = split.copy()
@@ -255,9 +265,9 @@ def test_a_prompt_split_across_requests_keeps_the_bits_of_one_prefill(model, mon
     host = fw.backend.to_host
     for i in whole.ssm:
         np.testing.assert_array_equal(host(split.ssm[i]), host(whole.ssm[i]))
-    # the control: A fed 4 + 1 (a 1-row decode-kernel call) leaves other bits than 3 + 2
-    monkeypatch.setattr(fw.backend, "min_prompt_rows", 1)
-    assert prompt_chunks(len(a), fw.min_prompt_rows)[-1] == (4, 5)
-    other = fw.new_state(32)
-    fill(other, a)
+    # the control: A fed 4 + 1 (as without min rows: a 1-row decode-kernel call) leaves other bits
+    # than 3 + 2; its first 4 rows are whole's first call
+    assert prompt_chunks(len(a)) == [(0, 4), (4, 5)]
+    other = first_chunk[0]
+    fw.forward(other, a[4:], logits="last")
     assert not all(np.array_equal(host(other.ssm[i]), host(after_a.ssm[i])) for i in after_a.ssm)
