@@ -4,7 +4,7 @@ Runs tools/gpu_ptx_check.py in a subprocess: this pytest process may be using th
 simulator, whose numba.cuda cannot compile. Skips, with the reason, when NVIDIA's compiler
 libraries are not installed (`pip install "numba-cuda[cu13]"`). Where no GPU is present (CI, two
 cores) it compiles the tool's representative subset (every kernel source, not every
-specialisation: ~1 min instead of ~2.5); a GPU machine compiles them all.
+specialisation: docs/MEASUREMENTS.md has the times); a GPU machine compiles them all.
 """
 import os
 import pathlib
