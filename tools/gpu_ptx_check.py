@@ -6,7 +6,10 @@ registers, a silent 2-10x slowdown.
 Needs NVIDIA's compiler libraries (NVVM and NVRTC), e.g. `pip install "numba-cuda[cu13]"`.
 Exit status: 0 all compiled, 1 a kernel failed, 3 the compiler libraries are missing.
 
-    python tools/gpu_ptx_check.py [--all]    # --all: every (slots, rows-per-warp) shape
+    python tools/gpu_ptx_check.py [--all | --representative]
+        --all: every (slots, rows-per-warp) shape
+        --representative: each per-type kernel template once per type and once per variant
+                          (tests/gpu/test_ptx.py's choice where no GPU is present: CI)
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+from cpu.ggml_types import BY_NAME
 
 # The simulator's numba.cuda cannot compile: make sure this process gets the real target.
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
@@ -45,13 +50,13 @@ def main(argv: list[str]) -> int:
             return MISSING_LIBRARY
         raise
 
-    every_shape = "--all" in argv
-    n_targets = len(targets(every_shape))
+    choice = ("--all" in argv, "--representative" in argv)
+    n_targets = len(selected(*choice))
     workers = max(1, min(os.cpu_count() or 1, 8))
     # compiling is single-threaded: one process per core, each taking every workers-th kernel
     # (the kernels are built from closures, which do not pickle: each process builds the list)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:   # no fork of a CUDA process
-        reports = pool.map(compile_share, [(every_shape, i, workers) for i in range(workers)])
+        reports = pool.map(compile_share, [(choice, i, workers) for i in range(workers)])
         lines = sorted(line for report in reports for line in report)
     failed = 0
     for _, line, bad in lines:
@@ -70,6 +75,39 @@ def targets(every_shape: bool) -> list:
     return [*matvec.ptx_targets(every_shape=every_shape), *op_targets(), *quants.ptx_targets(),
             *gemm.ptx_targets(),        # prompt-chunk products (matvec calls of many rows)
             *gpu_bench_kernels.ptx_targets()]
+
+
+def selected(every_shape: bool, representative: bool) -> list:
+    """The targets to compile: all, or with `representative` a subset that still compiles every
+    piece of kernel source at least once (77 of 137 kernels today). A typing error in a template
+    or in a type's lane code shows in any of their specialisations; one that only some constants
+    reach, and local memory in the shapes left out, are for the full check on a GPU machine.
+    A per-type target is named "<family> <type> <variant>" (e.g. "gemm Q4_K mma64x64w4"); the
+    types of a family that share one list of variants form a group, and of a group of k types
+    and m variants the i-th variant is kept for the j-th type when i ≡ j mod min(k, m): every
+    type and every variant at least once, max(k, m) kernels instead of k·m, each variant with
+    several types where there are more types than variants. Targets without a type name (the
+    op set, the x quantiser) are all kept."""
+    every = list(targets(every_shape))
+    if not representative:
+        return every
+    parsed, variants = [], {}         # variants: (family, type) -> its variants, in order
+    for target in every:
+        words = target[0].split(" ")
+        at = next((i for i, w in enumerate(words) if w in BY_NAME), None)
+        key = None if at is None else (" ".join(words[:at]), words[at])
+        parsed.append((target, key, None if at is None else " ".join(words[at + 1:])))
+        if key is not None:
+            variants.setdefault(key, []).append(parsed[-1][2])
+    groups = {}                       # (family, variants) -> its types, in order
+    for (family, type_name), names in variants.items():
+        groups.setdefault((family, tuple(names)), []).append(type_name)
+    keep = set()
+    for (family, names), type_names in groups.items():
+        period = min(len(type_names), len(names))
+        keep.update((family, t, v) for j, t in enumerate(type_names) for i, v in enumerate(names)
+                    if i % period == j % period)
+    return [target for target, key, variant in parsed if key is None or (*key, variant) in keep]
 
 
 def op_targets():
@@ -129,10 +167,10 @@ def op_targets():
 
 def compile_share(job) -> list[tuple[int, str, bool]]:
     """Compile kernels first, first + step, ...: (index, report line, failed) for each."""
-    every_shape, first, step = job
+    choice, first, step = job
     from numba import cuda
     out = []
-    for i, (name, pyfunc, argtypes) in enumerate(targets(every_shape)):
+    for i, (name, pyfunc, argtypes) in enumerate(selected(*choice)):
         if i % step != first:
             continue
         t0 = time.perf_counter()

@@ -106,10 +106,10 @@ def plain(hybrid):
             if hasattr(e, "id")]
 
 
-def drafting(fw, plain, state, n_tokens=N_TOKENS):
+def drafting(fw, plain, state, n_tokens=N_TOKENS, prompt=PROMPT):
     """Greedy drafting at depth 2 with drafts that are right ~70% of the time (KnownFutureHead)."""
-    head = KnownFutureHead(MTPHead(fw), PROMPT + plain, fw.config.n_vocab)
-    return list(generate_speculative(fw, head, state, LetterTokenizer(), PROMPT, max_tokens=n_tokens,
+    head = KnownFutureHead(MTPHead(fw), prompt + plain, fw.config.n_vocab)
+    return list(generate_speculative(fw, head, state, LetterTokenizer(), prompt, max_tokens=n_tokens,
                                      sampler=greedy(), depth=2, n_ctx=N_CTX, ignore_eos=True))
 
 
@@ -134,15 +134,18 @@ def test_with_gpu_experts_the_forward_agrees_and_drafting_stays_lossless(model_f
     want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")
     got, _ = fw.forward(fw.new_state(32), ids, logits="all")
     assert np.abs(got - want).max() < LOGIT_TOL and (got.argmax(1) == want.argmax(1)).all()
-    state = fw.new_state(32)
+    state = fw.new_state(N_CTX)
     parts = [fw.forward(state, ids[t:t + 1], logits="all")[0] for t in range(len(ids))]
     np.testing.assert_array_equal(np.concatenate(parts), got)
 
+    # plain greedy decoding of ids continues from that state (a prefill's bits, as just checked),
+    # picking on the backend as generate_tokens does; drafting from ids must give its tokens
     n_tokens = 4 if SIMULATED else N_TOKENS
-    cached_plain = [e.id for e in generate_tokens(fw, fw.new_state(N_CTX), LetterTokenizer(), PROMPT,
-                                                  max_tokens=n_tokens, sampler=greedy(), n_ctx=N_CTX,
-                                                  ignore_eos=True) if hasattr(e, "id")]
-    events = drafting(fw, cached_plain, fw.new_state(N_CTX, n_ring=3), n_tokens)
+    cached_plain = [int(parts[-1][-1].argmax())]
+    while len(cached_plain) < n_tokens:
+        picks, _ = fw.forward(state, np.array(cached_plain[-1:]), logits="last", pick=True)
+        cached_plain.append(int(picks.ids[-1]))
+    events = drafting(fw, cached_plain, fw.new_state(N_CTX, n_ring=3), n_tokens, prompt=[int(t) for t in ids])
     assert [e.id for e in events if hasattr(e, "id")] == cached_plain
     assert events[-1].stats.draft["accepted"] > 0
 
