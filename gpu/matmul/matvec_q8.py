@@ -123,6 +123,11 @@ def _quantize_template(STAMP, LAYOUT):
                 elif LAYOUT == K64:  # lane (blk, p) reads blocks 2p, 2p + 1: one 16-byte load
                     xm_f[s, 2 * b] = dx
                     xm_f[s, 2 * b + 1] = x_sum
+                    # and (second half of the row) their int sums per 16 (Q8_K's bsums: Q3_K's
+                    # zero point, Q2_K's min term), one 16-byte load too
+                    second_plane = x.shape[1] // 16
+                    xm_i[s, second_plane + 2 * b] = half0
+                    xm_i[s, second_plane + 2 * b + 1] = half1
                 else:
                     # lane (blk, p = 2n + u) reads its four groups' dx (blocks 4n + t of blk) and
                     # their dp4a start values START − 32·Σ xq over half u, one 16-byte load each
