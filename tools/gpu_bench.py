@@ -23,7 +23,8 @@ SLOTS = (1, 2, 4, 8)
 SWEEP = [(None, None), (1, None), (2, None), (4, None), (None, 32), (None, 16), (None, 8)]
 # (type, rows, cols): FFN gate/up and down of a dense 27B (D=5120, n_ff=17408), its lm_head
 DECODE_SHAPES = [(gt.Q4_K, 17408, 5120), (gt.Q4_K, 5120, 17408), (gt.Q6_K, 248320, 5120)]
-OTHER_TYPES = [gt.F32, gt.F16, gt.BF16, gt.Q8_0, gt.Q4_0, gt.Q4_1, gt.Q5_0, gt.Q5_1, gt.IQ4_NL, gt.Q5_K, gt.Q6_K]
+OTHER_TYPES = [gt.F32, gt.F16, gt.BF16, gt.Q8_0, gt.Q4_0, gt.Q4_1, gt.Q5_0, gt.Q5_1, gt.IQ4_NL, gt.Q5_K, gt.Q6_K,
+               gt.Q2_K, gt.Q3_K, gt.IQ4_XS]
 
 
 def main(argv: list[str]) -> int:

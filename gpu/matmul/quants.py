@@ -499,9 +499,9 @@ def iq4_xs_prepare(raw, fac, r, col0, cols, lane):
     d = f16_or_zero(raw[r, 8], live)
     low = shr_u32(raw[r, 9], c << uint32(3))                 # scales_l[c]: sub-blocks 2c, 2c + 1
     high = shr_u32(raw[r, 8] >> SIXTEEN, c << uint32(2))
-    fac[r, 0] = d * small_uint_to_f32((low & uint32(15)) | ((high & uint32(3)) << uint32(4)), float32(32.0))
-    fac[r, 1] = d * small_uint_to_f32(((low >> uint32(4)) & uint32(15)) | (((high >> uint32(2)) & uint32(3)) << uint32(4)),
-                                      float32(32.0))
+    for h in range(2):
+        ls = (shr_u32(low, uint32(4 * h)) & uint32(15)) | ((shr_u32(high, uint32(2 * h)) & uint32(3)) << uint32(4))
+        fac[r, h] = d * small_uint_to_f32(ls, float32(32.0))
 
 
 @device_function

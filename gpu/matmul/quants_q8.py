@@ -3,10 +3,10 @@
 A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p of block blk
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
 a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
-every row: the x values it loads serve all the rows of its warp. The K-quants' units are 64
-weights, two sub-blocks (Q4_K/Q5_K) or four groups of 16 (Q6_K), so that one block-header load
-and one decode of the packed scales serve 64 weights and the float work is a few operations per
-32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
+every row: the x values it loads serve all the rows of its warp. The 256-weight types' units are
+64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS) or four groups of 16 (Q6_K, Q3_K, Q2_K), so that
+one block-header load and one decode of the packed scales serve 64 weights and the float work is
+a few operations per 32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
 one exact conversion per scale (dp4a chains start at START: see magic_sum).
 
 Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit):
@@ -23,8 +23,9 @@ p is the same for all of a lane's units: what depends on it alone is computed on
 Activations (gpu/matmul/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
 per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term;
 in the NATURAL layout Q8_1's s = fp16(d·Σ xq) instead, the min term of Q4_1/Q5_1), the int sums
-of xq over its two halves of 16 (the zero points of Q4_0, Q5_0 and Q6_K). Where each goes
-depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
+of xq over its two halves of 16 (the zero points of Q4_0, Q5_0, Q6_K and Q3_K, Q2_K's min term).
+Where each goes depends on the type (x layouts below): the 64-weight lanes get theirs in whole
+16-byte loads.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
 """
