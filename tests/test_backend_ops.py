@@ -17,7 +17,8 @@ reason, never a missing row.
   does (the format per type is `cpu.activations.FORMAT_OF`; the numbers come from the numpy
   statement in tests/reference/llama_cpp_rounding.py; Q8_1's sum s is not used there, the CPU's
   decoded kernels take Q8_1 as codes times d), the GPU's int8 kernels per block of 32
-  (tests/gpu/test_matvec_q8.py states them; Q4_1/Q5_1's min meets Q8_1's s, as in llama.cpp),
+  (tests/gpu/test_matvec_q8.py states them; Q4_1/Q5_1's min meets Q8_1's s, Q2_K's the int sums
+  of x per 16, as in llama.cpp),
   its float kernel not at all.
 * Per-slot bit identity, the property lossless drafting rests on, is checked where an op takes
   several token rows: row i of an n-row call has the bits of a one-row call on row i.
@@ -59,7 +60,7 @@ from tests.cpu.test_rope import ref_rope
 from tests.cpu.test_top_logits import expected as top_expected
 from tests.cpu.test_top_logits import rows_with_ties
 from tests.gpu.test_gemm import fp16_bound
-from tests.gpu.test_matvec_q8 import quantize_reference, scale_part
+from tests.gpu.test_matvec_q8 import BSUM_MIN, quantize_reference, scale_part
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture: a faster simulator)
 from tests.reference.llama_cpp_rounding import q8_1, round_activations
 
@@ -128,11 +129,12 @@ def product_reference(name: str, w: np.ndarray, x: np.ndarray, backend: str):
     wd = dequantized(name, w, x.shape[1])
     if backend == "gpu" and t.id in GPU_INT8_UNITS and GPU_INT8_UNITS[t.id].x_layout != NATURAL:
         # the GPU's K-quants: x per 32 with a float32 scale; the −dmin·m part takes x as it is
+        # (Q2_K's takes x̂: its int sums per 16, as llama.cpp's bsums)
         xq, dx, _, _ = quantize_reference(x, GPU_INT8_UNITS[t.id].x_layout)
         x_hat = xq * np.repeat(dx.astype(np.float64), 32, axis=1)
         a = scale_part(t, w).astype(np.float64).reshape(wd.shape)
-        x64 = x.astype(np.float64)
-        return x_hat @ a.T + x64 @ (wd - a).T, np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(wd - a).T
+        x_min = x_hat if name in BSUM_MIN else x.astype(np.float64)
+        return x_hat @ a.T + x_min @ (wd - a).T, np.abs(x_hat) @ np.abs(a).T + np.abs(x_min) @ np.abs(wd - a).T
     if backend == "gpu" and FORMAT_OF[t.id].name == "Q8_1":
         # Q4_1/Q5_1 on the GPU: d·q meets Q8_1's codes, the min m meets its fp16 sum s (per block),
         # as in llama.cpp's vec_dot_q4_1_q8_1
@@ -230,7 +232,8 @@ def run_matvec(b: Backend, p, rng):
 
 # matvecs: one x, several matrices of different types (the GPU quantises x once for them all)
 
-MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"), ("Q4_1", "IQ4_NL", "Q5_0"))
+MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"), ("Q4_1", "IQ4_NL", "Q5_0"),
+                ("IQ4_XS", "Q3_K", "Q2_K"))
 
 
 def matvecs_cases(backend):

@@ -498,6 +498,99 @@ def q6_k_store(raw, p, col, cols, ws, at, stride):
                                              - (MAGIC_F + float32(32.0 * 2 ** 16))) * factor16
 
 
+
+# ---------------------------------------------------------------- IQ4_XS, Q3_K, Q2_K (256 per block)
+# Unit of column col: e = col % 256 of block blk, group 16-column half hh = (e // 16) % 2.
+# IQ4_XS (136 B: d, scales_h, scales_l[4], qs[128]; uint32 words): sub-block ib = e // 32, nibble
+# hh of qs bytes 16ib .. 16ib + 15; scale d·(ls − 32), ls = nibble ib % 2 of scales_l[ib // 2] |
+# bits 2ib of scales_h << 4. raw[p, 0:4] = qs, raw[p, 4] = d | scales_h << 16, raw[p, 5] = scales_l.
+# Q3_K / Q2_K: element 128n + 32s + l is the bit pair 2s of qs byte 32n + l, group (one scale)
+# g = 8n + 2s + l // 16 = e // 16: a unit reads qs bytes 32n + 16hh .. + 15.
+# Q3_K (110 B: hmask[32], qs[64], scales[12], d; uint16 words): weight d·(sc − 32)·(q − 4), q =
+# the pair | bit 4n + s of hmask[16hh + i] << 2; sc = nibble g // 8 of scales[g % 8] | bits
+# 2(g // 4) of scales[8 + g % 4] << 4. raw[p, 0:4] = qs, raw[p, 4:8] = hmask, raw[p, 8], [9] =
+# those scale bytes, raw[p, 10] = d.
+# Q2_K (84 B: scales[16], qs[64], d, dmin; uint32 words): weight d·(sc & 15)·q − dmin·(sc >> 4),
+# sc = scales[g]. raw[p, 0:4] = qs, raw[p, 4] = sc, raw[p, 5] = d | dmin << 16.
+
+@device_function
+def iq4_xs_load(w, w8, col, cols, raw, p):
+    base = (col >> 8) * 34
+    first = base + 2 + 4 * ((col >> 5) & 7)
+    for k in range(4):
+        raw[p, k] = w[first + k]
+    raw[p, 4] = w[base]
+    raw[p, 5] = w[base + 1]
+
+
+@device_function
+def iq4_xs_store(raw, p, col, cols, ws, at, stride):
+    ib = uint32((col >> 5) & 7)
+    low = shr_u32(raw[p, 5], ib << uint32(2)) & uint32(15)
+    high = shr_u32(raw[p, 4] >> SIXTEEN, ib << uint32(1)) & uint32(3)
+    dl = f16_bits_to_f32(raw[p, 4]) * small_uint_to_f32(low | (high << uint32(4)), float32(32.0))
+    shift = uint32(4 * ((col >> 4) & 1))
+    for i in range(16):
+        nib = (raw[p, i >> 2] >> (uint32(8 * (i & 3)) + shift)) & uint32(15)
+        ws[at + uint32(i) * stride] = dl * int8_to_f32(iq4_nl_byte(nib))
+
+
+@device_function
+def q3_k_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    e = col & 255
+    g = e >> 4
+    base = blk * 55
+    qs = base + 16 + 16 * (e >> 7) + 8 * (g & 1)
+    hm = base + 8 * (g & 1)
+    for k in range(4):
+        raw[p, k] = uint32(w[qs + 2 * k]) | (uint32(w[qs + 2 * k + 1]) << SIXTEEN)
+        raw[p, 4 + k] = uint32(w[hm + 2 * k]) | (uint32(w[hm + 2 * k + 1]) << SIXTEEN)
+    raw[p, 8] = uint32(w8[blk * 110 + 96 + (g & 7)])
+    raw[p, 9] = uint32(w8[blk * 110 + 104 + (g & 3)])
+    raw[p, 10] = uint32(w[base + 54])
+
+
+@device_function
+def q3_k_store(raw, p, col, cols, ws, at, stride):
+    e = col & 255
+    g = uint32(e >> 4)
+    sc = (shr_u32(raw[p, 8], (g >> uint32(3)) << uint32(2)) & uint32(15)) | (
+        (shr_u32(raw[p, 9], (g >> uint32(2)) << uint32(1)) & uint32(3)) << uint32(4))
+    dl = f16_bits_to_f32(raw[p, 10]) * small_uint_to_f32(sc, float32(32.0))
+    s = uint32((e >> 5) & 3)
+    pair = s << uint32(1)
+    bit = (uint32(e >> 7) << uint32(2)) + s
+    for i in range(16):
+        byte = uint32(8 * (i & 3))
+        q = shr_u32(raw[p, i >> 2], byte + pair) & uint32(3)
+        h = shr_u32(raw[p, 4 + (i >> 2)], byte + bit) & uint32(1)
+        ws[at + uint32(i) * stride] = dl * small_uint_to_f32(q | (h << uint32(2)), float32(4.0))
+
+
+@device_function
+def q2_k_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    e = col & 255
+    base = blk * 21
+    first = base + 4 + 8 * (e >> 7) + 4 * ((e >> 4) & 1)
+    for k in range(4):
+        raw[p, k] = w[first + k]
+    raw[p, 4] = uint32(w8[blk * 84 + (e >> 4)])
+    raw[p, 5] = w[base + 20]
+
+
+@device_function
+def q2_k_store(raw, p, col, cols, ws, at, stride):
+    sc = raw[p, 4]
+    dl = f16_bits_to_f32(raw[p, 5]) * small_uint_to_f32(sc & uint32(15), ZERO)
+    ml = f16_bits_to_f32(raw[p, 5] >> SIXTEEN) * small_uint_to_f32(sc >> uint32(4), ZERO)
+    pair = uint32(2 * ((col >> 5) & 3))
+    for i in range(16):
+        q = shr_u32(raw[p, i >> 2], uint32(8 * (i & 3)) + pair) & uint32(3)
+        ws[at + uint32(i) * stride] = fma(dl, small_uint_to_f32(q, ZERO), -ml)
+
+
 UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.F32, 16, dense_load, f32_store),
     GemmUnit(gt.F16, 8, dense16_load, f16_store),
@@ -511,4 +604,7 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.Q4_K, 8, q4_k_load, q4_k_store),
     GemmUnit(gt.Q5_K, 12, q5_k_load, q5_k_store),
     GemmUnit(gt.Q6_K, 13, q6_k_load, q6_k_store),
+    GemmUnit(gt.IQ4_XS, 6, iq4_xs_load, iq4_xs_store),
+    GemmUnit(gt.Q3_K, 11, q3_k_load, q3_k_store),
+    GemmUnit(gt.Q2_K, 6, q2_k_load, q2_k_store),
 )}

@@ -11,8 +11,8 @@ a warp 32/L such groups; lane l of a group takes units l, l + L, l + 2L, ... of 
 rows (the same columns in each row, so each x word it loads serves R rows). L is the width that
 leaves few lanes idle in a row's last step: a 5120-wide Q4_K row is 80 units, 2.5 steps of 32
 lanes (a sixth of the lane-steps idle) but 5 steps of 16. A unit is 64
-weights for the K-quants (one scale decode, one header load, int32 sums per 32 weights), 16 for
-Q8_0, 32 for the other 32-weight block types. A lane issues the loads of U units of its R rows
+weights for the 256-weight types (one scale decode, one header load, int32 sums per 32 or 16
+weights), 16 for Q8_0, 32 for the other 32-weight block types. A lane issues the loads of U units of its R rows
 (R·U = the type's in_flight: 128 weights of the K-quants) before it uses any, so that several
 loads per lane are in flight; x (small, L1/L2-resident) is read from global memory, nothing
 goes through shared memory. For the 64-weight types the quantiser lays x out so that each
@@ -25,7 +25,8 @@ the same butterfly. x is quantised per slot. So a k-slot call gives each slot ex
 of a 1-slot call. L does change the order, so it depends on the row length only.
 
 Error: x·w is computed with x rounded to dx·xq, |x − dx·xq| ≤ dx/2 with dx = max|x|/127 over
-its block of 32; the K-quants' min term uses the exact float sum of x.
+its block of 32; Q4_K/Q5_K's min term uses the exact float sum of x, Q2_K's the rounded x (the int
+sums of xq per 16, as llama.cpp).
 """
 from __future__ import annotations
 
@@ -123,6 +124,11 @@ def _quantize_template(STAMP, LAYOUT):
                 elif LAYOUT == K64:  # lane (blk, p) reads blocks 2p, 2p + 1: one 16-byte load
                     xm_f[s, 2 * b] = dx
                     xm_f[s, 2 * b + 1] = x_sum
+                    # and (second half of the row) their int sums per 16 (Q8_K's bsums: Q3_K's
+                    # zero point, Q2_K's min term), one 16-byte load too
+                    second_plane = x.shape[1] // 16
+                    xm_i[s, second_plane + 2 * b] = half0
+                    xm_i[s, second_plane + 2 * b + 1] = half1
                 else:
                     # lane (blk, p = 2n + u) reads its four groups' dx (blocks 4n + t of blk) and
                     # their dp4a start values START − 32·Σ xq over half u, one 16-byte load each

@@ -470,6 +470,133 @@ def q6_k_weight(raw, fac, r, i, lane):
     return fac[r, 2 * m + (t >> 1)] * small_uint_to_f32(q, float32(32.0))
 
 
+
+# ---------------------------------------------------------------- IQ4_XS, Q3_K, Q2_K (256 per block)
+# Q4_K's split of the tile (kquant_owner, kquant_block): lane l takes block l // 8, chunk
+# c = (l % 8) // 2 and half hh = l % 2, i.e. columns 64c + 16hh + j (weight i = j) and
+# 64c + 32 + 16hh + j (weight i = 16 + j), j < 16.
+# IQ4_XS (136 B: d, scales_h, scales_l[4], qs[128]; uint32 words): those are sub-blocks 2c and
+# 2c + 1, nibble hh of qs bytes 32c + j and 32c + 16 + j. raw[r, 0:8] = those qs words (shifted
+# down by 4hh in prepare), raw[r, 8] = d | scales_h << 16, raw[r, 9] = scales_l; fac = the two
+# sub-blocks' d·(ls − 32).
+
+@device_function
+def iq4_xs_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    base = blk * 34
+    for k in range(8):
+        raw[r, k] = w[row, base + 2 + 8 * ((lane & 7) >> 1) + k]
+    raw[r, 8] = w[row, base]
+    raw[r, 9] = w[row, base + 1]
+
+
+@device_function
+def iq4_xs_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    for k in range(8):
+        raw[r, k] = shr_u32(raw[r, k], uint32(4 * (lane & 1)))
+    d = f16_or_zero(raw[r, 8], live)
+    low = shr_u32(raw[r, 9], c << uint32(3))                 # scales_l[c]: sub-blocks 2c, 2c + 1
+    high = shr_u32(raw[r, 8] >> SIXTEEN, c << uint32(2))
+    for h in range(2):
+        ls = (shr_u32(low, uint32(4 * h)) & uint32(15)) | ((shr_u32(high, uint32(2 * h)) & uint32(3)) << uint32(4))
+        fac[r, h] = d * small_uint_to_f32(ls, float32(32.0))
+
+
+@device_function
+def iq4_xs_weight(raw, fac, r, i, lane):
+    j = i & 15
+    nib = (raw[r, 4 * (i >> 4) + (j >> 2)] >> uint32(8 * (j & 3))) & uint32(15)
+    return fac[r, i >> 4] * int8_to_f32(iq4_nl_byte(nib))
+
+
+# Q3_K / Q2_K: element 128n + 32s + l is the bit pair 2s of qs byte 32n + l, in group (one scale)
+# 8n + 2s + l // 16. The lane's columns are n = c // 2, s = 2(c % 2) (weights i < 16) and + 1,
+# l = 16hh + j: qs bytes 32n + 16hh + j, groups g = 4c + hh and 4c + 2 + hh.
+# Q3_K (110 B: hmask[32], qs[64], scales[12], d; uint16 words): raw[r, 0:4] = those qs bytes,
+# raw[r, 4:8] = hmask[16hh + j] (each shifted down to its pair / bit in prepare), raw[r, 8] =
+# scales[4(c % 2) ..], raw[r, 9] = scales[8 .. 11], raw[r, 10] = d; fac = d·(sc − 32) of both groups.
+# Q2_K (84 B: scales[16], qs[64], d, dmin; uint32 words): raw[r, 0:4] = the qs bytes, raw[r, 4] =
+# scales[4c ..], raw[r, 5] = d | dmin << 16; fac = d·sc, dmin·m of both groups.
+
+@device_function
+def q3_k_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 55
+    qs = base + 16 + 16 * (c >> 1) + 8 * (lane & 1)
+    hm = base + 8 * (lane & 1)
+    for k in range(4):
+        raw[r, k] = uint32(w[row, qs + 2 * k]) | (uint32(w[row, qs + 2 * k + 1]) << SIXTEEN)
+        raw[r, 4 + k] = uint32(w[row, hm + 2 * k]) | (uint32(w[row, hm + 2 * k + 1]) << SIXTEEN)
+    raw[r, 8] = uint32(w[row, base + 48 + 2 * (c & 1)]) | (uint32(w[row, base + 49 + 2 * (c & 1)]) << SIXTEEN)
+    raw[r, 9] = uint32(w[row, base + 52]) | (uint32(w[row, base + 53]) << SIXTEEN)
+    raw[r, 10] = uint32(w[row, base + 54])
+
+
+@device_function
+def q3_k_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    hh = uint32(lane & 1)
+    pair = (c & uint32(1)) << uint32(2)
+    bit = ((c >> uint32(1)) << uint32(2)) | ((c & uint32(1)) << uint32(1))
+    for k in range(4):
+        raw[r, k] = shr_u32(raw[r, k], pair)
+        raw[r, 4 + k] = shr_u32(raw[r, 4 + k], bit)
+    lo = shr_u32(raw[r, 8], (c >> uint32(1)) << uint32(2))
+    hi = shr_u32(raw[r, 9], c << uint32(1))
+    d = f16_or_zero(raw[r, 10], live)
+    for h in range(2):  # groups 4c + hh (weights i < 16) and 4c + 2 + hh
+        at = (hh + uint32(2 * h)) << uint32(3)
+        sc = (shr_u32(lo, at) & uint32(15)) | ((shr_u32(hi, at) & uint32(3)) << uint32(4))
+        fac[r, h] = d * small_uint_to_f32(sc, float32(32.0))
+
+
+@device_function
+def q3_k_weight(raw, fac, r, i, lane):
+    h = i >> 4
+    j = i & 15
+    shift = uint32(8 * (j & 3))
+    q = (raw[r, j >> 2] >> (shift + uint32(2 * h))) & uint32(3)
+    q |= ((raw[r, 4 + (j >> 2)] >> (shift + uint32(h))) & uint32(1)) << uint32(2)
+    return fac[r, h] * small_uint_to_f32(q, float32(4.0))
+
+
+@device_function
+def q2_k_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 21
+    for k in range(4):
+        raw[r, k] = w[row, base + 4 + 8 * (c >> 1) + 4 * (lane & 1) + k]
+    raw[r, 4] = w[row, base + c]
+    raw[r, 5] = w[row, base + 20]
+
+
+@device_function
+def q2_k_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    for k in range(4):
+        raw[r, k] = shr_u32(raw[r, k], (c & uint32(1)) << uint32(2))
+    d = f16_or_zero(raw[r, 5], live)
+    dmin = f16_or_zero(raw[r, 5] >> SIXTEEN, live)
+    for h in range(2):  # groups 4c + hh (weights i < 16) and 4c + 2 + hh
+        sc = shr_u32(raw[r, 4], (uint32(lane & 1) + uint32(2 * h)) << uint32(3))
+        fac[r, 2 * h] = d * small_uint_to_f32(sc & uint32(15), ZERO)
+        fac[r, 2 * h + 1] = dmin * small_uint_to_f32((sc >> uint32(4)) & uint32(15), ZERO)
+
+
+@device_function
+def q2_k_weight(raw, fac, r, i, lane):
+    h = i >> 4
+    j = i & 15
+    q = (raw[r, j >> 2] >> uint32(8 * (j & 3) + 2 * h)) & uint32(3)
+    return fma(fac[r, 2 * h], small_uint_to_f32(q, ZERO), -fac[r, 2 * h + 1])
+
+
 U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.F32, U32, 16, 16, 1, dense_load, dense_prepare, f32_weight, dense_owner),
@@ -486,6 +613,9 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.Q5_K, U32, 32, 12, 4, q5_k_load, q5_k_prepare, q5_k_weight, kquant_owner,
              aligned16=True),
     LaneUnit(gt.Q6_K, U16, 16, 8, 8, q6_k_load, q6_k_prepare, q6_k_weight, q6_k_owner),
+    LaneUnit(gt.IQ4_XS, U32, 32, 10, 2, iq4_xs_load, iq4_xs_prepare, iq4_xs_weight, kquant_owner),
+    LaneUnit(gt.Q3_K, U16, 32, 11, 2, q3_k_load, q3_k_prepare, q3_k_weight, kquant_owner),
+    LaneUnit(gt.Q2_K, U32, 32, 6, 4, q2_k_load, q2_k_prepare, q2_k_weight, kquant_owner),
 )}
 
 def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:

@@ -3,10 +3,10 @@
 A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p of block blk
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
 a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
-every row: the x values it loads serve all the rows of its warp. The K-quants' units are 64
-weights, two sub-blocks (Q4_K/Q5_K) or four groups of 16 (Q6_K), so that one block-header load
-and one decode of the packed scales serve 64 weights and the float work is a few operations per
-32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
+every row: the x values it loads serve all the rows of its warp. The 256-weight types' units are
+64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS) or four groups of 16 (Q6_K, Q3_K, Q2_K), so that
+one block-header load and one decode of the packed scales serve 64 weights and the float work is
+a few operations per 32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
 one exact conversion per scale (dp4a chains start at START: see magic_sum).
 
 Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit):
@@ -23,8 +23,9 @@ p is the same for all of a lane's units: what depends on it alone is computed on
 Activations (gpu/matmul/matvec_q8.py `quantize`): xq holds x as int8, four to a uint32 word, xm numbers
 per 32-element block: dx (f32 bits: x ≈ dx·xq), the float sum of x (the K-quants' min term;
 in the NATURAL layout Q8_1's s = fp16(d·Σ xq) instead, the min term of Q4_1/Q5_1), the int sums
-of xq over its two halves of 16 (the zero points of Q4_0, Q5_0 and Q6_K). Where each goes
-depends on the type (x layouts below): the 64-weight lanes get theirs in whole 16-byte loads.
+of xq over its two halves of 16 (the zero points of Q4_0, Q5_0, Q6_K and Q3_K, Q2_K's min term).
+Where each goes depends on the type (x layouts below): the 64-weight lanes get theirs in whole
+16-byte loads.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
 """
@@ -53,7 +54,7 @@ ALL = uint32(0xFFFFFFFF)
 TWO, THREE, FOUR, EIGHT, SIXTEEN, TWENTY_FOUR = (uint32(2), uint32(3), uint32(4), uint32(8), uint32(16),
                                                uint32(24))
 START = int32(SIGNED_MAGIC)    # dp4a chains start here (magic_sum)
-ONE, SIXTEENTH = np.float32(1.0), np.float32(0.0625)
+ONE, SIXTEENTH, THIRTY_TWO = np.float32(1.0), np.float32(0.0625), np.float32(32.0)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ def pick(mask, a, b):
 # ---------------------------------------------------------------- x layouts
 # Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
 NATURAL = 0   # xq in column order; xm: per block of 32 [dx, Q8_1's s, int sums of both halves]
-K64 = 1       # Q4_K/Q5_K lanes of 64 weights (xq permuted, step_slot); xm: per block [dx, float sum]
+K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS; xq permuted, step_slot);
+              # xm: per block [dx, float sum], then (second half) the int sums of its halves
 Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
 
 
@@ -522,6 +524,178 @@ def min_load_x(xq, xm, s, blk, p, xv, xf, xs):
     block_load_x(xq, xm, s, blk, xv, xf, xs, int32(0))
 
 
+# ---------------------------------------------------------------- IQ4_XS, Q3_K, Q2_K (256 per block)
+# Unit p = columns 64p .. 64p + 63 of the block (layout K64: x blocks 2p, 2p + 1, with their dx,
+# and for Q3_K/Q2_K their int sums per 16, Q8_K's bsums). llama.cpp's CPU meets these weights with
+# Q8_K (int8 per 256); like the other K-quants here, x is rounded per 32 instead (finer).
+
+
+@device_function
+def kquant_sums_load_x(xq, xm, s, blk, p, xv, xf):
+    """kquant_load_x; returns the int sums of xq over the unit's four groups of 16 columns."""
+    kquant_load_x(xq, xm, s, blk, p, xv, xf, xf)
+    return load_u32x4(xm, s, (xm.shape[1] >> 1) + 4 * (4 * blk + p))
+
+
+# IQ4_XS (136 B: d, scales_h u16, scales_l[4], qs[128]; 8-byte aligned, uint32 words). Sub-block
+# ib (32 weights): qs[16ib + j]'s low nibble is element 32ib + j, its high nibble 32ib + 16 + j,
+# each an index into IQ4_NL's table; scale d·(ls − 32), ls = 4 bits of scales_l | 2 of scales_h.
+# raw[i] = qs[32p .. 32p + 31] (8 words) | d | scales_h << 16 | scales_l; q[r] = the table
+# bytes of sub-block 2p (low then high nibbles), then 2p + 1; fac[r] = their two scales.
+
+@device_function
+def iq4_xs_load(w, w8, row, blk, p, raw, i):
+    base = uint64(34 * blk)
+    for k in range(8):
+        raw[i, k] = w[row, base + uint64(2 + 8 * p + k)]
+    raw[i, 8] = w[row, base]
+    raw[i, 9] = w[row, base + uint64(1)]
+
+
+@device_function
+def iq4_xs_prepare(raw, i, q, fac, r, p):
+    for j in range(4):
+        a = raw[i, j]
+        b = raw[i, 4 + j]
+        q[r, j] = iq4_nl_word(a & LOW4)
+        q[r, 4 + j] = iq4_nl_word((a >> FOUR) & LOW4)
+        q[r, 8 + j] = iq4_nl_word(b & LOW4)
+        q[r, 12 + j] = iq4_nl_word((b >> FOUR) & LOW4)
+    d = f16_bits_to_f32(raw[i, 8] & LOW16)
+    low = shr_u32(raw[i, 9], uint32(8 * p)) & LOW8          # scales_l[p]: sub-blocks 2p, 2p + 1
+    high = shr_u32(raw[i, 8] >> SIXTEEN, uint32(4 * p))      # their 2-bit fields of scales_h
+    fac[r, 0] = d * small_uint_to_f32((low & uint32(15)) | ((high & THREE) << FOUR), THIRTY_TWO)
+    fac[r, 1] = d * small_uint_to_f32((low >> FOUR) | (((high >> TWO) & THREE) << FOUR), THIRTY_TWO)
+
+
+# Known limit: at 4 rows per lane group (a shape only benchmarks ask for: default_rows_per_warp
+# gives 1 or 2) the 64 table lookups per row of this prepare outgrow the compiler's unrolling, and
+# the kernel's per-row arrays go to local memory (`tools/gpu_ptx_check.py --all` flags it).
+
+
+@device_function
+def iq4_xs_dot(q, fac, r, xv, xf, xs, acc):
+    acc = fma(fac[r, 0] * xf[0], magic_sum(dot8(q, r, 0, xv, 0, START)), acc)
+    return fma(fac[r, 1] * xf[2], magic_sum(dot8(q, r, 8, xv, 8, START)), acc)
+
+
+# Q2_K and Q3_K: element 128n + 32j + l (n = 0, 1; j = 0..3; l < 32) is the bit pair 2j of qs
+# byte 32n + l, and its group of 16 (one scale) is 8n + 2j + l // 16. Unit p (n = p // 2) thus
+# reads all 32 qs bytes of half n and takes bit pairs 2j, j = 2(p % 2) + 0, 1; its groups
+# t = 0..3 (columns 64p + 16t) are 4p + t. q[r, 4t .. 4t + 3] = group t's quants, one per byte.
+
+@device_function
+def bit_pairs(raw, i, q, r, p):
+    """q[r] from the qs bytes in raw[i, 0:8] (l < 16, then l ≥ 16): group t's bit pairs."""
+    shift = uint32(4 * (p & 1))
+    for k in range(4):
+        for t in range(4):
+            q[r, 4 * t + k] = shr_u32(raw[i, 4 * (t & 1) + k], shift + uint32(2 * (t >> 1))) & uint32(0x03030303)
+
+
+# Q3_K (110 B: hmask[32], qs[64], scales[12], d; 2-byte aligned, uint16 words): weight
+# d·(sc − 32)·(q − 4), q = the bit pair | (bit 4n + j of hmask[l]) << 2, sc 6 bits: the low 4
+# at nibble g // 8 of scales[g % 8], the high 2 at bits 2(g // 4) of scales[8 + g % 4]. The zero
+# point 4 goes into the dp4a start value: −4·Σ xq over the group (xs[t]).
+# raw[i] = qs[32n .. 32n + 31] | hmask[32] | scales[4(p % 2) .. + 3] | scales[8 .. 11] | d.
+
+@device_function
+def q3_k_load(w, w8, row, blk, p, raw, i):
+    base = 110 * blk
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, base + 32 + 32 * (p >> 1)))
+    store4(raw, i, 4, load_u32x4_unaligned(w8, row, base + 48 + 32 * (p >> 1)))
+    store4(raw, i, 8, load_u32x4_unaligned(w8, row, base))
+    store4(raw, i, 12, load_u32x4_unaligned(w8, row, base + 16))
+    scales = uint64(55 * blk + 48 + 2 * (p & 1))
+    raw[i, 16] = uint32(w[row, scales]) | (uint32(w[row, scales + uint64(1)]) << SIXTEEN)
+    raw[i, 17] = uint32(w[row, uint64(55 * blk + 52)]) | (uint32(w[row, uint64(55 * blk + 53)]) << SIXTEEN)
+    raw[i, 18] = uint32(w[row, uint64(55 * blk + 54)])
+
+
+@device_function
+def q3_k_prepare(raw, i, q, fac, r, p):
+    bit_pairs(raw, i, q, r, p)
+    shift = uint32(4 * (p >> 1) + 2 * (p & 1))
+    for k in range(4):
+        for t in range(4):
+            h = shr_u32(raw[i, 8 + 4 * (t & 1) + k], shift + uint32(t >> 1)) & uint32(0x01010101)
+            q[r, 4 * t + k] = q[r, 4 * t + k] | (h << TWO)
+    # byte t of sc = the 6-bit scale of group 4p + t
+    sc = (shr_u32(raw[i, 16], uint32(4 * (p >> 1))) & LOW4) | ((shr_u32(raw[i, 17], uint32(2 * p)) & uint32(0x03030303))
+                                                             << FOUR)
+    d = f16_bits_to_f32(raw[i, 18])
+    fac[r, 0] = d * small_uint_to_f32(sc & LOW8, THIRTY_TWO)
+    fac[r, 1] = d * small_uint_to_f32((sc >> EIGHT) & LOW8, THIRTY_TWO)
+    fac[r, 2] = d * small_uint_to_f32((sc >> SIXTEEN) & LOW8, THIRTY_TWO)
+    fac[r, 3] = d * small_uint_to_f32(sc >> TWENTY_FOUR, THIRTY_TWO)
+
+
+@device_function
+def q3_k_load_x(xq, xm, s, blk, p, xv, xf, xs):
+    sums = kquant_sums_load_x(xq, xm, s, blk, p, xv, xf)
+    for t in range(4):
+        xs[t] = START - int32(4) * int32(sums[t])
+
+
+@device_function
+def q3_k_dot(q, fac, r, xv, xf, xs, acc):
+    for t in range(4):  # Σ (q − 4)·xq = Σ q·xq − 4·Σ xq; x block 2p + t // 2
+        acc = fma(fac[r, t] * xf[2 * (t >> 1)], magic_sum(dot4(q, r, 4 * t, xv, 4 * t, xs[t])), acc)
+    return acc
+
+
+# Q2_K (84 B: scales[16], qs[64], d, dmin; 4-byte aligned, uint32 words): weight
+# d·(sc & 15)·q − dmin·(sc >> 4), sc = scales[g]. q is multiplied by its group's 4-bit scale in
+# place (≤ 45, still a byte), so each x block is one dp4a chain Σ sc·q·xq; the min term is
+# dmin·dx·Σ m·(Σ xq over the group), with the int sums of x (Q8_K's bsums) as llama.cpp's CPU.
+# raw[i] = qs[32n .. 32n + 31] | scales[4p .. 4p + 3] | d | dmin << 16; q[r, 16] = the four mins.
+
+@device_function
+def q2_k_load(w, w8, row, blk, p, raw, i):
+    base = uint64(21 * blk)
+    for k in range(8):
+        raw[i, k] = w[row, base + uint64(4 + 8 * (p >> 1) + k)]
+    raw[i, 8] = w[row, base + uint64(p)]
+    raw[i, 9] = w[row, base + uint64(20)]
+
+
+@device_function
+def q2_k_prepare(raw, i, q, fac, r, p):
+    bit_pairs(raw, i, q, r, p)
+    sc = raw[i, 8]
+    for t in range(4):
+        scale = shr_u32(sc, uint32(8 * t)) & uint32(15)
+        for k in range(4):
+            q[r, 4 * t + k] = uint32(q[r, 4 * t + k] * scale)   # bytes ≤ 3·15: no carries
+    q[r, 16] = (sc >> FOUR) & LOW4
+    fac[r, 0] = f16_bits_to_f32(raw[i, 9] & LOW16)
+    fac[r, 1] = -f16_bits_to_f32(raw[i, 9] >> SIXTEEN)
+
+
+@device_function
+def q2_k_load_x(xq, xm, s, blk, p, xv, xf, xs):
+    sums = kquant_sums_load_x(xq, xm, s, blk, p, xv, xf)
+    for t in range(4):
+        xs[t] = int32(sums[t])
+
+
+@device_function
+def q2_k_min_sum(m, xs, first):
+    """START + Σ m·(Σ xq) over groups first, first + 1 (|·| ≤ 2·15·127·16: magic_sum's range)."""
+    a = int32(shr_u32(m, uint32(8 * first)) & uint32(15)) * xs[first]
+    b = int32(shr_u32(m, uint32(8 * first + 8)) & uint32(15)) * xs[first + 1]
+    return START + int32(a + b)
+
+
+@device_function
+def q2_k_dot(q, fac, r, xv, xf, xs, acc):
+    m = q[r, 16]
+    acc = fma(fac[r, 0] * xf[0], magic_sum(dot8(q, r, 0, xv, 0, START)), acc)
+    acc = fma(fac[r, 1] * xf[0], magic_sum(q2_k_min_sum(m, xs, 0)), acc)
+    acc = fma(fac[r, 0] * xf[2], magic_sum(dot8(q, r, 8, xv, 8, START)), acc)
+    return fma(fac[r, 1] * xf[2], magic_sum(q2_k_min_sum(m, xs, 2)), acc)
+
+
 U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q8_0, U16, 2, 16, 4, NATURAL, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
@@ -534,4 +708,8 @@ UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q4_K, U32, 4, 64, 2, K64, 12, 16, 4, 16, 4, 1, q4_k_load, q4_k_prepare, kquant_load_x, q4_k_dot),
     Dp4aUnit(gt.Q5_K, U32, 4, 64, 2, K64, 20, 16, 4, 16, 4, 1, q5_k_load, q5_k_prepare, kquant_load_x, q5_k_dot),
     Dp4aUnit(gt.Q6_K, U16, 4, 64, 2, Q6K64, 14, 16, 4, 16, 4, 4, q6_k_load, q6_k_prepare, q6_k_load_x, q6_k_dot),
+    Dp4aUnit(gt.IQ4_XS, U32, 4, 64, 2, K64, 10, 16, 2, 16, 4, 1, iq4_xs_load, iq4_xs_prepare, kquant_load_x,
+             iq4_xs_dot),
+    Dp4aUnit(gt.Q3_K, U16, 4, 64, 2, K64, 19, 16, 4, 16, 4, 4, q3_k_load, q3_k_prepare, q3_k_load_x, q3_k_dot),
+    Dp4aUnit(gt.Q2_K, U32, 4, 64, 2, K64, 10, 17, 2, 16, 4, 4, q2_k_load, q2_k_prepare, q2_k_load_x, q2_k_dot),
 )}

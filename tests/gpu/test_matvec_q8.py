@@ -24,12 +24,13 @@ from cpu import ggml_types as gt
 from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 
-Q_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K"]
+Q_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K"]
 U = 2.0 ** -24                      # unit roundoff of float32
-MIN_FIELD = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2}  # byte offset of the fp16 min (dmin) in a block
+MIN_FIELD = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2, "Q2_K": 82}  # byte offset of the fp16 min (dmin)
 Q8_1_MIN = ("Q4_1", "Q5_1")         # their min term meets x as Q8_1's s, not the float sum
+BSUM_MIN = ("Q2_K",)                # its min term meets the rounded x (dx·Σ xq per 16, Q8_K's bsums)
 TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2, "Q5_0": 1, "Q5_1": 2, "IQ4_NL": 1, "Q4_K": 4, "Q5_K": 4,
-                  "Q6_K": 4}
+                  "Q6_K": 4, "IQ4_XS": 2, "Q3_K": 4, "Q2_K": 4}
 
 
 def quantize_reference(x: np.ndarray, layout: int = NATURAL):
@@ -84,8 +85,9 @@ def int8_reference(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray, lanes: in
         want = x_hat @ a.T + s.astype(np.float64) @ m.T
         return want, (TERMS_PER_UNIT[t.name] * -(-m.shape[1] // lanes) + 16) * U * (
             np.abs(x_hat) @ np.abs(a).T + np.abs(s.astype(np.float64)) @ np.abs(m).T)
-    want = x_hat @ a.T + x64 @ (w - a).T
-    magnitude = np.abs(x_hat) @ np.abs(a).T + np.abs(x64) @ np.abs(w - a).T
+    x_min = x_hat if t.name in BSUM_MIN else x64
+    want = x_hat @ a.T + x_min @ (w - a).T
+    magnitude = np.abs(x_hat) @ np.abs(a).T + np.abs(x_min) @ np.abs(w - a).T
     units = UNITS[t.id].units_per_row(x.shape[1])
     terms_per_lane = TERMS_PER_UNIT[t.name] * -(-units // lanes)
     return want, (terms_per_lane + 16) * U * magnitude
@@ -95,6 +97,8 @@ def rounding_bound(t: gt.GGMLType, w_bytes: np.ndarray, x: np.ndarray) -> np.nda
     """Bound on |A·(x − x̂)|: |xq − x/dx| ≤ 1/2 + 256u (x/dx ≤ 127 through two float32 roundings),
     plus 127·|dx − fp16(dx)| ≤ 127·2**-11·dx where dx is an fp16 (NATURAL)."""
     a = scale_part(t, w_bytes).astype(np.float64)
+    if t.name in BSUM_MIN:      # the min term meets x̂ too
+        a = dequantize(w_bytes, GGMLQuantizationType(t.id)).astype(np.float64)
     _, dx, s, _ = quantize_reference(x, UNITS[t.id].x_layout)
     half = 127 * 2.0 ** -11 if UNITS[t.id].x_layout == NATURAL else 0.0
     step = np.repeat(dx.astype(np.float64), 32, axis=1) * (0.5 + 256 * U + half)
@@ -153,7 +157,8 @@ def test_natural_layout_activations_are_the_cpu_kernels_bit_for_bit():
 def lane_columns(layout: int, blk: int, p: int, k: int) -> np.ndarray:
     """Columns of x that lane (blk, p) of a 64-weight type reads in its load k: the weights it
     owns (gpu/matmul/quants_q8.py), written here from the block layouts, not from the kernel."""
-    if layout == K64:      # Q4_K/Q5_K chunk p: sub-blocks 2p (low nibbles) and 2p + 1 (high)
+    if layout == K64:      # columns 64p on (Q4_K/Q5_K chunk p, IQ4_XS sub-blocks 2p, 2p + 1, Q2_K/Q3_K
+                           # bit pairs 2(p % 2), +1 of qs half p // 2)
         first = 64 * p + 16 * k
     else:                  # Q6_K half p // 2, 16 bytes p % 2: groups 32k on
         first = 128 * (p // 2) + 16 * (p % 2) + 32 * k
@@ -180,9 +185,10 @@ def test_quantiser_lays_x_out_for_the_64_weight_lanes(layout):
                 word = 512 * (blk // 8) + 128 * k + 4 * (4 * (blk % 8) + p)
                 np.testing.assert_array_equal(got_bytes[:, 4 * word:4 * word + 16],
                                               want_q[:, lane_columns(layout, blk, p, k)])
-    if layout == K64:   # [dx, Σx] per block of 32
+    if layout == K64:   # [dx, Σx] per block of 32, then (second half of the row) Σ xq per 16
         np.testing.assert_array_equal(xm[:, 0:2 * 80:2].view(np.float32), dx)
         np.testing.assert_array_equal(xm[:, 1:2 * 80:2].view(np.float32), sums)
+        np.testing.assert_array_equal(xm[:, cols // 16:].view(np.int32).reshape(2, 80, 2), halves)
         return
     # Q6_K: lane (blk, p = 2n + u) record: dx of blocks 8blk + 4n + t, then (second half of the
     # row) the dp4a start values START − 32·Σ xq over half u of each
@@ -284,10 +290,10 @@ def test_more_slots_than_one_launch_takes():
 
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator reads unaligned words byte by byte")
 def test_misaligned_weight_rows():
-    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL rows of an odd block count start 2 bytes off a word boundary
-    every other row (Q4_1/Q5_1 rows stay 4-byte aligned); a view one row in starts anywhere: the
-    unaligned loads must see the same bytes."""
-    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1"):
+    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL/Q3_K rows of an odd block count start 2 bytes off a word
+    boundary every other row (Q4_1/Q5_1/Q2_K rows stay 4-byte aligned, IQ4_XS rows 8-byte); a
+    view one row in starts anywhere: the unaligned loads must see the same bytes."""
+    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1", "Q3_K", "Q2_K", "IQ4_XS"):
         t = gt.by_name(name)
         rng = np.random.default_rng(11)
         cols = t.block_elems * 33
