@@ -97,7 +97,7 @@ class Forward:
         if snapshot:
             state.check_ring(n)
         self.use_threads(n)
-        c, w, b = self.config, self.weights, self.backend
+        c, b = self.config, self.backend
         s = self.prepare_rows(n, state.n_past)
         b.copy(s.x, self.embed(ids))
         hidden = b.result("hidden", (n, c.n_embd))

@@ -410,7 +410,7 @@ def test_trailing_unit_dimensions_are_the_same_tensor(tmp_path):
     for name, reshape in (("quantized-shape.gguf", None), ("converter-shape.gguf", (64, 1))):
         path = tmp_path / name
         # float experts: the grouped float path, not the quantised experts' kernel (minutes to compile)
-        written = write_tiny_model(path, "qwen35moe", types=FLOAT_EXPERTS, reshape=(
+        write_tiny_model(path, "qwen35moe", types=FLOAT_EXPERTS, reshape=(
             {f"blk.{i}.ffn_gate_inp_shexp.weight": reshape for i in range(4)} if reshape else None))
         with open_model(path) as m:
             assert m.tensors["blk.0.ffn_gate_inp_shexp.weight"].ne == (64,)
