@@ -4,7 +4,8 @@
   strides), `fill_zero`, `is_device`. Copies between host arrays and the device are direct
   driver calls (`copy_raw`): Numba's own cost tens of µs each.
 * Scratch: `scratch(key, shape)` is a device buffer reused by every call that asks for the same
-  key and shape (temporaries inside one op: never held across ops).
+  key and shape (temporaries inside one op: never held across ops); shapes that differ in their
+  first dimension share one allocation per power-of-two bucket of it.
 * Staging: `host_call(inputs, outputs, fn, meanwhile)` copies device arrays into pinned host
   memory, runs a CPU function on them and sends its outputs back up. Pinned memory makes both
   copies plain DMA (no bounce through a pageable buffer), and the buffers only grow, so
@@ -247,15 +248,27 @@ def _contiguous(a) -> bool:
 
 # --- reusable buffers ---------------------------------------------------------------------------
 
-_scratch: dict[tuple, object] = {}
+_scratch: dict[tuple, object] = {}        # (key, shape, dtype) → the buffer handed out
+_buckets: dict[tuple, object] = {}        # (key, bucket, trailing shape, dtype) → its allocation
 
 
 def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
-    """A device buffer for `key` and this shape, allocated once (contents undefined)."""
-    k = (key, tuple(shape), np.dtype(dtype).str)
+    """A device buffer for `key` and this shape (contents undefined): the leading rows of one
+    allocation per power-of-two bucket of the first dimension. Calls of many row counts (a
+    server's prompt tails: one new count per request) then share a few allocations per key
+    instead of leaving one each behind; nothing is ever freed, since a captured graph keeps
+    using the buffers it was captured with."""
+    shape = tuple(shape)
+    k = (key, shape, np.dtype(dtype).str)
     buf = _scratch.get(k)
     if buf is None:
-        buf = _scratch[k] = cuda.device_array(shape, dtype)
+        lead = shape[0] if shape else 1
+        bucket = 1 << max(lead - 1, 0).bit_length()          # the power of two ≥ lead (1 for 0)
+        b = (key, bucket, shape[1:], k[2])
+        whole = _buckets.get(b)
+        if whole is None:
+            whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]) if shape else (), dtype)
+        buf = _scratch[k] = whole[:lead] if shape else whole
     return buf
 
 
