@@ -286,9 +286,8 @@ def gdn_state_bytes(c: ModelConfig, n_ring: int) -> int:
 
 
 # Device scratch outside the forward's own buffers (the GPU attention's partial results for each
-# call size, the GEMMs' staged inputs): an allowance of this many rows of H × n_ctx floats, the
-# figure the plans measured on the GPU machine were made with (it once stood for a chunk's
-# attention scores, which no kernel materialises now).
+# call size, the GEMMs' staged inputs): an allowance of this many rows of H × n_ctx floats, kept at
+# the size the plans measured on the GPU machine were made with.
 OTHER_SCRATCH_ROWS = 256
 
 

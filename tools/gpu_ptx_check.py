@@ -79,7 +79,7 @@ def targets(every_shape: bool) -> list:
 
 def selected(every_shape: bool, representative: bool) -> list:
     """The targets to compile: all, or with `representative` a subset that still compiles every
-    piece of kernel source at least once (77 of 137 kernels today). A typing error in a template
+    piece of kernel source at least once. A typing error in a template
     or in a type's lane code shows in any of their specialisations; one that only some constants
     reach, and local memory in the shapes left out, are for the full check on a GPU machine.
     A per-type target is named "<family> <type> <variant>" (e.g. "gemm Q4_K mma64x64w4"); the

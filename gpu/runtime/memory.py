@@ -258,13 +258,13 @@ def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
     server's prompt tails: one new count per request) then share a few allocations per key
     instead of leaving one each behind; nothing is ever freed, since a captured graph keeps
     using the buffers it was captured with."""
-    shape = tuple(shape)
-    k = (key, shape, np.dtype(dtype).str)
+    shape, kind = tuple(shape), np.dtype(dtype).str
+    k = (key, shape, kind)
     buf = _scratch.get(k)
     if buf is None:
         lead = shape[0] if shape else 1
         bucket = 1 << max(lead - 1, 0).bit_length()          # the power of two ≥ lead (1 for 0)
-        b = (key, bucket, shape[1:], k[2])
+        b = (key, bucket, shape[1:], kind)
         whole = _buckets.get(b)
         if whole is None:
             whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]) if shape else (), dtype)
