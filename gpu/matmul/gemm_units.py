@@ -37,7 +37,7 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, iq4_nl_byte, store4
+from .quants import e8m0_half, int8_to_f32, iq4_nl_byte, mxfp4_byte, store4
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -355,6 +355,25 @@ def iq4_nl_store(raw, p, col, cols, ws, at, stride):
         ws[at + uint32(i) * stride] = d * int8_to_f32(iq4_nl_byte(nibble(raw, p, i, shift)))
 
 
+# MXFP4 (17 B: e8m0 exponent e, qs[16]; byte aligned): IQ4_NL's nibbles with MXFP4's table and
+# the scale e8m0_half(e). raw[p, 0:8] = qs bytes 2j, 2j + 1 as IQ4_NL's words, raw[p, 8] = e.
+
+@device_function
+def mxfp4_load(w, w8, col, cols, raw, p):
+    base = (col >> 5) * 17
+    raw[p, 8] = uint32(w8[base])
+    for j in range(8):
+        raw[p, j] = uint32(w8[base + 1 + 2 * j]) | (uint32(w8[base + 2 + 2 * j]) << uint32(8))
+
+
+@device_function
+def mxfp4_store(raw, p, col, cols, ws, at, stride):
+    d = e8m0_half(raw[p, 8])
+    shift = uint32(4 * ((col >> 4) & 1))
+    for i in range(16):
+        ws[at + uint32(i) * stride] = d * int8_to_f32(mxfp4_byte(nibble(raw, p, i, shift)))
+
+
 # ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
 # Sub-block j (32 weights) of a block: scale/min j, the qs bytes of chunk c = j // 2 (low
 # nibbles for even j, high for odd), Q5_K's fifth bits as bit j of qh bytes 0..31. Unit half h
@@ -607,4 +626,5 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.IQ4_XS, 6, iq4_xs_load, iq4_xs_store),
     GemmUnit(gt.Q3_K, 11, q3_k_load, q3_k_store),
     GemmUnit(gt.Q2_K, 6, q2_k_load, q2_k_store),
+    GemmUnit(gt.MXFP4, 9, mxfp4_load, mxfp4_store),
 )}

@@ -28,7 +28,7 @@ from numba import float32, uint32
 
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
-from cpu.simd import IQ4NL_KVALUES
+from cpu.simd import IQ4NL_KVALUES, MXFP4_KVALUES
 
 from ..runtime.device import simulated
 from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, shr_u32,
@@ -297,23 +297,74 @@ def q5_1_weight(raw, fac, r, i, lane):
     return fma(fac[r, i >> 2], small_uint_to_f32(q, ZERO), fac[r, 8 + (i >> 2)])
 
 
-# IQ4_NL's values (IQ4NL_KVALUES, int8) packed four to a word: IQ4_NL_Wk holds entries
-# 4k..4k+3, so that a lookup is two selects and a shift, with no table in memory.
-IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3 = (uint32(v) for v in np.array(IQ4NL_KVALUES, np.int8).view(np.uint32))
+# The 16-entry int8 tables (IQ4_NL's IQ4NL_KVALUES, MXFP4's MXFP4_KVALUES: 2 × the e2m1 values)
+# packed four to a word: word k holds entries 4k..4k+3, so that a lookup is two selects and a
+# shift, with no table in memory.
+def _packed_table(values) -> tuple:
+    return tuple(uint32(v) for v in np.array(values, np.int8).view(np.uint32))
+
+
+IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3 = _packed_table(IQ4NL_KVALUES)
+MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3 = _packed_table(MXFP4_KVALUES)
 
 
 @device_function
-def iq4_nl_byte(n):
-    """The table value of nibble n (0..15) as a byte (uint32 0..255, two's complement)."""
-    a = IQ4_NL_W2 if n & uint32(8) else IQ4_NL_W0
-    b = IQ4_NL_W3 if n & uint32(8) else IQ4_NL_W1
+def table_byte(n, w0, w1, w2, w3):
+    """Entry n (0..15) of a packed table as a byte (uint32 0..255, two's complement)."""
+    a = w2 if n & uint32(8) else w0
+    b = w3 if n & uint32(8) else w1
     word = b if n & uint32(4) else a
     return shr_u32(word, (n & uint32(3)) << uint32(3)) & uint32(0xFF)
 
 
 @device_function
+def iq4_nl_byte(n):
+    """IQ4_NL's value of nibble n as a byte."""
+    return table_byte(n, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
+
+
+@device_function
+def mxfp4_byte(n):
+    """MXFP4's value (2 × e2m1) of nibble n as a byte."""
+    return table_byte(n, MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3)
+
+
+@device_function
+def e8m0_half(e):
+    """MXFP4's block scale, halved for its doubled table: 2**(e − 128) for the exponent byte e
+    (uint32), exactly (ggml's E8M0_TO_FP32_HALF): e ≥ 2 is a normal float (biased exponent
+    e − 1), e = 0, 1 the subnormals 2**−128, 2**−127 (mantissa bit 21, 22)."""
+    return bits_to_f32((e - uint32(1)) << uint32(23) if e >= uint32(2) else uint32(0x00200000) << e)
+
+
+@device_function
 def iq4_nl_weight(raw, fac, r, i, lane):
     return fac[r, i >> 2] * int8_to_f32(iq4_nl_byte(nibble_at(raw, r, i)))
+
+
+# MXFP4 (17 B: e8m0 exponent e, qs[16]; byte aligned, uint8 words): Q4_0's split and nibble
+# order, each nibble an index into MXFP4's table, scale e8m0_half(e). raw[r, m] = the two qs
+# bytes | e << 16.
+
+@device_function
+def mxfp4_load(w, w8, row, col0, cols, lane, raw, r):
+    for m in range(8):
+        blk, _ = small_block(col0, m, lane, 4, cols)
+        at = blk * 17 + 1 + 2 * (lane & 7)
+        raw[r, m] = (uint32(w8[row, at]) | (uint32(w8[row, at + 1]) << uint32(8))
+                     | (uint32(w8[row, blk * 17]) << SIXTEEN))
+
+
+@device_function
+def mxfp4_prepare(raw, fac, r, col0, cols, lane):
+    for m in range(8):
+        _, live = small_block(col0, m, lane, 4, cols)
+        fac[r, m] = e8m0_half(raw[r, m] >> SIXTEEN) if live else ZERO
+
+
+@device_function
+def mxfp4_weight(raw, fac, r, i, lane):
+    return fac[r, i >> 2] * int8_to_f32(mxfp4_byte(nibble_at(raw, r, i)))
 
 
 # ---------------------------------------------------------------- Q4_K / Q5_K (256 per block)
@@ -597,7 +648,7 @@ def q2_k_weight(raw, fac, r, i, lane):
     return fma(fac[r, 2 * h], small_uint_to_f32(q, ZERO), -fac[r, 2 * h + 1])
 
 
-U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
+U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.F32, U32, 16, 16, 1, dense_load, dense_prepare, f32_weight, dense_owner),
     LaneUnit(gt.F16, U16, 16, 16, 1, dense_load, dense_prepare, f16_weight, dense_owner),
@@ -616,6 +667,7 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.IQ4_XS, U32, 32, 10, 2, iq4_xs_load, iq4_xs_prepare, iq4_xs_weight, kquant_owner),
     LaneUnit(gt.Q3_K, U16, 32, 11, 2, q3_k_load, q3_k_prepare, q3_k_weight, kquant_owner),
     LaneUnit(gt.Q2_K, U32, 32, 6, 4, q2_k_load, q2_k_prepare, q2_k_weight, kquant_owner),
+    LaneUnit(gt.MXFP4, U8, 32, 8, 8, mxfp4_load, mxfp4_prepare, mxfp4_weight, q4_0_owner),
 )}
 
 def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:

@@ -41,7 +41,7 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import int8_to_f32, iq4_nl_byte, store4
+from .quants import e8m0_half, int8_to_f32, iq4_nl_byte, mxfp4_byte, store4
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -465,6 +465,32 @@ def iq4_nl_load_x(xq, xm, s, blk, p, xv, xf, xs):
     block_load_x(xq, xm, s, blk, xv, xf, xs, int32(0))
 
 
+# MXFP4 (17 B: e8m0 exponent e, qs[16]; byte aligned, uint8 words): IQ4_NL's layout with MXFP4's
+# table (2 × the e2m1 values) and the scale e8m0_half(e), x rounded as Q8_0 (llama.cpp's
+# vec_dot_type for it). raw[i] = qs[4] | e.
+
+@device_function
+def mxfp4_word(v):
+    """Four nibbles, one in the low half of each byte of v, to their four table bytes."""
+    return (mxfp4_byte(v & LOW8) | (mxfp4_byte((v >> EIGHT) & LOW8) << EIGHT)
+            | (mxfp4_byte((v >> SIXTEEN) & LOW8) << SIXTEEN) | (mxfp4_byte(v >> TWENTY_FOUR) << TWENTY_FOUR))
+
+
+@device_function
+def mxfp4_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 17 * blk + 1))
+    raw[i, 4] = uint32(w8[row, uint64(17 * blk)])
+
+
+@device_function
+def mxfp4_prepare(raw, i, q, fac, r, p):
+    for j in range(4):
+        v = raw[i, j]
+        q[r, j] = mxfp4_word(v & LOW4)
+        q[r, 4 + j] = mxfp4_word((v >> FOUR) & LOW4)
+    fac[r, 0] = e8m0_half(raw[i, 4])
+
+
 # Q5_0 (22 B: d, qh u32, qs[16], 2-byte aligned); zero point 16. raw[i] = qs[4] | d | qh.
 
 @device_function
@@ -696,7 +722,7 @@ def q2_k_dot(q, fac, r, xv, xf, xs, acc):
     return fma(fac[r, 1] * xf[2], magic_sum(q2_k_min_sum(m, xs, 2)), acc)
 
 
-U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
+U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q8_0, U16, 2, 16, 4, NATURAL, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
     Dp4aUnit(gt.Q4_0, U16, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, q4_0_load, q4_0_prepare, q4_0_load_x, block_dot),
@@ -712,4 +738,6 @@ UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
              iq4_xs_dot),
     Dp4aUnit(gt.Q3_K, U16, 4, 64, 2, K64, 19, 16, 4, 16, 4, 4, q3_k_load, q3_k_prepare, q3_k_load_x, q3_k_dot),
     Dp4aUnit(gt.Q2_K, U32, 4, 64, 2, K64, 10, 17, 2, 16, 4, 4, q2_k_load, q2_k_prepare, q2_k_load_x, q2_k_dot),
+    Dp4aUnit(gt.MXFP4, U8, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, mxfp4_load, mxfp4_prepare, iq4_nl_load_x,
+             block_dot),
 )}
