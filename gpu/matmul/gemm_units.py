@@ -37,7 +37,8 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import e8m0_half, int8_to_f32, iq4_nl_byte, mxfp4_byte, store4
+from .quants import (IQ2XXS_WORDS, IQ3S_WORDS, IQ3XXS_WORDS, e8m0_half, int8_to_f32, iq4_nl_byte, iq_half_scale,
+                     mxfp4_byte, sign_pair, signed_grid_value, store4)
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -610,6 +611,80 @@ def q2_k_store(raw, p, col, cols, ws, at, stride):
         ws[at + uint32(i) * stride] = fma(dl, small_uint_to_f32(q, ZERO), -ml)
 
 
+# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
+# Unit of column col: sub-block ib = e // 32 (e = col % 256), half hh = (e // 16) % 2; layouts and
+# grids as the float lanes' (gpu/matmul/quants.py), uint16 words. raw[p, 0] = the half's grid
+# bytes (IQ3_XXS, IQ3_S: 4 qs bytes; IQ2_XXS: the sub-block's 4), raw[p, 1] = IQ3_XXS / IQ2_XXS:
+# aux; IQ3_S: the half's 16 sign bits | the qh word holding qh[ib] << 16; raw[p, 2] = d (IQ3_S:
+# | the scales word holding scales[ib // 2] << 16).
+
+@device_function
+def iq3_xxs_load(w, w8, col, cols, raw, p):
+    base = (col >> 8) * 49
+    ib = (col >> 5) & 7
+    g = base + 1 + 4 * ib + 2 * ((col >> 4) & 1)
+    raw[p, 0] = uint32(w[g]) | (uint32(w[g + 1]) << SIXTEEN)
+    raw[p, 1] = uint32(w[base + 33 + 2 * ib]) | (uint32(w[base + 34 + 2 * ib]) << SIXTEEN)
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq3_xxs_store(raw, p, col, cols, ws, at, stride):
+    aux = raw[p, 1]
+    dl = iq_half_scale(f16_bits_to_f32(raw[p, 2]), aux, float32(0.5))
+    signs = sign_pair(aux, 2 * ((col >> 4) & 1))
+    for i in range(16):
+        g = shr_u32(raw[p, 0], uint32(8 * (i >> 2))) & uint32(0xFF)
+        ws[at + uint32(i) * stride] = signed_grid_value(IQ3XXS_WORDS[g], i & 3, signs, i, dl)
+
+
+@device_function
+def iq2_xxs_load(w, w8, col, cols, raw, p):
+    at = (col >> 8) * 33 + 1 + 4 * ((col >> 5) & 7)
+    raw[p, 0] = uint32(w[at]) | (uint32(w[at + 1]) << SIXTEEN)
+    raw[p, 1] = uint32(w[at + 2]) | (uint32(w[at + 3]) << SIXTEEN)
+    raw[p, 2] = uint32(w[(col >> 8) * 33])
+
+
+@device_function
+def iq2_xxs_store(raw, p, col, cols, ws, at, stride):
+    aux = raw[p, 1]
+    dl = iq_half_scale(f16_bits_to_f32(raw[p, 2]), aux, float32(0.25))
+    hh = uint32((col >> 4) & 1)
+    signs = sign_pair(aux, 2 * ((col >> 4) & 1))
+    grid = shr_u32(raw[p, 0], hh << uint32(4))
+    for i in range(16):
+        g = shr_u32(grid, uint32(8 * (i >> 3))) & uint32(0xFF)
+        ws[at + uint32(i) * stride] = signed_grid_value(IQ2XXS_WORDS[2 * g + uint32((i >> 2) & 1)], i & 3, signs, i,
+                                                        dl)
+
+
+@device_function
+def iq3_s_load(w, w8, col, cols, raw, p):
+    base = (col >> 8) * 55
+    ib = (col >> 5) & 7
+    hh = (col >> 4) & 1
+    g = base + 1 + 4 * ib + 2 * hh
+    raw[p, 0] = uint32(w[g]) | (uint32(w[g + 1]) << SIXTEEN)
+    raw[p, 1] = uint32(w[base + 37 + 2 * ib + hh]) | (uint32(w[base + 33 + (ib >> 1)]) << SIXTEEN)
+    raw[p, 2] = uint32(w[base]) | (uint32(w[base + 53 + (ib >> 2)]) << SIXTEEN)
+
+
+@device_function
+def iq3_s_store(raw, p, col, cols, ws, at, stride):
+    ib = uint32((col >> 5) & 7)
+    hh = uint32((col >> 4) & 1)
+    sc = shr_u32(raw[p, 2] >> SIXTEEN, ((ib >> uint32(1)) & uint32(1)) << uint32(3))   # scales[ib // 2]
+    sc = shr_u32(sc, (ib & uint32(1)) << uint32(2)) & uint32(15)
+    dl = f16_bits_to_f32(raw[p, 2]) * small_uint_to_f32(uint32(1) + (sc << uint32(1)), ZERO)
+    signs = raw[p, 1]
+    qh = shr_u32(signs >> SIXTEEN, ((ib & uint32(1)) << uint32(3)) + (hh << uint32(2)))
+    for i in range(16):
+        g = (shr_u32(raw[p, 0], uint32(8 * (i >> 2))) & uint32(0xFF)) | (
+            (shr_u32(qh, uint32(i >> 2)) & uint32(1)) << uint32(8))
+        ws[at + uint32(i) * stride] = signed_grid_value(IQ3S_WORDS[g], i & 3, signs, i, dl)
+
+
 UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.F32, 16, dense_load, f32_store),
     GemmUnit(gt.F16, 8, dense16_load, f16_store),
@@ -627,4 +702,7 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.Q3_K, 11, q3_k_load, q3_k_store),
     GemmUnit(gt.Q2_K, 6, q2_k_load, q2_k_store),
     GemmUnit(gt.MXFP4, 9, mxfp4_load, mxfp4_store),
+    GemmUnit(gt.IQ3_XXS, 3, iq3_xxs_load, iq3_xxs_store),
+    GemmUnit(gt.IQ3_S, 3, iq3_s_load, iq3_s_store),
+    GemmUnit(gt.IQ2_XXS, 3, iq2_xxs_load, iq2_xxs_store),
 )}

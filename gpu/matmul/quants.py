@@ -28,6 +28,7 @@ from numba import float32, uint32
 
 from cpu import ggml_types as gt
 from cpu.errors import HybridError
+from cpu.blocks import IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS
 from cpu.simd import IQ4NL_KVALUES, MXFP4_KVALUES
 
 from ..runtime.device import simulated
@@ -648,6 +649,163 @@ def q2_k_weight(raw, fac, r, i, lane):
     return fma(fac[r, 2 * h], small_uint_to_f32(q, ZERO), -fac[r, 2 * h + 1])
 
 
+# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
+# Grids of positive byte values (cpu.blocks, the one owner), packed four to a uint32 word: the
+# kernels read them as constant arrays. IQ3_XXS / IQ3_S rows are one word (4 weights), IQ2_XXS
+# rows two (8 weights: words 2g, 2g + 1). KSIGNS: a 7-bit sign index to its 8 sign bits.
+IQ3XXS_WORDS = np.ascontiguousarray(IQ3XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # (256,)
+IQ3S_WORDS = np.ascontiguousarray(IQ3S_GRID.astype(np.uint8)).view(np.uint32).ravel()       # (512,)
+IQ2XXS_WORDS = np.ascontiguousarray(IQ2XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # (512,)
+KSIGNS_U32 = KSIGNS.astype(np.uint32)
+
+
+@device_function
+def signed_bytes(word, signs):
+    """The four bytes of `word` (grid values 1..127) with byte k negated where bit k of `signs`
+    is set: two's complement per byte, (g ^ 0xFF) + 1, no carry out of a byte as g ≥ 1."""
+    t = ((signs & uint32(1)) | ((signs & uint32(2)) << uint32(7)) | ((signs & uint32(4)) << uint32(14))
+         | ((signs & uint32(8)) << uint32(21)))
+    return (word ^ (t * uint32(0xFF))) + t
+
+
+@device_function
+def sign_pair(aux, first):
+    """The 16 sign bits of sign indices `first` and first + 1 (7 bits each) of aux."""
+    lo = KSIGNS_U32[shr_u32(aux, uint32(7 * first)) & uint32(127)]
+    return lo | (KSIGNS_U32[shr_u32(aux, uint32(7 * first + 7)) & uint32(127)] << uint32(8))
+
+
+@device_function
+def iq_half_scale(d, aux, quarter):
+    """IQ3_XXS / IQ2_XXS sub-block scale d·(0.5 + aux >> 28)·(0.5 or 0.25), in ggml's order."""
+    return d * (float32(0.5) + small_uint_to_f32(aux >> uint32(28), ZERO)) * quarter
+
+
+@device_function
+def signed_grid_value(word, byte, signs, j, fac):
+    """fac · (byte `byte` of a grid word, negated where bit j of signs is set)."""
+    v = small_uint_to_f32(shr_u32(word, uint32(8 * byte)) & uint32(0xFF), ZERO)
+    return fac * (-v if (signs >> uint32(j)) & uint32(1) else v)
+
+
+# Q4_K's split of the tile (kquant_owner, kquant_block): lane l takes sub-blocks 2c + h (h = 0 for
+# weights i < 16, 1 for i ≥ 16), c = (l % 8) // 2, and their columns 16hh .. 16hh + 15, hh = l % 2.
+# IQ3_XXS (98 B: d, qs[64] a grid byte per 4 weights, then per sub-block ib a u32 aux: 4 × 7-bit
+# sign indices, one per 8 weights, and a 4-bit scale on top; uint16 words): raw[r, 2h] = grid
+# bytes 8ib + 4hh .. + 3, raw[r, 2h + 1] = aux (after prepare: the half's 16 sign bits), raw[r, 4] = d.
+
+@device_function
+def iq3_xxs_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 49
+    for h in range(2):
+        ib = 2 * c + h
+        g = base + 1 + 4 * ib + 2 * (lane & 1)
+        raw[r, 2 * h] = uint32(w[row, g]) | (uint32(w[row, g + 1]) << SIXTEEN)
+        raw[r, 2 * h + 1] = uint32(w[row, base + 33 + 2 * ib]) | (uint32(w[row, base + 34 + 2 * ib]) << SIXTEEN)
+    raw[r, 4] = uint32(w[row, base])
+
+
+@device_function
+def iq3_xxs_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    d = f16_or_zero(raw[r, 4], live)
+    for h in range(2):
+        aux = raw[r, 2 * h + 1]
+        fac[r, h] = iq_half_scale(d, aux, float32(0.5))
+        raw[r, 2 * h + 1] = sign_pair(aux, 2 * (lane & 1))
+
+
+@device_function
+def iq3_xxs_weight(raw, fac, r, i, lane):
+    h = i >> 4
+    j = i & 15
+    g = shr_u32(raw[r, 2 * h], uint32(8 * (j >> 2))) & uint32(0xFF)
+    return signed_grid_value(IQ3XXS_WORDS[g], j & 3, raw[r, 2 * h + 1], j, fac[r, h])
+
+
+# IQ2_XXS (66 B: d, then per sub-block ib a u32 of 4 grid bytes, one per 8 weights, and a u32 aux
+# as IQ3_XXS's; uint16 words): raw[r, 2h] = the grid bytes (after prepare: those of half hh in the
+# low 16 bits), raw[r, 2h + 1] = aux (after prepare: the half's 16 sign bits), raw[r, 4] = d.
+
+@device_function
+def iq2_xxs_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 33
+    for h in range(2):
+        at = base + 1 + 4 * (2 * c + h)
+        raw[r, 2 * h] = uint32(w[row, at]) | (uint32(w[row, at + 1]) << SIXTEEN)
+        raw[r, 2 * h + 1] = uint32(w[row, at + 2]) | (uint32(w[row, at + 3]) << SIXTEEN)
+    raw[r, 4] = uint32(w[row, base])
+
+
+@device_function
+def iq2_xxs_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    d = f16_or_zero(raw[r, 4], live)
+    hh = uint32(lane & 1)
+    for h in range(2):
+        aux = raw[r, 2 * h + 1]
+        fac[r, h] = iq_half_scale(d, aux, float32(0.25))
+        raw[r, 2 * h] = shr_u32(raw[r, 2 * h], hh << uint32(4))
+        raw[r, 2 * h + 1] = sign_pair(aux, 2 * (lane & 1))
+
+
+@device_function
+def iq2_xxs_weight(raw, fac, r, i, lane):
+    h = i >> 4
+    j = i & 15
+    g = shr_u32(raw[r, 2 * h], uint32(8 * (j >> 3))) & uint32(0xFF)
+    return signed_grid_value(IQ2XXS_WORDS[2 * g + ((j >> 2) & 1)], j & 3, raw[r, 2 * h + 1], j, fac[r, h])
+
+
+# IQ3_S (110 B: d, qs[64] low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit k % 8
+# of qh[k // 8] for qs byte k), signs[32] a bit per weight, scales[4] a nibble per sub-block:
+# d·(1 + 2·sc); uint16 words): raw[r, 2h] = qs bytes 8ib + 4hh .. + 3, raw[r, 2h + 1] = sign bytes
+# 4ib + 2hh, + 1 | the qh word holding qh[ib] << 16 (after prepare: the four 9th bits at 16..19),
+# raw[r, 4] = d | the scales word holding scales[c] << 16.
+
+@device_function
+def iq3_s_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    hh = lane & 1
+    base = blk * 55
+    for h in range(2):
+        ib = 2 * c + h
+        g = base + 1 + 4 * ib + 2 * hh
+        raw[r, 2 * h] = uint32(w[row, g]) | (uint32(w[row, g + 1]) << SIXTEEN)
+        raw[r, 2 * h + 1] = uint32(w[row, base + 37 + 2 * ib + hh]) | (uint32(w[row, base + 33 + (ib >> 1)]) << SIXTEEN)
+    raw[r, 4] = uint32(w[row, base]) | (uint32(w[row, base + 53 + (c >> 1)]) << SIXTEEN)
+
+
+@device_function
+def iq3_s_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    hh = uint32(lane & 1)
+    d = f16_or_zero(raw[r, 4], live)
+    scales = shr_u32(raw[r, 4] >> SIXTEEN, (c & uint32(1)) << uint32(3))
+    for h in range(2):
+        sc = shr_u32(scales, uint32(4 * h)) & uint32(15)
+        fac[r, h] = d * small_uint_to_f32(uint32(1) + (sc << uint32(1)), ZERO)
+        v = raw[r, 2 * h + 1]
+        qh = shr_u32(v >> SIXTEEN, (uint32(h) << uint32(3)) + (hh << uint32(2))) & uint32(15)  # ib % 2 = h
+        raw[r, 2 * h + 1] = (v & LOW16) | (qh << SIXTEEN)
+
+
+@device_function
+def iq3_s_weight(raw, fac, r, i, lane):
+    h = i >> 4
+    j = i & 15
+    v = raw[r, 2 * h + 1]
+    g = (shr_u32(raw[r, 2 * h], uint32(8 * (j >> 2))) & uint32(0xFF)) | (
+        (shr_u32(v, uint32(16 + (j >> 2))) & uint32(1)) << uint32(8))
+    return signed_grid_value(IQ3S_WORDS[g], j & 3, v, j, fac[r, h])
+
+
 U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.F32, U32, 16, 16, 1, dense_load, dense_prepare, f32_weight, dense_owner),
@@ -668,6 +826,9 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.Q3_K, U16, 32, 11, 2, q3_k_load, q3_k_prepare, q3_k_weight, kquant_owner),
     LaneUnit(gt.Q2_K, U32, 32, 6, 4, q2_k_load, q2_k_prepare, q2_k_weight, kquant_owner),
     LaneUnit(gt.MXFP4, U8, 32, 8, 8, mxfp4_load, mxfp4_prepare, mxfp4_weight, q4_0_owner),
+    LaneUnit(gt.IQ3_XXS, U16, 32, 5, 2, iq3_xxs_load, iq3_xxs_prepare, iq3_xxs_weight, kquant_owner),
+    LaneUnit(gt.IQ3_S, U16, 32, 5, 2, iq3_s_load, iq3_s_prepare, iq3_s_weight, kquant_owner),
+    LaneUnit(gt.IQ2_XXS, U16, 32, 5, 2, iq2_xxs_load, iq2_xxs_prepare, iq2_xxs_weight, kquant_owner),
 )}
 
 def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:

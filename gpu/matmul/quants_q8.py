@@ -41,7 +41,8 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import e8m0_half, int8_to_f32, iq4_nl_byte, mxfp4_byte, store4
+from .quants import (IQ2XXS_WORDS, IQ3S_WORDS, IQ3XXS_WORDS, KSIGNS_U32, e8m0_half, int8_to_f32, iq_half_scale,
+                     iq4_nl_byte, mxfp4_byte, signed_bytes, store4)
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -722,6 +723,98 @@ def q2_k_dot(q, fac, r, xv, xf, xs, acc):
     return fma(fac[r, 1] * xf[2], magic_sum(q2_k_min_sum(m, xs, 2)), acc)
 
 
+# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
+# Unit p = sub-blocks 2p, 2p + 1 (columns 64p .. 64p + 63, layout K64 as IQ4_XS). q[r, k] = the
+# unit's weights 4k .. 4k + 3: a grid word (gpu/matmul/quants.py) with its signs applied per byte
+# (signed_bytes); fac[r] = the two sub-blocks' scales; iq4_xs_dot does the rest. llama.cpp's CPU
+# meets these weights with Q8_K (int8 per 256); as for the K-quants, x is rounded per 32 here.
+# |Σ q·xq| ≤ 62·127·32 per sub-block: magic_sum's range.
+
+@device_function
+def signs_nibble(signs, k):
+    """Bits 4k .. 4k + 3 of signs: the signs of one grid word."""
+    return shr_u32(signs, uint32(4 * k)) & uint32(15)
+
+
+# IQ3_XXS (98 B: d, qs[64] a grid byte per 4 weights, aux u32 per sub-block: 4 × 7-bit sign indices
+# and a 4-bit scale; 2-byte aligned, uint16 words). raw[i] = qs[16p .. 16p + 15] | aux 2p | aux
+# 2p + 1 | d.
+
+@device_function
+def iq3_xxs_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 98 * blk + 2 + 16 * p))
+    aux = uint64(49 * blk + 33 + 4 * p)
+    raw[i, 4] = uint32(w[row, aux]) | (uint32(w[row, aux + uint64(1)]) << SIXTEEN)
+    raw[i, 5] = uint32(w[row, aux + uint64(2)]) | (uint32(w[row, aux + uint64(3)]) << SIXTEEN)
+    raw[i, 6] = uint32(w[row, uint64(49 * blk)])
+
+
+@device_function
+def iq3_xxs_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(raw[i, 6])
+    for h in range(2):
+        aux = raw[i, 4 + h]
+        fac[r, h] = iq_half_scale(d, aux, np.float32(0.5))
+        for l in range(4):      # weights 8l .. 8l + 7 of sub-block 2p + h: grid bytes 8h + 2l, + 1
+            signs = KSIGNS_U32[shr_u32(aux, uint32(7 * l)) & uint32(127)]
+            word = raw[i, 2 * h + (l >> 1)]
+            g0 = shr_u32(word, uint32(16 * (l & 1))) & LOW8
+            g1 = shr_u32(word, uint32(16 * (l & 1) + 8)) & LOW8
+            q[r, 8 * h + 2 * l] = signed_bytes(IQ3XXS_WORDS[g0], signs_nibble(signs, 0))
+            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ3XXS_WORDS[g1], signs_nibble(signs, 1))
+
+
+# IQ2_XXS (66 B: d, then per sub-block a u32 of 4 grid bytes (8 weights each) and an aux u32 as
+# IQ3_XXS's; 2-byte aligned, uint16 words). raw[i] = grid 2p | aux 2p | grid 2p + 1 | aux 2p + 1 | d.
+
+@device_function
+def iq2_xxs_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 66 * blk + 2 + 16 * p))
+    raw[i, 4] = uint32(w[row, uint64(33 * blk)])
+
+
+@device_function
+def iq2_xxs_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(raw[i, 4])
+    for h in range(2):
+        grid = raw[i, 2 * h]
+        aux = raw[i, 2 * h + 1]
+        fac[r, h] = iq_half_scale(d, aux, np.float32(0.25))
+        for l in range(4):      # weights 8l .. 8l + 7 of sub-block 2p + h: grid row g, two words
+            signs = KSIGNS_U32[shr_u32(aux, uint32(7 * l)) & uint32(127)]
+            g = shr_u32(grid, uint32(8 * l)) & LOW8
+            q[r, 8 * h + 2 * l] = signed_bytes(IQ2XXS_WORDS[2 * g], signs_nibble(signs, 0))
+            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ2XXS_WORDS[2 * g + uint32(1)], signs_nibble(signs, 1))
+
+
+# IQ3_S (110 B: d, qs[64] the low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit
+# k % 8 of qh[k // 8] for qs byte k), signs[32] a bit per weight, scales[4] a nibble per
+# sub-block: d·(1 + 2·sc); 2-byte aligned, uint16 words). raw[i] = qs[16p .. 16p + 15] | signs[8p ..
+# 8p + 7] | qh[2p] | qh[2p + 1] << 8 | the scales word holding scales[p] << 16 | d.
+
+@device_function
+def iq3_s_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 110 * blk + 2 + 16 * p))
+    base = uint64(55 * blk)
+    signs = base + uint64(37 + 4 * p)
+    raw[i, 4] = uint32(w[row, signs]) | (uint32(w[row, signs + uint64(1)]) << SIXTEEN)
+    raw[i, 5] = uint32(w[row, signs + uint64(2)]) | (uint32(w[row, signs + uint64(3)]) << SIXTEEN)
+    raw[i, 6] = uint32(w[row, base + uint64(33 + p)]) | (uint32(w[row, base + uint64(53 + (p >> 1))]) << SIXTEEN)
+    raw[i, 7] = uint32(w[row, base])
+
+
+@device_function
+def iq3_s_prepare(raw, i, q, fac, r, p):
+    qh = raw[i, 6]
+    for k in range(16):         # weights 4k .. 4k + 3: qs byte k, 9th bit k of qh
+        g = (shr_u32(raw[i, k >> 2], uint32(8 * (k & 3))) & LOW8) | ((shr_u32(qh, uint32(k)) & uint32(1)) << EIGHT)
+        q[r, k] = signed_bytes(IQ3S_WORDS[g], signs_nibble(raw[i, 4 + (k >> 3)], k & 7))
+    d = f16_bits_to_f32(raw[i, 7])
+    sc = shr_u32(qh >> SIXTEEN, uint32(8 * (p & 1)))
+    fac[r, 0] = d * small_uint_to_f32(uint32(1) + ((sc & uint32(15)) << uint32(1)), ZERO)
+    fac[r, 1] = d * small_uint_to_f32(uint32(1) + (((sc >> FOUR) & uint32(15)) << uint32(1)), ZERO)
+
+
 U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q8_0, U16, 2, 16, 4, NATURAL, 5, 4, 1, 4, 1, 1, q8_0_load, q8_0_prepare, q8_0_load_x, q8_0_dot),
@@ -740,4 +833,9 @@ UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
     Dp4aUnit(gt.Q2_K, U32, 4, 64, 2, K64, 10, 17, 2, 16, 4, 4, q2_k_load, q2_k_prepare, q2_k_load_x, q2_k_dot),
     Dp4aUnit(gt.MXFP4, U8, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, mxfp4_load, mxfp4_prepare, iq4_nl_load_x,
              block_dot),
+    Dp4aUnit(gt.IQ3_XXS, U16, 4, 64, 2, K64, 7, 16, 2, 16, 4, 1, iq3_xxs_load, iq3_xxs_prepare, kquant_load_x,
+             iq4_xs_dot),
+    Dp4aUnit(gt.IQ3_S, U16, 4, 64, 2, K64, 8, 16, 2, 16, 4, 1, iq3_s_load, iq3_s_prepare, kquant_load_x, iq4_xs_dot),
+    Dp4aUnit(gt.IQ2_XXS, U16, 4, 64, 2, K64, 5, 16, 2, 16, 4, 1, iq2_xxs_load, iq2_xxs_prepare, kquant_load_x,
+             iq4_xs_dot),
 )}

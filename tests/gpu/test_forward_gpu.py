@@ -37,14 +37,19 @@ SIMULATED = simulated()
 SHAPE = dict(n_layer=2, full_attention_interval=2, n_embd=32, n_vocab=MIN_VOCAB + 8, n_head=2, n_head_kv=1,
              head_dim=16, n_rot=8, ssm_n_k_heads=1, ssm_n_v_heads=2, n_ff=32, context_length=256)
 D_STATE = {"F32": 8}                    # the 32-weight block types need multiples of 32 (d_inner = 2·d_state)
-# The 256-weight types the GPU runs past Q4_K..Q6_K share one tiny model, 256 wide (n_embd): a
+# The 256-weight types the GPU runs past Q4_K..Q6_K share tiny models, 256 wide (n_embd): a
 # 256-wide simulated forward costs seconds per matrix kind, not per type. The matrices that read
 # the residual are of those types (z, β, α of one GDN layer of two: matvecs across types), the
-# narrow ones (ffn_down, ssm_out, attn_output: 32 wide) Q4_0, llama.cpp's fallback for them.
+# narrow ones (ffn_down, ssm_out, attn_output: 32 wide) of a 32-weight type: Q4_0, llama.cpp's
+# fallback for them, or MXFP4 (another GPU type, tested at no extra forward).
 WIDE_MODEL = "Q2_K+Q3_K+IQ4_XS"
-WIDE_TYPES = {r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
-              r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"}
-WIDE_FALLBACK = "Q4_0"
+IQ_MODEL = "IQ2_XXS+IQ3_S+IQ3_XXS+MXFP4"
+WIDE_MODELS = {  # model name: (its matrices' types by name pattern, the narrow matrices' type)
+    WIDE_MODEL: ({r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
+                  r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"}, "Q4_0"),
+    IQ_MODEL: ({r"ffn_(gate|up)\.weight$": "IQ2_XXS", r"attn_(qkv|gate|[qkv])\.weight$": "IQ3_S",
+                r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ3_XXS"}, "MXFP4"),
+}
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
 EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
 LOGIT_TOL, MEAN_TOL = 0.5, 0.1          # quantised: the CPU rounds activations to int8 (test_forward.py)
@@ -73,9 +78,10 @@ def model(tmp_path_factory):
         if types not in opened:
             path = folder / f"tiny-{types}.gguf"
             d_state = D_STATE.get(types, 16)
-            if types == WIDE_MODEL:
+            if types in WIDE_MODELS:
+                overrides, narrow = WIDE_MODELS[types]
                 write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **dict(SHAPE, n_embd=256)),
-                            types=WIDE_FALLBACK, seed=7, overrides=WIDE_TYPES)
+                            types=narrow, seed=7, overrides=overrides)
             else:
                 write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **SHAPE), types=types, seed=7)
             files.append(open_model(path))
@@ -120,7 +126,7 @@ def test_quantised_model_matches_float_reference_and_cpu_forward(model):
     assert (got.argmax(1) == reference.argmax(1)).all()
 
 
-GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
+GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL, IQ_MODEL]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
 
 
 @pytest.mark.parametrize("types", GPU_BLOCK_TYPES)
@@ -132,10 +138,11 @@ def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, typ
     GPU's pick scores within that tolerance of the CPU's best in the CPU's own logits."""
     mf = model(types)
     quantised = {n: t.type.name for n, t in mf.tensors.items() if n.endswith("weight") and t.type.name != "F32"}
-    if types == WIDE_MODEL:
-        for pattern, name in WIDE_TYPES.items():
+    if types in WIDE_MODELS:
+        overrides, narrow = WIDE_MODELS[types]
+        for pattern, name in overrides.items():
             assert {t for n, t in quantised.items() if re.search(pattern, n)} == {name}
-        assert set(quantised.values()) == {*WIDE_TYPES.values(), WIDE_FALLBACK}
+        assert set(quantised.values()) == {*overrides.values(), narrow}
     else:
         assert set(quantised.values()) == {types}
     # the simulator runs a decode step in seconds: a shorter prompt and two steps there

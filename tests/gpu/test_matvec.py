@@ -18,10 +18,11 @@ from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
-         "Q3_K", "Q2_K", "MXFP4"]
+         "Q3_K", "Q2_K", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]   # the float kernel's; the others: test_matvec_q8.py
 FP16_FIELD_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0],
-                      "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q3_K": [108], "Q2_K": [80, 82], "MXFP4": []}
+                      "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q3_K": [108], "Q2_K": [80, 82], "MXFP4": [], "IQ3_XXS": [0],
+                      "IQ3_S": [0], "IQ2_XXS": [0]}
 E8M0_FIELD_OFFSETS = {"MXFP4": 0}     # a random exponent byte would overflow the products
 REAL_GPU = available() and not simulated()
 ROWS = 389 if REAL_GPU else 5  # never a multiple of a block's rows: the tail block is partial
