@@ -269,7 +269,7 @@ def test_rejects_bad_input_with_a_clear_error():
     w_dev = cuda.to_device(np.zeros((4, t.row_bytes(64)), np.uint8))
     x_dev = cuda.to_device(np.zeros((40, 64), np.float32))
     with pytest.raises(HybridError, match="unsupported tensor type"):
-        gemm(int(GGMLQuantizationType.IQ2_XXS), w_dev, x_dev, cuda.to_device(np.zeros((40, 4), np.float32)))
+        gemm(int(GGMLQuantizationType.TQ2_0), w_dev, x_dev, cuda.to_device(np.zeros((40, 4), np.float32)))
     with pytest.raises(HybridError, match="do not hold"):
         gemm(t.id, w_dev, cuda.to_device(np.zeros((40, 96), np.float32)),
              cuda.to_device(np.zeros((40, 4), np.float32)))

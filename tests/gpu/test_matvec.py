@@ -21,8 +21,8 @@ TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
          "Q3_K", "Q2_K", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]   # the float kernel's; the others: test_matvec_q8.py
 FP16_FIELD_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0],
-                      "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q3_K": [108], "Q2_K": [80, 82], "MXFP4": [], "IQ3_XXS": [0],
-                      "IQ3_S": [0], "IQ2_XXS": [0]}
+                      "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q3_K": [108], "Q2_K": [80, 82],
+                      "MXFP4": [], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0]}
 E8M0_FIELD_OFFSETS = {"MXFP4": 0}     # a random exponent byte would overflow the products
 REAL_GPU = available() and not simulated()
 ROWS = 389 if REAL_GPU else 5  # never a multiple of a block's rows: the tail block is partial
@@ -130,7 +130,7 @@ def test_rejects_bad_input_with_a_clear_error():
     x_dev = cuda.to_device(np.zeros((1, 64), np.float32))
     out_dev = cuda.to_device(np.zeros((1, 4), np.float32))
     with pytest.raises(HybridError, match="unsupported tensor type"):
-        matvec(int(GGMLQuantizationType.IQ2_XXS), w_dev, x_dev, out_dev)
+        matvec(int(GGMLQuantizationType.TQ2_0), w_dev, x_dev, out_dev)
     with pytest.raises(HybridError, match="do not hold"):
         matvec(t.id, w_dev, cuda.to_device(np.zeros((1, 96), np.float32)), out_dev)
     with pytest.raises(HybridError, match="out has shape"):
