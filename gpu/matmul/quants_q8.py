@@ -4,8 +4,8 @@ A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
 a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
 every row: the x values it loads serve all the rows of its warp. The 256-weight types' units are
-64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS) or four groups of 16 (Q6_K, Q3_K, Q2_K), so that
-one block-header load and one decode of the packed scales serve 64 weights and the float work is
+64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS) or four groups of 16 (Q6_K,
+Q3_K, Q2_K), so that one block-header load and one decode of the packed scales serve 64 weights and the float work is
 a few operations per 32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
 one exact conversion per scale (dp4a chains start at START: see magic_sum).
 
@@ -132,7 +132,8 @@ def pick(mask, a, b):
 # ---------------------------------------------------------------- x layouts
 # Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
 NATURAL = 0   # xq in column order; xm: per block of 32 [dx, Q8_1's s, int sums of both halves]
-K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS; xq permuted, step_slot);
+K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS and the IQ grid types; xq
+              # permuted, step_slot);
               # xm: per block [dx, float sum], then (second half) the int sums of its halves
 Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
 

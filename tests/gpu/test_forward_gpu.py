@@ -126,7 +126,8 @@ def test_quantised_model_matches_float_reference_and_cpu_forward(model):
     assert (got.argmax(1) == reference.argmax(1)).all()
 
 
-GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL, IQ_MODEL]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
+# the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
+GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL, IQ_MODEL]
 
 
 @pytest.mark.parametrize("types", GPU_BLOCK_TYPES)
