@@ -655,8 +655,8 @@ def iq2_xxs_store(raw, p, col, cols, ws, at, stride):
     grid = shr_u32(raw[p, 0], hh << uint32(4))
     for i in range(16):
         g = shr_u32(grid, uint32(8 * (i >> 3))) & uint32(0xFF)
-        ws[at + uint32(i) * stride] = signed_grid_value(IQ2XXS_WORDS[2 * g + uint32((i >> 2) & 1)], i & 3, signs, i,
-                                                        dl)
+        word = IQ2XXS_WORDS[(g << uint32(1)) | uint32((i >> 2) & 1)]
+        ws[at + uint32(i) * stride] = signed_grid_value(word, i & 3, signs, i, dl)
 
 
 @device_function

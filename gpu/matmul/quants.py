@@ -758,7 +758,8 @@ def iq2_xxs_weight(raw, fac, r, i, lane):
     h = i >> 4
     j = i & 15
     g = shr_u32(raw[r, 2 * h], uint32(8 * (j >> 3))) & uint32(0xFF)
-    return signed_grid_value(IQ2XXS_WORDS[2 * g + ((j >> 2) & 1)], j & 3, raw[r, 2 * h + 1], j, fac[r, h])
+    word = IQ2XXS_WORDS[(g << uint32(1)) | uint32((j >> 2) & 1)]
+    return signed_grid_value(word, j & 3, raw[r, 2 * h + 1], j, fac[r, h])
 
 
 # IQ3_S (110 B: d, qs[64] low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit k % 8

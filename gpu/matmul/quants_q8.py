@@ -784,8 +784,8 @@ def iq2_xxs_prepare(raw, i, q, fac, r, p):
         for l in range(4):      # weights 8l .. 8l + 7 of sub-block 2p + h: grid row g, two words
             signs = KSIGNS_U32[shr_u32(aux, uint32(7 * l)) & uint32(127)]
             g = shr_u32(grid, uint32(8 * l)) & LOW8
-            q[r, 8 * h + 2 * l] = signed_bytes(IQ2XXS_WORDS[2 * g], signs_nibble(signs, 0))
-            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ2XXS_WORDS[2 * g + uint32(1)], signs_nibble(signs, 1))
+            q[r, 8 * h + 2 * l] = signed_bytes(IQ2XXS_WORDS[g << uint32(1)], signs_nibble(signs, 0))
+            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ2XXS_WORDS[(g << uint32(1)) | uint32(1)], signs_nibble(signs, 1))
 
 
 # IQ3_S (110 B: d, qs[64] the low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit

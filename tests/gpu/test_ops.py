@@ -317,6 +317,18 @@ def test_dequantize_rows_on_the_device_match_the_cpu(name):
     np.testing.assert_array_equal(host_table, want)
 
 
+def test_mxfp4_scales_at_the_e8m0_edges_match_the_cpu_bit_for_bit():
+    """MXFP4's block scale 2**(e − 128) is a subnormal for e = 0, 1 (a path of its own, which
+    random blocks rarely reach) and near the float range's top for e = 250."""
+    t = gt.MXFP4
+    w = quantized_rows("MXFP4", 6, 96, seed=27)
+    w.reshape(6, 3, 17)[:, :, 0] = np.array([0, 1, 2, 127, 128, 250], np.uint8)[:, None]
+    ids = np.arange(6, dtype=np.int64)
+    want = cpu.ops.dequantize_rows(t.id, w, ids, 96)
+    assert np.isfinite(want).all() and (want[:2] != 0).any()
+    assert bits_equal(gpu.ops.dequantize_rows(t.id, dev(w), ids, 96).copy_to_host(), want)
+
+
 def test_matvec_and_swiglu_of_host_weights_are_the_cpu_kernels_bit_for_bit():
     t = gt.Q8_0
     D, F = 64, 48
