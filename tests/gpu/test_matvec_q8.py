@@ -139,6 +139,8 @@ def test_natural_layout_activations_are_the_cpu_kernels_bit_for_bit():
     """The GPU's x for the 32-weight block types (NATURAL layout) has the codes and scales of the
     CPU kernels' (cpu.activations Q8_0 and Q8_1, llama.cpp's rounding), so both backends round alike."""
     assert UNITS[gt.Q8_0.id].x_layout == NATURAL and UNITS[gt.Q4_0.id].x_layout == NATURAL
+    for t in (gt.Q8_0, gt.Q4_0, gt.Q5_0, gt.IQ4_NL, gt.MXFP4):       # llama.cpp's CPU meets them with Q8_0
+        assert UNITS[t.id].x_layout == NATURAL and cpu_activations.format_of(t.id).name == "Q8_0", t.name
     rng = np.random.default_rng(4)
     x = (rng.standard_t(2, (2, 256)) * rng.uniform(1e-3, 1e3, (2, 1))).astype(np.float32)
     x[0, :32] = np.append(np.arange(31) - 15.5, [127])       # ties
