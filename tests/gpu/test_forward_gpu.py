@@ -220,9 +220,9 @@ def test_host_snapshots_of_device_states_restore_bit_exactly(stepping):
     state = stepping.new_state(32)
     stepping.forward(state, prefix, logits="none")
     ckpt = _Checkpoint.take(state, list(prefix), on_host=True)
-    arrays = [*ckpt.ssm.values(), *ckpt.conv.values(), *(a for kv in ckpt.kv.values() for a in kv)]
+    arrays = list(ckpt.arrays())
     assert arrays and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
-    assert all(k.shape[1] == len(prefix) for k, _ in ckpt.kv.values())
+    assert all(sum(k.shape[1] for k in ks) == len(prefix) for ks, _ in ckpt.kv.values())
     want, _ = stepping.forward(state, rest, logits="all")
     other = stepping.new_state(32)
     stepping.forward(other, PROMPT[5:8], logits="none")        # other contents, replaced by the restore
