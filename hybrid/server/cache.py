@@ -8,7 +8,9 @@ ids; the longest such snapshot wins and only the rest is prefilled. A snapshot i
 the VRAM is the placement's), so the budget is host RAM. A conversation's snapshots share their
 KV rows (a snapshot taken with a base copies only the rows after the base's): a 27B-shape state
 at 8K tokens is ~1.2 GB, of which each new turn copies ~0.2 GB (GDN states and its own rows).
-Shared arrays count once against the budget, and are freed with the last snapshot holding them.
+Shared arrays count once against the budget, and are freed with the last snapshot holding them
+(the engine's base, the snapshot its live state descends from, may outlive its eviction: at most
+one state's worth of host memory beyond the budget).
 """
 from __future__ import annotations
 
