@@ -4,7 +4,8 @@ A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
 a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
 every row: the x values it loads serve all the rows of its warp. The 256-weight types' units are
-64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS) or four groups of 16 (Q6_K, Q3_K, Q2_K), so that
+64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS, IQ1_S) or four groups of 16 (Q6_K, Q3_K, Q2_K, IQ2_XS,
+IQ2_S, IQ1_M), so that
 one block-header load and one decode of the packed scales serve 64 weights and the float work is
 a few operations per 32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
 one exact conversion per scale (dp4a chains start at START: see magic_sum).
@@ -132,7 +133,8 @@ def pick(mask, a, b):
 # ---------------------------------------------------------------- x layouts
 # Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
 NATURAL = 0   # xq in column order; xm: per block of 32 [dx, Q8_1's s, int sums of both halves]
-K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS; xq permuted, step_slot);
+K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M;
+              # xq permuted, step_slot);
               # xm: per block [dx, float sum], then (second half) the int sums of its halves
 Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
 
@@ -796,7 +798,9 @@ def iq1_m_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq1_m_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(iq1_m_d(raw[i, 3], raw[i, 4]))
-    scales = shr_u32(raw[i, 3 + (p >> 1)], uint32(16 * (p & 1)))    # scales[p]: 3 bits per group
+    # scales[p] (3 bits per group); a select, not raw[i, 3 + p // 2]: p is a run-time value, and a
+    # run-time index would move raw to local memory
+    scales = shr_u32(raw[i, 4] if p >= 2 else raw[i, 3], uint32(16 * (p & 1)))
     for t in range(4):
         store4(q, r, 4 * t, iq1_m_words(shr_u32(raw[i, t >> 1], uint32(16 * (t & 1))),
                                         shr_u32(raw[i, 2], uint32(8 * t))))
