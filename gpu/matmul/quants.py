@@ -609,6 +609,9 @@ def q2_k_weight(raw, fac, r, i, lane):
 # IQ2: v = ±grid, f = d·(sc + 1/2)/4 = d·(2sc + 1)·⅛; IQ1: v = 8·grid ± 1 (the delta ±⅛ times 8),
 # f = d·(2sc + 1)·⅛. Both products are the CPU decoder's real value scaled by a power of two,
 # so they round to its bits.
+# Numba lowers a module-level array anew at each place its code names it, after inlining: each
+# unit's prepare (GEMM: store) names its grid once and hands it to the helpers below, so a kernel
+# holds one copy (16 KiB for IQ1_S's of the 64 KiB constant space), not one per lookup.
 IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
 IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
 IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
@@ -618,6 +621,7 @@ LOW7 = uint32(0x7F7F7F7F)
 TOP_BITS = uint32(0x80808080)
 ALL_BITS = uint32(0xFFFFFFFF)
 SPREAD4 = uint32(0x00204081)   # × a 4-bit field: bit b to bit 8b (b + 7b; no two partial products meet)
+
 
 
 @device_function
@@ -646,21 +650,22 @@ def ksigns(s7):
 
 
 @device_function
-def iq2_xs_words(e):
-    """Two IQ2_XS qs entries (e = entry | next << 16: 9-bit grid index, 7-bit signs) as 4 words."""
-    a0, a1 = iq2_entry(IQ2XS_GRID_WORDS, e & uint32(511), ksigns((e >> uint32(9)) & uint32(127)))
-    b0, b1 = iq2_entry(IQ2XS_GRID_WORDS, (e >> SIXTEEN) & uint32(511), ksigns(e >> uint32(25)))
+def iq2_xs_words(grid, e):
+    """Two IQ2_XS qs entries (e = entry | next << 16: 9-bit grid index, 7-bit signs) as 4 words;
+    grid = IQ2XS_GRID_WORDS."""
+    a0, a1 = iq2_entry(grid, e & uint32(511), ksigns((e >> uint32(9)) & uint32(127)))
+    b0, b1 = iq2_entry(grid, (e >> SIXTEEN) & uint32(511), ksigns(e >> uint32(25)))
     return a0, a1, b0, b1
 
 
 @device_function
-def iq2_s_words(qs, signs, qh):
+def iq2_s_words(grid, qs, signs, qh):
     """Two IQ2_S entries: qs, signs = their low index bytes and sign bytes (bits 0..15), qh their
-    2-bit index tops (bits 0..3), as 4 words."""
+    2-bit index tops (bits 0..3), as 4 words; grid = IQ2S_GRID_WORDS."""
     g0 = (qs & LOW8) | ((qh & uint32(3)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(2)) & uint32(3)) << EIGHT)
-    a0, a1 = iq2_entry(IQ2S_GRID_WORDS, g0, signs)
-    b0, b1 = iq2_entry(IQ2S_GRID_WORDS, g1, signs >> EIGHT)
+    a0, a1 = iq2_entry(grid, g0, signs)
+    b0, b1 = iq2_entry(grid, g1, signs >> EIGHT)
     return a0, a1, b0, b1
 
 
@@ -671,35 +676,36 @@ def add_bytes(a, b):
 
 
 @device_function
-def iq1_entry(g, negative):
+def iq1_entry(grid, g, negative):
     """8·(grid row g) ± 1 (− where negative is all ones, + where 0) as two int8 words; 8·v is
     (v & 31) << 3 in each byte (v ∈ {−1, 0, 1}: 0xFF & 31 = 31, 31·8 = 0xF8 = −8)."""
     delta = negative | BYTE_ONES
-    a = (IQ1S_GRID_WORDS[g << uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
-    b = (IQ1S_GRID_WORDS[(g << uint32(1)) | uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    a = (grid[g << uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    b = (grid[(g << uint32(1)) | uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
     return add_bytes(a, delta), add_bytes(b, delta)
 
 
 @device_function
-def iq1_s_words(qs, qh, first):
+def iq1_s_words(grid, qs, qh, first):
     """Entries first, first + 1 of an IQ1_S sub-block: qs = their low index bytes (bits 0..15),
-    qh = the sub-block's u16 (3 index bits per entry, bit 15 the delta's sign), as 4 words."""
+    qh = the sub-block's u16 (3 index bits per entry, bit 15 the delta's sign), as 4 words;
+    grid = IQ1S_GRID_WORDS."""
     negative = ((qh >> uint32(15)) & uint32(1)) * ALL_BITS
     g0 = (qs & LOW8) | ((shr_u32(qh, uint32(3 * first)) & uint32(7)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | ((shr_u32(qh, uint32(3 * first + 3)) & uint32(7)) << EIGHT)
-    a0, a1 = iq1_entry(g0, negative)
-    b0, b1 = iq1_entry(g1, negative)
+    a0, a1 = iq1_entry(grid, g0, negative)
+    b0, b1 = iq1_entry(grid, g1, negative)
     return a0, a1, b0, b1
 
 
 @device_function
-def iq1_m_words(qs, qh):
+def iq1_m_words(grid, qs, qh):
     """Two IQ1_M entries: qs = their low index bytes (bits 0..15), qh = their nibbles (bits 0..7:
-    3 index bits, then the delta's sign), as 4 words."""
+    3 index bits, then the delta's sign), as 4 words; grid = IQ1S_GRID_WORDS."""
     g0 = (qs & LOW8) | ((qh & uint32(7)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(4)) & uint32(7)) << EIGHT)
-    a0, a1 = iq1_entry(g0, ((qh >> uint32(3)) & uint32(1)) * ALL_BITS)
-    b0, b1 = iq1_entry(g1, ((qh >> uint32(7)) & uint32(1)) * ALL_BITS)
+    a0, a1 = iq1_entry(grid, g0, ((qh >> uint32(3)) & uint32(1)) * ALL_BITS)
+    b0, b1 = iq1_entry(grid, g1, ((qh >> uint32(7)) & uint32(1)) * ALL_BITS)
     return a0, a1, b0, b1
 
 
@@ -746,8 +752,9 @@ def iq2_xs_prepare(raw, fac, r, col0, cols, lane):
     hh = uint32(lane & 1)
     e0, e1, sc = raw[r, 0], raw[r, 1], raw[r, 2]
     d = f16_or_zero(raw[r, 3], live)
-    store4(raw, r, 0, iq2_xs_words(e0))
-    store4(raw, r, 4, iq2_xs_words(e1))
+    grid = IQ2XS_GRID_WORDS
+    store4(raw, r, 0, iq2_xs_words(grid, e0))
+    store4(raw, r, 4, iq2_xs_words(grid, e1))
     fac[r, 0] = odd_scale(d, shr_u32(sc, hh << uint32(2)))
     fac[r, 1] = odd_scale(d, shr_u32(sc, (hh + uint32(2)) << uint32(2)))
 
@@ -779,8 +786,9 @@ def iq2_s_prepare(raw, fac, r, col0, cols, lane):
     hh = uint32(lane & 1)
     qs, signs, hs = raw[r, 0], raw[r, 1], raw[r, 2]
     d = f16_or_zero(raw[r, 3], live)
+    grid = IQ2S_GRID_WORDS
     for h in range(2):  # G0 (qh byte 0 of hs), G1 (byte 1); entries 2(G % 2) + 0, 1 of that byte
-        store4(raw, r, 4 * h, iq2_s_words(shr_u32(qs, uint32(16 * h)), shr_u32(signs, uint32(16 * h)),
+        store4(raw, r, 4 * h, iq2_s_words(grid, shr_u32(qs, uint32(16 * h)), shr_u32(signs, uint32(16 * h)),
                                           shr_u32(hs, uint32(8 * h) + (hh << uint32(2)))))
         fac[r, h] = odd_scale(d, shr_u32(hs >> SIXTEEN, (hh + uint32(2 * h)) << uint32(2)))
 
@@ -805,9 +813,10 @@ def iq1_s_prepare(raw, fac, r, col0, cols, lane):
     qs, qh2 = raw[r, 0], raw[r, 1]
     d = f16_or_zero(raw[r, 2], live)
     first = 2 * (lane & 1)
+    grid = IQ1S_GRID_WORDS
     for h in range(2):
         qh = shr_u32(qh2, uint32(16 * h)) & LOW16
-        store4(raw, r, 4 * h, iq1_s_words(shr_u32(qs, uint32(16 * h)), qh, first))
+        store4(raw, r, 4 * h, iq1_s_words(grid, shr_u32(qs, uint32(16 * h)), qh, first))
         fac[r, h] = odd_scale(d, (qh >> uint32(12)) & uint32(7))
 
 
@@ -836,8 +845,10 @@ def iq1_m_prepare(raw, fac, r, col0, cols, lane):
     qs, qh, s01, s23 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(iq1_m_d(s01, s23), live)
     scales = shr_u32(s23 if c >= uint32(2) else s01, (c & uint32(1)) << uint32(4))
+    grid = IQ1S_GRID_WORDS
     for h in range(2):
-        store4(raw, r, 4 * h, iq1_m_words(shr_u32(qs, uint32(16 * h)), shr_u32(qh, uint32(16 * h) + (hh << uint32(3)))))
+        store4(raw, r, 4 * h, iq1_m_words(grid, shr_u32(qs, uint32(16 * h)),
+                                          shr_u32(qh, uint32(16 * h) + (hh << uint32(3)))))
         fac[r, h] = odd_scale(d, shr_u32(scales, uint32(3) * (hh + uint32(2 * h))) & uint32(7))
 
 

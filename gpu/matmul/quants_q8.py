@@ -42,8 +42,8 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import (int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq2_s_words, iq2_xs_words, iq4_nl_byte,
-                     odd_scale, store4)
+from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, int8_to_f32, iq1_m_d, iq1_m_words,
+                     iq1_s_words, iq2_s_words, iq2_xs_words, iq4_nl_byte, odd_scale, store4)
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -727,8 +727,9 @@ def iq2_xs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq2_xs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 5])
+    grid = IQ2XS_GRID_WORDS    # named once: see gpu/matmul/quants.py
     for t in range(4):
-        store4(q, r, 4 * t, iq2_xs_words(raw[i, t]))
+        store4(q, r, 4 * t, iq2_xs_words(grid, raw[i, t]))
         fac[r, t] = odd_scale(d, shr_u32(raw[i, 4], uint32(4 * t)))
 
 
@@ -752,10 +753,11 @@ def iq2_s_load(w, w8, row, blk, p, raw, i):
 def iq2_s_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 5])
     hs = raw[i, 4]
+    grid = IQ2S_GRID_WORDS
     for t in range(4):
         half = uint32(16 * (t & 1))
-        store4(q, r, 4 * t, iq2_s_words(shr_u32(raw[i, t >> 1], half), shr_u32(raw[i, 2 + (t >> 1)], half),
-                                        shr_u32(hs, uint32(4 * t))))
+        store4(q, r, 4 * t, iq2_s_words(grid, shr_u32(raw[i, t >> 1], half), shr_u32(raw[i, 2 + (t >> 1)], half),
+                                              shr_u32(hs, uint32(4 * t))))
         fac[r, t] = odd_scale(d, shr_u32(hs >> SIXTEEN, uint32(4 * t)))
 
 
@@ -775,10 +777,11 @@ def iq1_s_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq1_s_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 3])
+    grid = IQ1S_GRID_WORDS
     for s in range(2):
         qh = shr_u32(raw[i, 2], uint32(16 * s)) & LOW16
-        store4(q, r, 8 * s, iq1_s_words(raw[i, s], qh, 0))
-        store4(q, r, 8 * s + 4, iq1_s_words(raw[i, s] >> SIXTEEN, qh, 2))
+        for e in range(2):      # entries 2e, 2e + 1
+            store4(q, r, 8 * s + 4 * e, iq1_s_words(grid, shr_u32(raw[i, s], uint32(16 * e)), qh, 2 * e))
         fac[r, s] = odd_scale(d, (qh >> uint32(12)) & uint32(7))
 
 
@@ -801,9 +804,10 @@ def iq1_m_prepare(raw, i, q, fac, r, p):
     # scales[p] (3 bits per group); a select, not raw[i, 3 + p // 2]: p is a run-time value, and a
     # run-time index would move raw to local memory
     scales = shr_u32(raw[i, 4] if p >= 2 else raw[i, 3], uint32(16 * (p & 1)))
+    grid = IQ1S_GRID_WORDS
     for t in range(4):
-        store4(q, r, 4 * t, iq1_m_words(shr_u32(raw[i, t >> 1], uint32(16 * (t & 1))),
-                                        shr_u32(raw[i, 2], uint32(8 * t))))
+        store4(q, r, 4 * t, iq1_m_words(grid, shr_u32(raw[i, t >> 1], uint32(16 * (t & 1))),
+                                              shr_u32(raw[i, 2], uint32(8 * t))))
         fac[r, t] = odd_scale(d, shr_u32(scales, uint32(3 * t)) & uint32(7))
 
 
