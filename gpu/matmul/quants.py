@@ -611,7 +611,8 @@ def q2_k_weight(raw, fac, r, i, lane):
 # so they round to its bits.
 # Numba lowers a module-level array anew at each place its code names it, after inlining: each
 # unit's prepare (GEMM: store) names its grid once and hands it to the helpers below, so a kernel
-# holds one copy (16 KiB for IQ1_S's of the 64 KiB constant space), not one per lookup.
+# holds a copy per place it calls that function (at most two: 32 KiB of IQ1_S's grid, of the
+# 64 KiB constant space), not one per lookup.
 IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
 IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
 IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
@@ -621,7 +622,6 @@ LOW7 = uint32(0x7F7F7F7F)
 TOP_BITS = uint32(0x80808080)
 ALL_BITS = uint32(0xFFFFFFFF)
 SPREAD4 = uint32(0x00204081)   # × a 4-bit field: bit b to bit 8b (b + 7b; no two partial products meet)
-
 
 
 @device_function
