@@ -292,10 +292,11 @@ def test_more_slots_than_one_launch_takes():
 
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator reads unaligned words byte by byte")
 def test_misaligned_weight_rows():
-    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL/Q3_K rows of an odd block count start 2 bytes off a word
-    boundary every other row (Q4_1/Q5_1/Q2_K rows stay 4-byte aligned, IQ4_XS rows 8-byte); a
-    view one row in starts anywhere: the unaligned loads must see the same bytes."""
-    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1", "Q3_K", "Q2_K", "IQ4_XS"):
+    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL/Q3_K/IQ2_XS/IQ2_S/IQ1_S rows of an odd block count start 2 bytes
+    off a word boundary every other row (Q4_1/Q5_1/Q2_K/IQ1_M rows stay 4-byte aligned, IQ4_XS rows
+    8-byte); a view one row in starts anywhere: the unaligned loads must see the same bytes."""
+    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1", "Q3_K", "Q2_K", "IQ4_XS",
+                 "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"):
         t = gt.by_name(name)
         rng = np.random.default_rng(11)
         cols = t.block_elems * 33
