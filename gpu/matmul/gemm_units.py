@@ -37,7 +37,8 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import int8_to_f32, iq4_nl_byte, store4
+from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, grid_value, int8_to_f32, iq1_m_d,
+                     iq1_m_words, iq1_s_words, iq2_s_words, iq2_xs_words, iq4_nl_byte, odd_scale, store4)
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -591,6 +592,96 @@ def q2_k_store(raw, p, col, cols, ws, at, stride):
         ws[at + uint32(i) * stride] = fma(dl, small_uint_to_f32(q, ZERO), -ml)
 
 
+# ---------------------------------------------------------------- IQ2_XS, IQ2_S, IQ1_S, IQ1_M (256 per block)
+# Unit = group G = e // 16 of block blk = col // 256 (e = col % 256): its two grid entries 2G,
+# 2G + 1 and its scale, decoded by gpu/matmul/quants.py's group decoders into raw[p, 0:4] (int8
+# values v) and one factor f: weight f·v. uint16 words.
+# IQ2_XS (74 B): raw[p] = entries 2G | 2G + 1 << 16, scales[G // 2], d.
+# IQ2_S (82 B): raw[p] = qs[2G .. 2G + 1] | signs[2G ..] << 16, qh[G // 2] | scales[G // 2] << 8, d.
+# IQ1_S (50 B): raw[p] = qs[2G .. 2G + 1], qh[G // 2] (its entries 2(G % 2), + 1), d.
+# IQ1_M (56 B): raw[p] = qs[2G .. 2G + 1], qh[G], scales 0 | 1 << 16, 2 | 3 << 16.
+
+@device_function
+def grid_store(raw, p, fac, ws, at, stride):
+    for i in range(16):
+        ws[at + uint32(i) * stride] = fac * grid_value(raw, p, i)
+
+
+@device_function
+def iq2_xs_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 37
+    raw[p, 0] = uint32(w[base + 1 + 2 * g]) | (uint32(w[base + 2 + 2 * g]) << SIXTEEN)
+    raw[p, 1] = uint32(w8[blk * 74 + 66 + (g >> 1)])
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq2_xs_store(raw, p, col, cols, ws, at, stride):
+    g = uint32((col & 255) >> 4)
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1], (g & uint32(1)) << uint32(2)))
+    store4(raw, p, 0, iq2_xs_words(IQ2XS_GRID_WORDS, raw[p, 0]))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq2_s_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 41
+    raw[p, 0] = uint32(w[base + 1 + g]) | (uint32(w[base + 17 + g]) << SIXTEEN)
+    raw[p, 1] = uint32(w8[blk * 82 + 66 + (g >> 1)]) | (uint32(w8[blk * 82 + 74 + (g >> 1)]) << uint32(8))
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq2_s_store(raw, p, col, cols, ws, at, stride):
+    shift = uint32(((col & 255) >> 4) & 1) << uint32(2)     # 4·(G % 2): qh bits and scale nibble
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1] >> uint32(8), shift))
+    store4(raw, p, 0, iq2_s_words(IQ2S_GRID_WORDS, raw[p, 0], raw[p, 0] >> SIXTEEN, shr_u32(raw[p, 1], shift)))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq1_s_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 25
+    raw[p, 0] = uint32(w[base + 1 + g])
+    raw[p, 1] = uint32(w[base + 17 + (g >> 1)])
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq1_s_store(raw, p, col, cols, ws, at, stride):
+    qh = raw[p, 1]
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), (qh >> uint32(12)) & uint32(7))
+    store4(raw, p, 0, iq1_s_words(IQ1S_GRID_WORDS, raw[p, 0], qh, 2 * (((col & 255) >> 4) & 1)))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq1_m_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 28
+    raw[p, 0] = uint32(w[base + g])
+    raw[p, 1] = uint32(w8[blk * 56 + 32 + g])
+    raw[p, 2] = uint32(w[base + 24]) | (uint32(w[base + 25]) << SIXTEEN)
+    raw[p, 3] = uint32(w[base + 26]) | (uint32(w[base + 27]) << SIXTEEN)
+
+
+@device_function
+def iq1_m_store(raw, p, col, cols, ws, at, stride):
+    g = uint32((col & 255) >> 4)
+    s01, s23 = raw[p, 2], raw[p, 3]
+    scales = shr_u32(s23 if g >= uint32(8) else s01, ((g >> uint32(2)) & uint32(1)) << uint32(4))   # scales[G // 4]
+    fac = odd_scale(f16_bits_to_f32(iq1_m_d(s01, s23)), shr_u32(scales, uint32(3) * (g & uint32(3))) & uint32(7))
+    store4(raw, p, 0, iq1_m_words(IQ1S_GRID_WORDS, raw[p, 0], raw[p, 1]))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
 UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.F32, 16, dense_load, f32_store),
     GemmUnit(gt.F16, 8, dense16_load, f16_store),
@@ -607,4 +698,8 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.IQ4_XS, 6, iq4_xs_load, iq4_xs_store),
     GemmUnit(gt.Q3_K, 11, q3_k_load, q3_k_store),
     GemmUnit(gt.Q2_K, 6, q2_k_load, q2_k_store),
+    GemmUnit(gt.IQ2_XS, 4, iq2_xs_load, iq2_xs_store),
+    GemmUnit(gt.IQ2_S, 4, iq2_s_load, iq2_s_store),
+    GemmUnit(gt.IQ1_S, 4, iq1_s_load, iq1_s_store),
+    GemmUnit(gt.IQ1_M, 4, iq1_m_load, iq1_m_store),
 )}

@@ -27,6 +27,7 @@ import numpy as np
 from numba import float32, uint32
 
 from cpu import ggml_types as gt
+from cpu.blocks import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID
 from cpu.errors import HybridError
 from cpu.simd import IQ4NL_KVALUES
 
@@ -36,6 +37,8 @@ from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, lo
 
 ZERO = float32(0.0)
 LOW16 = uint32(0xFFFF)
+LOW8 = uint32(0xFF)
+EIGHT = uint32(8)
 SIXTEEN = uint32(16)
 
 
@@ -597,6 +600,258 @@ def q2_k_weight(raw, fac, r, i, lane):
     return fma(fac[r, 2 * h], small_uint_to_f32(q, ZERO), -fac[r, 2 * h + 1])
 
 
+# ---------------------------------------------------------------- IQ grid types (256 per block)
+# IQ2_XS, IQ2_S, IQ1_S, IQ1_M: each 8 weights are one entry of a grid of 8-byte rows (cpu.blocks
+# owns the grids; here their bytes, int8, two uint32 words per row: the kernels read them as
+# constant arrays), signed (IQ2) or shifted by a delta (IQ1), times a scale per 16 weights (IQ1_S:
+# per 32). All three GPU paths (float lanes here, gpu/matmul/quants_q8.py, gpu/matmul/gemm_units.py)
+# turn a group of 16 weights into four words of int8 values v and a factor f (weight = f·v):
+# IQ2: v = ±grid, f = d·(sc + 1/2)/4 = d·(2sc + 1)·⅛; IQ1: v = 8·grid ± 1 (the delta ±⅛ times 8),
+# f = d·(2sc + 1)·⅛. Both products are the CPU decoder's real value scaled by a power of two,
+# so they round to its bits.
+# Numba lowers a module-level array anew at each place its code names it, after inlining: each
+# unit's prepare (GEMM: store) names its grid once and hands it to the helpers below, so a kernel
+# holds a copy per place it calls that function (at most two: 32 KiB of IQ1_S's grid, of the
+# 64 KiB constant space), not one per lookup.
+IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
+IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
+IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
+EIGHTH = float32(0.125)
+BYTE_ONES = uint32(0x01010101)
+LOW7 = uint32(0x7F7F7F7F)
+TOP_BITS = uint32(0x80808080)
+ALL_BITS = uint32(0xFFFFFFFF)
+SPREAD4 = uint32(0x00204081)   # × a 4-bit field: bit b to bit 8b (b + 7b; no two partial products meet)
+
+
+@device_function
+def signed_bytes(g, signs):
+    """The four grid bytes of g (each 1..127) negated where bits 0..3 of signs are set: −v =
+    (v ^ 0xFF) + 1 in each byte, no carries since v ≥ 1."""
+    ones = ((signs & uint32(15)) * SPREAD4) & BYTE_ONES
+    return (g ^ (ones * uint32(0xFF))) + ones
+
+
+@device_function
+def iq2_entry(grid, g, signs):
+    """Grid row g's 8 values with the signs of bits 0..7 of signs, as two int8 words."""
+    return (signed_bytes(grid[g << uint32(1)], signs),
+            signed_bytes(grid[(g << uint32(1)) | uint32(1)], signs >> uint32(4)))
+
+
+@device_function
+def ksigns(s7):
+    """An IQ2 7-bit sign field to its 8 sign bits: bit 7 makes the count of minus signs even
+    (the rule cpu.simd's KSIGNS tabulates; computed here instead of a per-lane table lookup)."""
+    par = s7 ^ (s7 >> uint32(4))
+    par ^= par >> uint32(2)
+    par ^= par >> uint32(1)
+    return s7 | ((par & uint32(1)) << uint32(7))
+
+
+@device_function
+def iq2_xs_words(grid, e):
+    """Two IQ2_XS qs entries (e = entry | next << 16: 9-bit grid index, 7-bit signs) as 4 words;
+    grid = IQ2XS_GRID_WORDS."""
+    a0, a1 = iq2_entry(grid, e & uint32(511), ksigns((e >> uint32(9)) & uint32(127)))
+    b0, b1 = iq2_entry(grid, (e >> SIXTEEN) & uint32(511), ksigns(e >> uint32(25)))
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq2_s_words(grid, qs, signs, qh):
+    """Two IQ2_S entries: qs, signs = their low index bytes and sign bytes (bits 0..15), qh their
+    2-bit index tops (bits 0..3), as 4 words; grid = IQ2S_GRID_WORDS."""
+    g0 = (qs & LOW8) | ((qh & uint32(3)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(2)) & uint32(3)) << EIGHT)
+    a0, a1 = iq2_entry(grid, g0, signs)
+    b0, b1 = iq2_entry(grid, g1, signs >> EIGHT)
+    return a0, a1, b0, b1
+
+
+@device_function
+def add_bytes(a, b):
+    """a + b in each byte, mod 256 (no carries between bytes)."""
+    return ((a & LOW7) + (b & LOW7)) ^ ((a ^ b) & TOP_BITS)
+
+
+@device_function
+def iq1_entry(grid, g, negative):
+    """8·(grid row g) ± 1 (− where negative is all ones, + where 0) as two int8 words; 8·v is
+    (v & 31) << 3 in each byte (v ∈ {−1, 0, 1}: 0xFF & 31 = 31, 31·8 = 0xF8 = −8)."""
+    delta = negative | BYTE_ONES
+    a = (grid[g << uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    b = (grid[(g << uint32(1)) | uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    return add_bytes(a, delta), add_bytes(b, delta)
+
+
+@device_function
+def iq1_s_words(grid, qs, qh, first):
+    """Entries first, first + 1 of an IQ1_S sub-block: qs = their low index bytes (bits 0..15),
+    qh = the sub-block's u16 (3 index bits per entry, bit 15 the delta's sign), as 4 words;
+    grid = IQ1S_GRID_WORDS."""
+    negative = ((qh >> uint32(15)) & uint32(1)) * ALL_BITS
+    g0 = (qs & LOW8) | ((shr_u32(qh, uint32(3 * first)) & uint32(7)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | ((shr_u32(qh, uint32(3 * first + 3)) & uint32(7)) << EIGHT)
+    a0, a1 = iq1_entry(grid, g0, negative)
+    b0, b1 = iq1_entry(grid, g1, negative)
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq1_m_words(grid, qs, qh):
+    """Two IQ1_M entries: qs = their low index bytes (bits 0..15), qh = their nibbles (bits 0..7:
+    3 index bits, then the delta's sign), as 4 words; grid = IQ1S_GRID_WORDS."""
+    g0 = (qs & LOW8) | ((qh & uint32(7)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(4)) & uint32(7)) << EIGHT)
+    a0, a1 = iq1_entry(grid, g0, ((qh >> uint32(3)) & uint32(1)) * ALL_BITS)
+    b0, b1 = iq1_entry(grid, g1, ((qh >> uint32(7)) & uint32(1)) * ALL_BITS)
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq1_m_d(s01, s23):
+    """IQ1_M's fp16 d, in the top nibbles of its four u16 scales (s01 = scales 0 | 1 << 16, s23)."""
+    return (((s01 >> uint32(12)) & uint32(0xF)) | ((s01 >> uint32(24)) & uint32(0xF0))
+            | ((s23 >> uint32(4)) & uint32(0xF00)) | ((s23 >> SIXTEEN) & uint32(0xF000)))
+
+
+@device_function
+def odd_scale(d, sc):
+    """d·(2sc + 1)·⅛ for a 3- or 4-bit field sc (the low bits of sc; IQ2: d·(sc + ½)/4)."""
+    return (d * small_uint_to_f32(((sc & uint32(15)) << uint32(1)) | uint32(1), ZERO)) * EIGHTH
+
+
+@device_function
+def grid_value(raw, r, i):
+    """Byte i of raw[r, 0:8] (the lane's int8 values) as float32."""
+    return int8_to_f32((raw[r, i >> 2] >> uint32(8 * (i & 3))) & LOW8)
+
+
+# Float lanes: kquant_owner's split, weights i < 16 the group of 16 G0 = 4c + hh, i ≥ 16 the group
+# G1 = 4c + 2 + hh (c = chunk, hh = half of the lane). prepare turns the loaded words into the
+# two groups' int8 values, raw[r, 0:4] and raw[r, 4:8]; fac = their factors.
+# IQ2_XS (74 B: d, qs[32] u16, scales[8]; uint16 words): group G = entries 2G, 2G + 1, scale
+# nibble G % 2 of scales[G // 2]. raw = entries of G0 | of G1 | scales[2c .. 2c + 1] | d.
+
+@device_function
+def iq2_xs_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 37
+    first = base + 1 + 8 * c + 2 * (lane & 1)
+    for h in range(2):
+        raw[r, h] = uint32(w[row, first + 4 * h]) | (uint32(w[row, first + 4 * h + 1]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 33 + c])
+    raw[r, 3] = uint32(w[row, base])
+
+
+@device_function
+def iq2_xs_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    hh = uint32(lane & 1)
+    e0, e1, sc = raw[r, 0], raw[r, 1], raw[r, 2]
+    d = f16_or_zero(raw[r, 3], live)
+    grid = IQ2XS_GRID_WORDS
+    store4(raw, r, 0, iq2_xs_words(grid, e0))
+    store4(raw, r, 4, iq2_xs_words(grid, e1))
+    fac[r, 0] = odd_scale(d, shr_u32(sc, hh << uint32(2)))
+    fac[r, 1] = odd_scale(d, shr_u32(sc, (hh + uint32(2)) << uint32(2)))
+
+
+@device_function
+def grid_weight(raw, fac, r, i, lane):
+    return fac[r, i >> 4] * grid_value(raw, r, i)
+
+
+# IQ2_S (82 B: d, qs[32], signs[32], qh[8], scales[8]; uint16 words): entry k = qs[k] | 2 bits
+# 2(k % 4) of qh[k // 4] << 8, signs[k]. raw = qs of G0 | of G1 << 16, their signs likewise,
+# qh[2c .. 2c + 1] | scales[2c .. 2c + 1] << 16, d.
+
+@device_function
+def iq2_s_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 41
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + 1 + g0]) | (uint32(w[row, base + 3 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 17 + g0]) | (uint32(w[row, base + 19 + g0]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 33 + c]) | (uint32(w[row, base + 37 + c]) << SIXTEEN)
+    raw[r, 3] = uint32(w[row, base])
+
+
+@device_function
+def iq2_s_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    hh = uint32(lane & 1)
+    qs, signs, hs = raw[r, 0], raw[r, 1], raw[r, 2]
+    d = f16_or_zero(raw[r, 3], live)
+    grid = IQ2S_GRID_WORDS
+    for h in range(2):  # G0 (qh byte 0 of hs), G1 (byte 1); entries 2(G % 2) + 0, 1 of that byte
+        store4(raw, r, 4 * h, iq2_s_words(grid, shr_u32(qs, uint32(16 * h)), shr_u32(signs, uint32(16 * h)),
+                                          shr_u32(hs, uint32(8 * h) + (hh << uint32(2)))))
+        fac[r, h] = odd_scale(d, shr_u32(hs >> SIXTEEN, (hh + uint32(2 * h)) << uint32(2)))
+
+
+# IQ1_S (50 B: d, qs[32], qh[8] u16; uint16 words): sub-block ib = G // 2 has qh[ib], G its
+# entries 2(G % 2), + 1. raw = qs of G0 | of G1 << 16, qh[2c] | qh[2c + 1] << 16, d.
+
+@device_function
+def iq1_s_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 25
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + 1 + g0]) | (uint32(w[row, base + 3 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 17 + 2 * c]) | (uint32(w[row, base + 18 + 2 * c]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base])
+
+
+@device_function
+def iq1_s_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    qs, qh2 = raw[r, 0], raw[r, 1]
+    d = f16_or_zero(raw[r, 2], live)
+    first = 2 * (lane & 1)
+    grid = IQ1S_GRID_WORDS
+    for h in range(2):
+        qh = shr_u32(qh2, uint32(16 * h)) & LOW16
+        store4(raw, r, 4 * h, iq1_s_words(grid, shr_u32(qs, uint32(16 * h)), qh, first))
+        fac[r, h] = odd_scale(d, (qh >> uint32(12)) & uint32(7))
+
+
+# IQ1_M (56 B: qs[32], qh[16], scales[4] u16; uint16 words): entry k = qs[k] | nibble k % 2 of
+# qh[k // 2] (3 index bits, the delta's sign); group G's scale 3 bits 3(G % 4) of scales[G // 4],
+# d in the scales' top nibbles. raw = qs of G0 | of G1 << 16, qh[4c .. 4c + 3] (G0's byte hh,
+# G1's 2 + hh), scales 0 | 1 << 16, 2 | 3 << 16.
+
+@device_function
+def iq1_m_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 28
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + g0]) | (uint32(w[row, base + 2 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 16 + 2 * c]) | (uint32(w[row, base + 17 + 2 * c]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 24]) | (uint32(w[row, base + 25]) << SIXTEEN)
+    raw[r, 3] = uint32(w[row, base + 26]) | (uint32(w[row, base + 27]) << SIXTEEN)
+
+
+@device_function
+def iq1_m_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    hh = uint32(lane & 1)
+    qs, qh, s01, s23 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
+    d = f16_or_zero(iq1_m_d(s01, s23), live)
+    scales = shr_u32(s23 if c >= uint32(2) else s01, (c & uint32(1)) << uint32(4))
+    grid = IQ1S_GRID_WORDS
+    for h in range(2):
+        store4(raw, r, 4 * h, iq1_m_words(grid, shr_u32(qs, uint32(16 * h)),
+                                          shr_u32(qh, uint32(16 * h) + (hh << uint32(3)))))
+        fac[r, h] = odd_scale(d, shr_u32(scales, uint32(3) * (hh + uint32(2 * h))) & uint32(7))
+
+
 U16, U32 = np.dtype(np.uint16), np.dtype(np.uint32)
 UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.F32, U32, 16, 16, 1, dense_load, dense_prepare, f32_weight, dense_owner),
@@ -616,6 +871,10 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.IQ4_XS, U32, 32, 10, 2, iq4_xs_load, iq4_xs_prepare, iq4_xs_weight, kquant_owner),
     LaneUnit(gt.Q3_K, U16, 32, 11, 2, q3_k_load, q3_k_prepare, q3_k_weight, kquant_owner),
     LaneUnit(gt.Q2_K, U32, 32, 6, 4, q2_k_load, q2_k_prepare, q2_k_weight, kquant_owner),
+    LaneUnit(gt.IQ2_XS, U16, 32, 8, 2, iq2_xs_load, iq2_xs_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ2_S, U16, 32, 8, 2, iq2_s_load, iq2_s_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ1_S, U16, 32, 8, 2, iq1_s_load, iq1_s_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ1_M, U16, 32, 8, 2, iq1_m_load, iq1_m_prepare, grid_weight, kquant_owner),
 )}
 
 def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:

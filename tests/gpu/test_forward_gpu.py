@@ -41,9 +41,13 @@ D_STATE = {"F32": 8}                    # the 32-weight block types need multipl
 # 256-wide simulated forward costs seconds per matrix kind, not per type. The matrices that read
 # the residual are of those types (z, β, α of one GDN layer of two: matvecs across types), the
 # narrow ones (ffn_down, ssm_out, attn_output: 32 wide) Q4_0, llama.cpp's fallback for them.
-WIDE_MODEL = "Q2_K+Q3_K+IQ4_XS"
-WIDE_TYPES = {r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
-              r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"}
+WIDE_MODELS = {   # model name → its matrices' types
+    "Q2_K+Q3_K+IQ4_XS": {r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
+                         r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"},
+    "IQ2_XS+IQ2_S+IQ1_S+IQ1_M": {r"ffn_(gate|up)\.weight$": "IQ2_XS", r"attn_(qkv|gate)\.weight$": "IQ2_S",
+                                 r"attn_[qkv]\.weight$": "IQ1_M",
+                                 r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ1_S"},
+}
 WIDE_FALLBACK = "Q4_0"
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
 EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
@@ -73,9 +77,9 @@ def model(tmp_path_factory):
         if types not in opened:
             path = folder / f"tiny-{types}.gguf"
             d_state = D_STATE.get(types, 16)
-            if types == WIDE_MODEL:
+            if types in WIDE_MODELS:
                 write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **dict(SHAPE, n_embd=256)),
-                            types=WIDE_FALLBACK, seed=7, overrides=WIDE_TYPES)
+                            types=WIDE_FALLBACK, seed=7, overrides=WIDE_MODELS[types])
             else:
                 write_model(path, preset("tiny", arch="qwen35", ssm_d_state=d_state, **SHAPE), types=types, seed=7)
             files.append(open_model(path))
@@ -120,7 +124,7 @@ def test_quantised_model_matches_float_reference_and_cpu_forward(model):
     assert (got.argmax(1) == reference.argmax(1)).all()
 
 
-GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
+GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", *WIDE_MODELS]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
 
 
 @pytest.mark.parametrize("types", GPU_BLOCK_TYPES)
@@ -132,10 +136,10 @@ def test_block_type_model_runs_on_the_gpu_and_decodes_as_the_cpu_does(model, typ
     GPU's pick scores within that tolerance of the CPU's best in the CPU's own logits."""
     mf = model(types)
     quantised = {n: t.type.name for n, t in mf.tensors.items() if n.endswith("weight") and t.type.name != "F32"}
-    if types == WIDE_MODEL:
-        for pattern, name in WIDE_TYPES.items():
+    if types in WIDE_MODELS:
+        for pattern, name in WIDE_MODELS[types].items():
             assert {t for n, t in quantised.items() if re.search(pattern, n)} == {name}
-        assert set(quantised.values()) == {*WIDE_TYPES.values(), WIDE_FALLBACK}
+        assert set(quantised.values()) == {*WIDE_MODELS[types].values(), WIDE_FALLBACK}
     else:
         assert set(quantised.values()) == {types}
     # the simulator runs a decode step in seconds: a shorter prompt and two steps there

@@ -158,7 +158,8 @@ def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path):
     assert "--device cpu" in msg
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K",
+                                  "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"])
 def test_gpu_path_takes_the_decoded_types_with_gpu_kernels(name, tmp_path, monkeypatch):
     """These decoded types have GPU units (gpu/matmul): a GPU load plans them (on the device
     where they fit), and --device auto keeps the GPU."""
