@@ -1,9 +1,9 @@
 """Automatic draft depth: pick the depth that maximises expected tokens per second.
 
 Expected tokens of a depth-D step = 1 + Σ_{j=1..D} Π_{i≤j} a_i, with a_i the measured
-chance that draft i is kept given drafts 1..i−1 were. Step cost per depth is measured (an
-exponential average of wall time); depths not yet tried are priced by a linear fit of the
-ones that were. The acceptance at position i is only observed when a step drafts at least
+chance that draft i is kept given drafts 1..i−1 were. Step cost per depth is measured (the
+median of its last _COST_WINDOW steady steps); depths not yet tried are priced by a linear fit
+of the ones that were. The acceptance at position i is only observed when a step drafts at least
 i tokens, so the controller now and then tries one deeper than its current choice; and one
 measured depth cannot price the others (the 15%-per-row prior may be far off), so every other
 such probe goes one shallower instead. A probe that leaves the choice as it was doubles the
@@ -20,15 +20,23 @@ costs auto several percent against plain decoding. While depth 0 is chosen so, t
 idle (`mtp_idle`): of the rows plain steps leave waiting, only the newest are kept for the next
 draft, the older ones are never run.
 
+A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
+controller only probes has few samples: a median shrugs off one slow step where an average would
+keep that depth unused for many probes.
+
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
 step costs afterwards, and one such sample would keep its depth unused for the rest of the run.
 """
 from __future__ import annotations
 
+from collections import deque
+from statistics import median
+
 import numpy as np
 
-_DECAY = 0.9          # EMA weight of the past
+_DECAY = 0.9          # EMA weight of the past (acceptance counts)
+_COST_WINDOW = 9      # steady steps a depth's cost is the median of
 _PROBE_EVERY = 16     # steps between tries of a neighbouring depth, at first and after a change
 _PROBE_MAX = 128      # the widest spacing probes that change nothing back off to
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
@@ -43,7 +51,8 @@ class DepthController:
         self.max_depth = max_depth
         self.kept = np.zeros(max_depth + 1)      # kept[i]: EMA count of draft i kept
         self.tried = np.zeros(max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
-        self.cost = {}                           # depth → EMA seconds per step
+        self.cost = {}                           # depth → seconds per step (median of `_times`)
+        self._times: dict[int, deque] = {}       # depth → its last steady step times
         self.depth = min(start if start is not None else 1, max_depth)
         self.steps = 0
         self.unsteady = 0                        # steps whose cost was not learnt (record)
@@ -151,5 +160,6 @@ class DepthController:
         if not steady:
             self.unsteady += 1
             return
-        old = self.cost.get(drafted)
-        self.cost[drafted] = seconds if old is None else _DECAY * old + (1 - _DECAY) * seconds
+        times = self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW))
+        times.append(seconds)
+        self.cost[drafted] = median(times)

@@ -206,14 +206,22 @@ class _Checkpoint:
     """A copy of what a state holds after `ids`: GDN and conv states, the used KV rows (trunk and
     MTP), kept where the state keeps its arrays, or in host memory with `on_host` (the server's
     cache: VRAM the placement did not plan for is not spent on it). The snapshot ring is not
-    kept: it is only valid inside one speculative step."""
+    kept: it is only valid inside one speculative step.
+
+    A trunk layer's KV rows are kept as consecutive segments of positions. A snapshot taken with
+    a `base` shares the base's segments and copies only the rows after them: a turn of a long
+    conversation then copies its own rows, not the whole history again. The caller guarantees
+    that the state's rows below `base.n_past` are the base's, bit for bit (it restored the base,
+    or took it, and has only appended since: trunk rows below n_past are never rewritten)."""
 
     def __init__(self, ids, n_past, mtp_n_past, ssm, conv, kv, mtp_kv):
         self.ids, self.n_past, self.mtp_n_past = ids, n_past, mtp_n_past
-        self.ssm, self.conv, self.kv, self.mtp_kv = ssm, conv, kv, mtp_kv
+        self.ssm, self.conv = ssm, conv
+        self.kv = kv            # layer → ((k segments), (v segments)), rows 0..n_past in order
+        self.mtp_kv = mtp_kv    # layer → ((k,), (v,)): the MTP head's rows are copied whole
 
     @classmethod
-    def take(cls, state, ids: list[int], on_host: bool = False) -> "_Checkpoint":
+    def take(cls, state, ids: list[int], on_host: bool = False, base: "_Checkpoint | None" = None) -> "_Checkpoint":
         def clone(a):
             if on_host:
                 return _host_copy(state, a)
@@ -221,11 +229,28 @@ class _Checkpoint:
             _copy(state, out, a)
             return out
 
-        def used(kv, n):
-            return {i: (clone(k[:, :n]), clone(v[:, :n])) for i, (k, v) in kv.items()}
+        def rows(kv, n, shared):
+            out = {}
+            for i, (k, v) in kv.items():
+                ks, vs = shared[i] if shared else ((), ())
+                start = sum(seg.shape[1] for seg in ks)
+                if n > start:
+                    ks, vs = (*ks, clone(k[:, start:n])), (*vs, clone(v[:, start:n]))
+                out[i] = (ks, vs)
+            return out
+        shared = base.kv if base is not None and base.n_past <= state.n_past else None
         return cls(list(ids), state.n_past, state.mtp_n_past,
                    {i: clone(a) for i, a in state.ssm.items()}, {i: clone(a) for i, a in state.conv.items()},
-                   used(state.kv, state.n_past), used(state.mtp_kv, state.mtp_n_past))
+                   rows(state.kv, state.n_past, shared), rows(state.mtp_kv, state.mtp_n_past, None))
+
+    def arrays(self):
+        """Every array this snapshot holds (segments shared with other snapshots included)."""
+        yield from self.ssm.values()
+        yield from self.conv.values()
+        for kv in (self.kv, self.mtp_kv):
+            for ks, vs in kv.values():
+                yield from ks
+                yield from vs
 
     def restore(self, state) -> None:
         state.reset()
@@ -234,9 +259,13 @@ class _Checkpoint:
             _copy(state, state.ssm[i], self.ssm[i])
             _copy(state, state.conv[i], self.conv[i])
         for saved, live in ((self.kv, state.kv), (self.mtp_kv, state.mtp_kv)):
-            for i, (k, v) in saved.items():
-                _copy(state, live[i][0][:, :k.shape[1]], k)
-                _copy(state, live[i][1][:, :v.shape[1]], v)
+            for i, (ks, vs) in saved.items():
+                start = 0
+                for k, v in zip(ks, vs):
+                    stop = start + k.shape[1]
+                    _copy(state, live[i][0][:, start:stop], k)
+                    _copy(state, live[i][1][:, start:stop], v)
+                    start = stop
 
 
 # A state's arrays live on its backend (numpy arrays on the CPU, device arrays on a GPU); a state

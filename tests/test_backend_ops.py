@@ -233,7 +233,7 @@ def run_matvec(b: Backend, p, rng):
 # matvecs: one x, several matrices of different types (the GPU quantises x once for them all)
 
 MATVECS_SETS = (("Q4_K", "Q6_K", "Q8_0"), ("Q8_0", "Q4_0", "F16"), ("Q4_1", "IQ4_NL", "Q5_0"),
-                ("IQ4_XS", "Q3_K", "Q2_K"), ("IQ3_XXS", "MXFP4", "IQ2_XXS"))
+                ("IQ4_XS", "Q3_K", "Q2_K"), ("IQ2_XS", "IQ2_S", "IQ1_M"), ("IQ3_XXS", "MXFP4", "IQ2_XXS"))
 
 
 def matvecs_cases(backend):

@@ -37,8 +37,10 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import (IQ2XXS_WORDS, IQ3S_WORDS, IQ3XXS_WORDS, e8m0_half, int8_to_f32, iq4_nl_byte, iq_half_scale,
-                     mxfp4_byte, sign_pair, signed_grid_value, store4)
+from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, IQ2XXS_GRID_WORDS, IQ3S_GRID_WORDS,
+                     IQ3XXS_GRID_WORDS, e8m0_half, grid_value, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words,
+                     iq2_s_words, iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words,
+                     iq4_nl_byte, mxfp4_byte, odd_scale, store4)
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -611,12 +613,101 @@ def q2_k_store(raw, p, col, cols, ws, at, stride):
         ws[at + uint32(i) * stride] = fma(dl, small_uint_to_f32(q, ZERO), -ml)
 
 
-# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
-# Unit of column col: sub-block ib = e // 32 (e = col % 256), half hh = (e // 16) % 2; layouts and
-# grids as the float lanes' (gpu/matmul/quants.py), uint16 words. raw[p, 0] = the half's grid
-# bytes (IQ3_XXS, IQ3_S: 4 qs bytes; IQ2_XXS: the sub-block's 4), raw[p, 1] = IQ3_XXS / IQ2_XXS:
-# aux; IQ3_S: the half's 16 sign bits | the qh word holding qh[ib] << 16; raw[p, 2] = d (IQ3_S:
-# | the scales word holding scales[ib // 2] << 16).
+# ---------------------------------------------------------------- IQ2_XS, IQ2_S, IQ1_S, IQ1_M (256 per block)
+# Unit = group G = e // 16 of block blk = col // 256 (e = col % 256): its two grid entries 2G,
+# 2G + 1 and its scale, decoded by gpu/matmul/quants.py's group decoders into raw[p, 0:4] (int8
+# values v) and one factor f: weight f·v. uint16 words.
+# IQ2_XS (74 B): raw[p] = entries 2G | 2G + 1 << 16, scales[G // 2], d.
+# IQ2_S (82 B): raw[p] = qs[2G .. 2G + 1] | signs[2G ..] << 16, qh[G // 2] | scales[G // 2] << 8, d.
+# IQ1_S (50 B): raw[p] = qs[2G .. 2G + 1], qh[G // 2] (its entries 2(G % 2), + 1), d.
+# IQ1_M (56 B): raw[p] = qs[2G .. 2G + 1], qh[G], scales 0 | 1 << 16, 2 | 3 << 16.
+
+@device_function
+def grid_store(raw, p, fac, ws, at, stride):
+    for i in range(16):
+        ws[at + uint32(i) * stride] = fac * grid_value(raw, p, i)
+
+
+@device_function
+def iq2_xs_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 37
+    raw[p, 0] = uint32(w[base + 1 + 2 * g]) | (uint32(w[base + 2 + 2 * g]) << SIXTEEN)
+    raw[p, 1] = uint32(w8[blk * 74 + 66 + (g >> 1)])
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq2_xs_store(raw, p, col, cols, ws, at, stride):
+    g = uint32((col & 255) >> 4)
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1], (g & uint32(1)) << uint32(2)))
+    store4(raw, p, 0, iq2_xs_words(IQ2XS_GRID_WORDS, raw[p, 0]))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq2_s_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 41
+    raw[p, 0] = uint32(w[base + 1 + g]) | (uint32(w[base + 17 + g]) << SIXTEEN)
+    raw[p, 1] = uint32(w8[blk * 82 + 66 + (g >> 1)]) | (uint32(w8[blk * 82 + 74 + (g >> 1)]) << uint32(8))
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq2_s_store(raw, p, col, cols, ws, at, stride):
+    shift = uint32(((col & 255) >> 4) & 1) << uint32(2)     # 4·(G % 2): qh bits and scale nibble
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1] >> uint32(8), shift))
+    store4(raw, p, 0, iq2_s_words(IQ2S_GRID_WORDS, raw[p, 0], raw[p, 0] >> SIXTEEN, shr_u32(raw[p, 1], shift)))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq1_s_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 25
+    raw[p, 0] = uint32(w[base + 1 + g])
+    raw[p, 1] = uint32(w[base + 17 + (g >> 1)])
+    raw[p, 2] = uint32(w[base])
+
+
+@device_function
+def iq1_s_store(raw, p, col, cols, ws, at, stride):
+    qh = raw[p, 1]
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), (qh >> uint32(12)) & uint32(7))
+    store4(raw, p, 0, iq1_s_words(IQ1S_GRID_WORDS, raw[p, 0], qh, 2 * (((col & 255) >> 4) & 1)))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+@device_function
+def iq1_m_load(w, w8, col, cols, raw, p):
+    blk = col >> 8
+    g = (col & 255) >> 4
+    base = blk * 28
+    raw[p, 0] = uint32(w[base + g])
+    raw[p, 1] = uint32(w8[blk * 56 + 32 + g])
+    raw[p, 2] = uint32(w[base + 24]) | (uint32(w[base + 25]) << SIXTEEN)
+    raw[p, 3] = uint32(w[base + 26]) | (uint32(w[base + 27]) << SIXTEEN)
+
+
+@device_function
+def iq1_m_store(raw, p, col, cols, ws, at, stride):
+    g = uint32((col & 255) >> 4)
+    s01, s23 = raw[p, 2], raw[p, 3]
+    scales = shr_u32(s23 if g >= uint32(8) else s01, ((g >> uint32(2)) & uint32(1)) << uint32(4))   # scales[G // 4]
+    fac = odd_scale(f16_bits_to_f32(iq1_m_d(s01, s23)), shr_u32(scales, uint32(3) * (g & uint32(3))) & uint32(7))
+    store4(raw, p, 0, iq1_m_words(IQ1S_GRID_WORDS, raw[p, 0], raw[p, 1]))
+    grid_store(raw, p, fac, ws, at, stride)
+
+
+# IQ3_XXS, IQ3_S, IQ2_XXS: unit = half hh = (e // 16) % 2 of sub-block ib = e // 32, decoded by
+# gpu/matmul/quants.py's words into raw[p, 0:4]; uint16 words. Loaded: raw[p, 0] = its 4 grid or qs
+# bytes (IQ2_XXS: the sub-block's 4), raw[p, 1] = the sub-block's aux (IQ3_S: the half's sign
+# bytes | the qh word holding qh[ib] << 16), raw[p, 2] = d (IQ3_S: | the scales word holding
+# scales[ib // 2] << 16).
 
 @device_function
 def iq3_xxs_load(w, w8, col, cols, raw, p):
@@ -631,11 +722,9 @@ def iq3_xxs_load(w, w8, col, cols, raw, p):
 @device_function
 def iq3_xxs_store(raw, p, col, cols, ws, at, stride):
     aux = raw[p, 1]
-    dl = iq_half_scale(f16_bits_to_f32(raw[p, 2]), aux, float32(0.5))
-    signs = sign_pair(aux, 2 * ((col >> 4) & 1))
-    for i in range(16):
-        g = shr_u32(raw[p, 0], uint32(8 * (i >> 2))) & uint32(0xFF)
-        ws[at + uint32(i) * stride] = signed_grid_value(IQ3XXS_WORDS[g], i & 3, signs, i, dl)
+    fac = iq3_xxs_scale(f16_bits_to_f32(raw[p, 2]), aux)
+    store4(raw, p, 0, iq3_xxs_words(IQ3XXS_GRID_WORDS, raw[p, 0], aux, 2 * ((col >> 4) & 1)))
+    grid_store(raw, p, fac, ws, at, stride)
 
 
 @device_function
@@ -649,14 +738,9 @@ def iq2_xxs_load(w, w8, col, cols, raw, p):
 @device_function
 def iq2_xxs_store(raw, p, col, cols, ws, at, stride):
     aux = raw[p, 1]
-    dl = iq_half_scale(f16_bits_to_f32(raw[p, 2]), aux, float32(0.25))
-    hh = uint32((col >> 4) & 1)
-    signs = sign_pair(aux, 2 * ((col >> 4) & 1))
-    grid = shr_u32(raw[p, 0], hh << uint32(4))
-    for i in range(16):
-        g = shr_u32(grid, uint32(8 * (i >> 3))) & uint32(0xFF)
-        word = IQ2XXS_WORDS[(g << uint32(1)) | uint32((i >> 2) & 1)]
-        ws[at + uint32(i) * stride] = signed_grid_value(word, i & 3, signs, i, dl)
+    fac = odd_scale(f16_bits_to_f32(raw[p, 2]), aux >> uint32(28))
+    store4(raw, p, 0, iq2_xxs_words(IQ2XXS_GRID_WORDS, raw[p, 0], aux, 2 * ((col >> 4) & 1)))
+    grid_store(raw, p, fac, ws, at, stride)
 
 
 @device_function
@@ -674,15 +758,12 @@ def iq3_s_load(w, w8, col, cols, raw, p):
 def iq3_s_store(raw, p, col, cols, ws, at, stride):
     ib = uint32((col >> 5) & 7)
     hh = uint32((col >> 4) & 1)
-    sc = shr_u32(raw[p, 2] >> SIXTEEN, ((ib >> uint32(1)) & uint32(1)) << uint32(3))   # scales[ib // 2]
-    sc = shr_u32(sc, (ib & uint32(1)) << uint32(2)) & uint32(15)
-    dl = f16_bits_to_f32(raw[p, 2]) * small_uint_to_f32(uint32(1) + (sc << uint32(1)), ZERO)
-    signs = raw[p, 1]
-    qh = shr_u32(signs >> SIXTEEN, ((ib & uint32(1)) << uint32(3)) + (hh << uint32(2)))
-    for i in range(16):
-        g = (shr_u32(raw[p, 0], uint32(8 * (i >> 2))) & uint32(0xFF)) | (
-            (shr_u32(qh, uint32(i >> 2)) & uint32(1)) << uint32(8))
-        ws[at + uint32(i) * stride] = signed_grid_value(IQ3S_WORDS[g], i & 3, signs, i, dl)
+    v = raw[p, 1]
+    scales = shr_u32(raw[p, 2] >> SIXTEEN, ((ib >> uint32(1)) & uint32(1)) << uint32(3))   # scales[ib // 2]
+    fac = iq3_s_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(scales, (ib & uint32(1)) << uint32(2)))
+    qh = shr_u32(v >> SIXTEEN, ((ib & uint32(1)) << uint32(3)) + (hh << uint32(2)))    # qh[ib], bits 4hh on
+    store4(raw, p, 0, iq3_s_words(IQ3S_GRID_WORDS, raw[p, 0], qh, v & LOW16))
+    grid_store(raw, p, fac, ws, at, stride)
 
 
 UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
@@ -701,8 +782,12 @@ UNITS: dict[int, GemmUnit] = {u.type.id: u for u in (
     GemmUnit(gt.IQ4_XS, 6, iq4_xs_load, iq4_xs_store),
     GemmUnit(gt.Q3_K, 11, q3_k_load, q3_k_store),
     GemmUnit(gt.Q2_K, 6, q2_k_load, q2_k_store),
+    GemmUnit(gt.IQ2_XS, 4, iq2_xs_load, iq2_xs_store),
+    GemmUnit(gt.IQ2_S, 4, iq2_s_load, iq2_s_store),
+    GemmUnit(gt.IQ1_S, 4, iq1_s_load, iq1_s_store),
+    GemmUnit(gt.IQ1_M, 4, iq1_m_load, iq1_m_store),
     GemmUnit(gt.MXFP4, 9, mxfp4_load, mxfp4_store),
-    GemmUnit(gt.IQ3_XXS, 3, iq3_xxs_load, iq3_xxs_store),
-    GemmUnit(gt.IQ3_S, 3, iq3_s_load, iq3_s_store),
-    GemmUnit(gt.IQ2_XXS, 3, iq2_xxs_load, iq2_xxs_store),
+    GemmUnit(gt.IQ3_XXS, 4, iq3_xxs_load, iq3_xxs_store),
+    GemmUnit(gt.IQ3_S, 4, iq3_s_load, iq3_s_store),
+    GemmUnit(gt.IQ2_XXS, 4, iq2_xxs_load, iq2_xxs_store),
 )}

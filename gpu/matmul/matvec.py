@@ -4,7 +4,7 @@ Same op and argument order as `cpu.matvec.matvec`. Weight-stationary: every weig
 from global memory once per call and applied to all k slots.
 
 The quantised types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-IQ3_XXS, IQ3_S, IQ2_XXS) go to
+IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) go to
 gpu/matmul/matvec_q8.py: x rounded to int8 per block of 32 and dp4a products. This module's
 float kernel serves F32/F16/BF16 (its decoding of the other types in `quants.py` lives on in
 gpu/matmul/gemm.py and gpu/quants.py).

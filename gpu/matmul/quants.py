@@ -27,8 +27,8 @@ import numpy as np
 from numba import float32, uint32
 
 from cpu import ggml_types as gt
+from cpu.blocks import IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID
 from cpu.errors import HybridError
-from cpu.blocks import IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS
 from cpu.simd import IQ4NL_KVALUES, MXFP4_KVALUES
 
 from ..runtime.device import simulated
@@ -37,6 +37,8 @@ from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, lo
 
 ZERO = float32(0.0)
 LOW16 = uint32(0xFFFF)
+LOW8 = uint32(0xFF)
+EIGHT = uint32(8)
 SIXTEEN = uint32(16)
 
 
@@ -649,50 +651,328 @@ def q2_k_weight(raw, fac, r, i, lane):
     return fma(fac[r, 2 * h], small_uint_to_f32(q, ZERO), -fac[r, 2 * h + 1])
 
 
-# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
-# Grids of positive byte values (cpu.blocks, the one owner), packed four to a uint32 word: the
-# kernels read them as constant arrays. IQ3_XXS / IQ3_S rows are one word (4 weights), IQ2_XXS
-# rows two (8 weights: words 2g, 2g + 1). KSIGNS: a 7-bit sign index to its 8 sign bits.
-IQ3XXS_WORDS = np.ascontiguousarray(IQ3XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # (256,)
-IQ3S_WORDS = np.ascontiguousarray(IQ3S_GRID.astype(np.uint8)).view(np.uint32).ravel()       # (512,)
-IQ2XXS_WORDS = np.ascontiguousarray(IQ2XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # (512,)
-KSIGNS_U32 = KSIGNS.astype(np.uint32)
+# ---------------------------------------------------------------- IQ grid types (256 per block)
+# IQ2_XS, IQ2_S, IQ1_S, IQ1_M: each 8 weights are one entry of a grid of 8-byte rows (cpu.blocks
+# owns the grids; here their bytes, int8, two uint32 words per row: the kernels read them as
+# constant arrays), signed (IQ2) or shifted by a delta (IQ1), times a scale per 16 weights (IQ1_S:
+# per 32). All three GPU paths (float lanes here, gpu/matmul/quants_q8.py, gpu/matmul/gemm_units.py)
+# turn a group of 16 weights into four words of int8 values v and a factor f (weight = f·v):
+# IQ2: v = ±grid, f = d·(sc + 1/2)/4 = d·(2sc + 1)·⅛; IQ1: v = 8·grid ± 1 (the delta ±⅛ times 8),
+# f = d·(2sc + 1)·⅛. Both products are the CPU decoder's real value scaled by a power of two,
+# so they round to its bits.
+# Numba lowers a module-level array anew at each place its code names it, after inlining: each
+# unit's prepare (GEMM: store) names its grid once and hands it to the helpers below, so a kernel
+# holds a copy per place it calls that function (at most two: 32 KiB of IQ1_S's grid, of the
+# 64 KiB constant space), not one per lookup.
+IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
+IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
+IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
+EIGHTH = float32(0.125)
+BYTE_ONES = uint32(0x01010101)
+LOW7 = uint32(0x7F7F7F7F)
+TOP_BITS = uint32(0x80808080)
+ALL_BITS = uint32(0xFFFFFFFF)
+SPREAD4 = uint32(0x00204081)   # × a 4-bit field: bit b to bit 8b (b + 7b; no two partial products meet)
 
 
 @device_function
-def signed_bytes(word, signs):
-    """The four bytes of `word` (grid values 1..127) with byte k negated where bit k of `signs`
-    is set: two's complement per byte, (g ^ 0xFF) + 1, no carry out of a byte as g ≥ 1."""
-    t = ((signs & uint32(1)) | ((signs & uint32(2)) << uint32(7)) | ((signs & uint32(4)) << uint32(14))
-         | ((signs & uint32(8)) << uint32(21)))
-    return (word ^ (t * uint32(0xFF))) + t
+def signed_bytes(g, signs):
+    """The four grid bytes of g (each 1..127) negated where bits 0..3 of signs are set: −v =
+    (v ^ 0xFF) + 1 in each byte, no carries since v ≥ 1."""
+    ones = ((signs & uint32(15)) * SPREAD4) & BYTE_ONES
+    return (g ^ (ones * uint32(0xFF))) + ones
+
+
+@device_function
+def iq2_entry(grid, g, signs):
+    """Grid row g's 8 values with the signs of bits 0..7 of signs, as two int8 words."""
+    return (signed_bytes(grid[g << uint32(1)], signs),
+            signed_bytes(grid[(g << uint32(1)) | uint32(1)], signs >> uint32(4)))
+
+
+@device_function
+def ksigns(s7):
+    """An IQ2 7-bit sign field to its 8 sign bits: bit 7 makes the count of minus signs even
+    (the rule cpu.simd's KSIGNS tabulates; computed here instead of a per-lane table lookup)."""
+    par = s7 ^ (s7 >> uint32(4))
+    par ^= par >> uint32(2)
+    par ^= par >> uint32(1)
+    return s7 | ((par & uint32(1)) << uint32(7))
+
+
+@device_function
+def iq2_xs_words(grid, e):
+    """Two IQ2_XS qs entries (e = entry | next << 16: 9-bit grid index, 7-bit signs) as 4 words;
+    grid = IQ2XS_GRID_WORDS."""
+    a0, a1 = iq2_entry(grid, e & uint32(511), ksigns((e >> uint32(9)) & uint32(127)))
+    b0, b1 = iq2_entry(grid, (e >> SIXTEEN) & uint32(511), ksigns(e >> uint32(25)))
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq2_s_words(grid, qs, signs, qh):
+    """Two IQ2_S entries: qs, signs = their low index bytes and sign bytes (bits 0..15), qh their
+    2-bit index tops (bits 0..3), as 4 words; grid = IQ2S_GRID_WORDS."""
+    g0 = (qs & LOW8) | ((qh & uint32(3)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(2)) & uint32(3)) << EIGHT)
+    a0, a1 = iq2_entry(grid, g0, signs)
+    b0, b1 = iq2_entry(grid, g1, signs >> EIGHT)
+    return a0, a1, b0, b1
+
+
+@device_function
+def add_bytes(a, b):
+    """a + b in each byte, mod 256 (no carries between bytes)."""
+    return ((a & LOW7) + (b & LOW7)) ^ ((a ^ b) & TOP_BITS)
+
+
+@device_function
+def iq1_entry(grid, g, negative):
+    """8·(grid row g) ± 1 (− where negative is all ones, + where 0) as two int8 words; 8·v is
+    (v & 31) << 3 in each byte (v ∈ {−1, 0, 1}: 0xFF & 31 = 31, 31·8 = 0xF8 = −8)."""
+    delta = negative | BYTE_ONES
+    a = (grid[g << uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    b = (grid[(g << uint32(1)) | uint32(1)] & uint32(0x1F1F1F1F)) << uint32(3)
+    return add_bytes(a, delta), add_bytes(b, delta)
+
+
+@device_function
+def iq1_s_words(grid, qs, qh, first):
+    """Entries first, first + 1 of an IQ1_S sub-block: qs = their low index bytes (bits 0..15),
+    qh = the sub-block's u16 (3 index bits per entry, bit 15 the delta's sign), as 4 words;
+    grid = IQ1S_GRID_WORDS."""
+    negative = ((qh >> uint32(15)) & uint32(1)) * ALL_BITS
+    g0 = (qs & LOW8) | ((shr_u32(qh, uint32(3 * first)) & uint32(7)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | ((shr_u32(qh, uint32(3 * first + 3)) & uint32(7)) << EIGHT)
+    a0, a1 = iq1_entry(grid, g0, negative)
+    b0, b1 = iq1_entry(grid, g1, negative)
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq1_m_words(grid, qs, qh):
+    """Two IQ1_M entries: qs = their low index bytes (bits 0..15), qh = their nibbles (bits 0..7:
+    3 index bits, then the delta's sign), as 4 words; grid = IQ1S_GRID_WORDS."""
+    g0 = (qs & LOW8) | ((qh & uint32(7)) << EIGHT)
+    g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(4)) & uint32(7)) << EIGHT)
+    a0, a1 = iq1_entry(grid, g0, ((qh >> uint32(3)) & uint32(1)) * ALL_BITS)
+    b0, b1 = iq1_entry(grid, g1, ((qh >> uint32(7)) & uint32(1)) * ALL_BITS)
+    return a0, a1, b0, b1
+
+
+@device_function
+def iq1_m_d(s01, s23):
+    """IQ1_M's fp16 d, in the top nibbles of its four u16 scales (s01 = scales 0 | 1 << 16, s23)."""
+    return (((s01 >> uint32(12)) & uint32(0xF)) | ((s01 >> uint32(24)) & uint32(0xF0))
+            | ((s23 >> uint32(4)) & uint32(0xF00)) | ((s23 >> SIXTEEN) & uint32(0xF000)))
+
+
+@device_function
+def odd_scale(d, sc):
+    """d·(2sc + 1)·⅛ for a 3- or 4-bit field sc (the low bits of sc; IQ2: d·(sc + ½)/4)."""
+    return (d * small_uint_to_f32(((sc & uint32(15)) << uint32(1)) | uint32(1), ZERO)) * EIGHTH
+
+
+@device_function
+def grid_value(raw, r, i):
+    """Byte i of raw[r, 0:8] (the lane's int8 values) as float32."""
+    return int8_to_f32((raw[r, i >> 2] >> uint32(8 * (i & 3))) & LOW8)
+
+
+# Float lanes: kquant_owner's split, weights i < 16 the group of 16 G0 = 4c + hh, i ≥ 16 the group
+# G1 = 4c + 2 + hh (c = chunk, hh = half of the lane). prepare turns the loaded words into the
+# two groups' int8 values, raw[r, 0:4] and raw[r, 4:8]; fac = their factors.
+# IQ2_XS (74 B: d, qs[32] u16, scales[8]; uint16 words): group G = entries 2G, 2G + 1, scale
+# nibble G % 2 of scales[G // 2]. raw = entries of G0 | of G1 | scales[2c .. 2c + 1] | d.
+
+@device_function
+def iq2_xs_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 37
+    first = base + 1 + 8 * c + 2 * (lane & 1)
+    for h in range(2):
+        raw[r, h] = uint32(w[row, first + 4 * h]) | (uint32(w[row, first + 4 * h + 1]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 33 + c])
+    raw[r, 3] = uint32(w[row, base])
+
+
+@device_function
+def iq2_xs_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    hh = uint32(lane & 1)
+    e0, e1, sc = raw[r, 0], raw[r, 1], raw[r, 2]
+    d = f16_or_zero(raw[r, 3], live)
+    grid = IQ2XS_GRID_WORDS
+    store4(raw, r, 0, iq2_xs_words(grid, e0))
+    store4(raw, r, 4, iq2_xs_words(grid, e1))
+    fac[r, 0] = odd_scale(d, shr_u32(sc, hh << uint32(2)))
+    fac[r, 1] = odd_scale(d, shr_u32(sc, (hh + uint32(2)) << uint32(2)))
+
+
+@device_function
+def grid_weight(raw, fac, r, i, lane):
+    return fac[r, i >> 4] * grid_value(raw, r, i)
+
+
+# IQ2_S (82 B: d, qs[32], signs[32], qh[8], scales[8]; uint16 words): entry k = qs[k] | 2 bits
+# 2(k % 4) of qh[k // 4] << 8, signs[k]. raw = qs of G0 | of G1 << 16, their signs likewise,
+# qh[2c .. 2c + 1] | scales[2c .. 2c + 1] << 16, d.
+
+@device_function
+def iq2_s_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 41
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + 1 + g0]) | (uint32(w[row, base + 3 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 17 + g0]) | (uint32(w[row, base + 19 + g0]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 33 + c]) | (uint32(w[row, base + 37 + c]) << SIXTEEN)
+    raw[r, 3] = uint32(w[row, base])
+
+
+@device_function
+def iq2_s_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    hh = uint32(lane & 1)
+    qs, signs, hs = raw[r, 0], raw[r, 1], raw[r, 2]
+    d = f16_or_zero(raw[r, 3], live)
+    grid = IQ2S_GRID_WORDS
+    for h in range(2):  # G0 (qh byte 0 of hs), G1 (byte 1); entries 2(G % 2) + 0, 1 of that byte
+        store4(raw, r, 4 * h, iq2_s_words(grid, shr_u32(qs, uint32(16 * h)), shr_u32(signs, uint32(16 * h)),
+                                          shr_u32(hs, uint32(8 * h) + (hh << uint32(2)))))
+        fac[r, h] = odd_scale(d, shr_u32(hs >> SIXTEEN, (hh + uint32(2 * h)) << uint32(2)))
+
+
+# IQ1_S (50 B: d, qs[32], qh[8] u16; uint16 words): sub-block ib = G // 2 has qh[ib], G its
+# entries 2(G % 2), + 1. raw = qs of G0 | of G1 << 16, qh[2c] | qh[2c + 1] << 16, d.
+
+@device_function
+def iq1_s_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 25
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + 1 + g0]) | (uint32(w[row, base + 3 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 17 + 2 * c]) | (uint32(w[row, base + 18 + 2 * c]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base])
+
+
+@device_function
+def iq1_s_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    qs, qh2 = raw[r, 0], raw[r, 1]
+    d = f16_or_zero(raw[r, 2], live)
+    first = 2 * (lane & 1)
+    grid = IQ1S_GRID_WORDS
+    for h in range(2):
+        qh = shr_u32(qh2, uint32(16 * h)) & LOW16
+        store4(raw, r, 4 * h, iq1_s_words(grid, shr_u32(qs, uint32(16 * h)), qh, first))
+        fac[r, h] = odd_scale(d, (qh >> uint32(12)) & uint32(7))
+
+
+# IQ1_M (56 B: qs[32], qh[16], scales[4] u16; uint16 words): entry k = qs[k] | nibble k % 2 of
+# qh[k // 2] (3 index bits, the delta's sign); group G's scale 3 bits 3(G % 4) of scales[G // 4],
+# d in the scales' top nibbles. raw = qs of G0 | of G1 << 16, qh[4c .. 4c + 3] (G0's byte hh,
+# G1's 2 + hh), scales 0 | 1 << 16, 2 | 3 << 16.
+
+@device_function
+def iq1_m_load(w, w8, row, col0, cols, lane, raw, r):
+    blk, _ = kquant_block(col0, lane, cols)
+    c = (lane & 7) >> 1
+    base = blk * 28
+    g0 = 4 * c + (lane & 1)
+    raw[r, 0] = uint32(w[row, base + g0]) | (uint32(w[row, base + 2 + g0]) << SIXTEEN)
+    raw[r, 1] = uint32(w[row, base + 16 + 2 * c]) | (uint32(w[row, base + 17 + 2 * c]) << SIXTEEN)
+    raw[r, 2] = uint32(w[row, base + 24]) | (uint32(w[row, base + 25]) << SIXTEEN)
+    raw[r, 3] = uint32(w[row, base + 26]) | (uint32(w[row, base + 27]) << SIXTEEN)
+
+
+@device_function
+def iq1_m_prepare(raw, fac, r, col0, cols, lane):
+    _, live = kquant_block(col0, lane, cols)
+    c = uint32((lane & 7) >> 1)
+    hh = uint32(lane & 1)
+    qs, qh, s01, s23 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
+    d = f16_or_zero(iq1_m_d(s01, s23), live)
+    scales = shr_u32(s23 if c >= uint32(2) else s01, (c & uint32(1)) << uint32(4))
+    grid = IQ1S_GRID_WORDS
+    for h in range(2):
+        store4(raw, r, 4 * h, iq1_m_words(grid, shr_u32(qs, uint32(16 * h)),
+                                          shr_u32(qh, uint32(16 * h) + (hh << uint32(3)))))
+        fac[r, h] = odd_scale(d, shr_u32(scales, uint32(3) * (hh + uint32(2 * h))) & uint32(7))
+
+
+# IQ3_XXS, IQ3_S, IQ2_XXS: grid rows of positive values (IQ3: 4 bytes, one word; IQ2_XXS: 8 bytes,
+# two words), each weight with its own sign. All three GPU paths take 16 weights at a time (half
+# hh of a 32-weight sub-block ib) as four int8 words, as for the types above (grids named once per
+# prepare/store), and the sub-block's scale as their factor.
+IQ3XXS_GRID_WORDS = np.ascontiguousarray(IQ3XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # 4..62
+IQ3S_GRID_WORDS = np.ascontiguousarray(IQ3S_GRID.astype(np.uint8)).view(np.uint32).ravel()       # odd 1..15
+IQ2XXS_GRID_WORDS = np.ascontiguousarray(IQ2XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # 8, 25, 43
 
 
 @device_function
 def sign_pair(aux, first):
-    """The 16 sign bits of sign indices `first` and first + 1 (7 bits each) of aux."""
-    lo = KSIGNS_U32[shr_u32(aux, uint32(7 * first)) & uint32(127)]
-    return lo | (KSIGNS_U32[shr_u32(aux, uint32(7 * first + 7)) & uint32(127)] << uint32(8))
+    """The 16 sign bits of the 7-bit sign fields first, first + 1 of aux (IQ3_XXS, IQ2_XXS)."""
+    return ksigns(shr_u32(aux, uint32(7 * first)) & uint32(127)) | (
+        ksigns(shr_u32(aux, uint32(7 * first + 7)) & uint32(127)) << EIGHT)
 
 
 @device_function
-def iq_half_scale(d, aux, quarter):
-    """IQ3_XXS / IQ2_XXS sub-block scale d·(0.5 + aux >> 28)·(0.5 or 0.25), in ggml's order."""
-    return d * (float32(0.5) + small_uint_to_f32(aux >> uint32(28), ZERO)) * quarter
+def iq3_xxs_words(grid, qs, aux, first):
+    """16 weights of an IQ3_XXS sub-block: qs = their 4 grid bytes, aux = the sub-block's u32 (sign
+    fields first, first + 1 theirs), as 4 words; grid = IQ3XXS_GRID_WORDS."""
+    signs = sign_pair(aux, first)
+    return (signed_bytes(grid[qs & LOW8], signs), signed_bytes(grid[(qs >> EIGHT) & LOW8], signs >> uint32(4)),
+            signed_bytes(grid[(qs >> SIXTEEN) & LOW8], signs >> EIGHT),
+            signed_bytes(grid[qs >> uint32(24)], signs >> uint32(12)))
 
 
 @device_function
-def signed_grid_value(word, byte, signs, j, fac):
-    """fac · (byte `byte` of a grid word, negated where bit j of signs is set)."""
-    v = small_uint_to_f32(shr_u32(word, uint32(8 * byte)) & uint32(0xFF), ZERO)
-    return fac * (-v if (signs >> uint32(j)) & uint32(1) else v)
+def iq2_xxs_words(grid, qs, aux, first):
+    """16 weights of an IQ2_XXS sub-block: its entries first, first + 1 (bytes of qs, the
+    sub-block's grid u32) with sign fields first, first + 1 of aux, as 4 words; grid =
+    IQ2XXS_GRID_WORDS."""
+    signs = sign_pair(aux, first)
+    a0, a1 = iq2_entry(grid, shr_u32(qs, uint32(8 * first)) & LOW8, signs)
+    b0, b1 = iq2_entry(grid, shr_u32(qs, uint32(8 * first + 8)) & LOW8, signs >> EIGHT)
+    return a0, a1, b0, b1
 
 
-# Q4_K's split of the tile (kquant_owner, kquant_block): lane l takes sub-blocks 2c + h (h = 0 for
-# weights i < 16, 1 for i ≥ 16), c = (l % 8) // 2, and their columns 16hh .. 16hh + 15, hh = l % 2.
-# IQ3_XXS (98 B: d, qs[64] a grid byte per 4 weights, then per sub-block ib a u32 aux: 4 × 7-bit
-# sign indices, one per 8 weights, and a 4-bit scale on top; uint16 words): raw[r, 2h] = grid
-# bytes 8ib + 4hh .. + 3, raw[r, 2h + 1] = aux (after prepare: the half's 16 sign bits), raw[r, 4] = d.
+@device_function
+def iq3_s_words(grid, qs, qh, signs):
+    """16 IQ3_S weights: qs = their 4 low index bytes, qh = the 9th index bits (bits 0..3), signs a
+    bit per weight (bits 0..15), as 4 words; grid = IQ3S_GRID_WORDS."""
+    w0 = signed_bytes(grid[(qs & LOW8) | ((qh & uint32(1)) << EIGHT)], signs)
+    w1 = signed_bytes(grid[((qs >> EIGHT) & LOW8) | (((qh >> uint32(1)) & uint32(1)) << EIGHT)], signs >> uint32(4))
+    w2 = signed_bytes(grid[((qs >> SIXTEEN) & LOW8) | (((qh >> uint32(2)) & uint32(1)) << EIGHT)], signs >> EIGHT)
+    w3 = signed_bytes(grid[(qs >> uint32(24)) | (((qh >> uint32(3)) & uint32(1)) << EIGHT)], signs >> uint32(12))
+    return w0, w1, w2, w3
+
+
+@device_function
+def iq3_xxs_scale(d, aux):
+    """IQ3_XXS's sub-block scale d·(s + ½)/2, s = aux >> 28 (odd_scale's d·(2s + 1)/8, times 2)."""
+    return odd_scale(d, aux >> uint32(28)) * float32(2.0)
+
+
+@device_function
+def iq3_s_scale(d, sc):
+    """IQ3_S's sub-block scale d·(2sc + 1) for the 4-bit field sc (the low bits of sc)."""
+    return d * small_uint_to_f32(((sc & uint32(15)) << uint32(1)) | uint32(1), ZERO)
+
+
+# Float lanes: kquant_owner's split as above, G0 = half hh of sub-block 2c (weights i < 16), G1 =
+# half hh of sub-block 2c + 1 (uint16 words). Loaded: raw[r, 2h] = the 4 grid bytes or qs bytes of
+# sub-block 2c + h (IQ2_XXS: all 4 of the sub-block), raw[r, 2h + 1] = its aux (IQ3_S: its sign
+# bytes 4ib + 2hh, + 1 | the qh word holding qh[ib] << 16), raw[r, 4] = d (IQ3_S: | the scales
+# word holding scales[c] << 16).
+# IQ3_XXS (98 B: d, qs[64] a grid byte per 4 weights, aux u32 per sub-block: 4 × 7-bit sign fields
+# and a 4-bit scale on top). IQ2_XXS (66 B: d, per sub-block a u32 of 4 grid bytes (8 weights
+# each) and an aux u32 as IQ3_XXS's). IQ3_S (110 B: d, qs[64] the low 8 bits of a grid index per 4
+# weights, qh[8] their 9th bits (bit k % 8 of qh[k // 8]), signs[32] a bit per weight, scales[4] a
+# nibble per sub-block).
 
 @device_function
 def iq3_xxs_load(w, w8, row, col0, cols, lane, raw, r):
@@ -710,24 +990,15 @@ def iq3_xxs_load(w, w8, row, col0, cols, lane, raw, r):
 @device_function
 def iq3_xxs_prepare(raw, fac, r, col0, cols, lane):
     _, live = kquant_block(col0, lane, cols)
+    qs0, aux0, qs1, aux1 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(raw[r, 4], live)
-    for h in range(2):
-        aux = raw[r, 2 * h + 1]
-        fac[r, h] = iq_half_scale(d, aux, float32(0.5))
-        raw[r, 2 * h + 1] = sign_pair(aux, 2 * (lane & 1))
+    first = 2 * (lane & 1)
+    grid = IQ3XXS_GRID_WORDS
+    store4(raw, r, 0, iq3_xxs_words(grid, qs0, aux0, first))
+    store4(raw, r, 4, iq3_xxs_words(grid, qs1, aux1, first))
+    fac[r, 0] = iq3_xxs_scale(d, aux0)
+    fac[r, 1] = iq3_xxs_scale(d, aux1)
 
-
-@device_function
-def iq3_xxs_weight(raw, fac, r, i, lane):
-    h = i >> 4
-    j = i & 15
-    g = shr_u32(raw[r, 2 * h], uint32(8 * (j >> 2))) & uint32(0xFF)
-    return signed_grid_value(IQ3XXS_WORDS[g], j & 3, raw[r, 2 * h + 1], j, fac[r, h])
-
-
-# IQ2_XXS (66 B: d, then per sub-block ib a u32 of 4 grid bytes, one per 8 weights, and a u32 aux
-# as IQ3_XXS's; uint16 words): raw[r, 2h] = the grid bytes (after prepare: those of half hh in the
-# low 16 bits), raw[r, 2h + 1] = aux (after prepare: the half's 16 sign bits), raw[r, 4] = d.
 
 @device_function
 def iq2_xxs_load(w, w8, row, col0, cols, lane, raw, r):
@@ -744,29 +1015,15 @@ def iq2_xxs_load(w, w8, row, col0, cols, lane, raw, r):
 @device_function
 def iq2_xxs_prepare(raw, fac, r, col0, cols, lane):
     _, live = kquant_block(col0, lane, cols)
+    qs0, aux0, qs1, aux1 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(raw[r, 4], live)
-    hh = uint32(lane & 1)
-    for h in range(2):
-        aux = raw[r, 2 * h + 1]
-        fac[r, h] = iq_half_scale(d, aux, float32(0.25))
-        raw[r, 2 * h] = shr_u32(raw[r, 2 * h], hh << uint32(4))
-        raw[r, 2 * h + 1] = sign_pair(aux, 2 * (lane & 1))
+    first = 2 * (lane & 1)
+    grid = IQ2XXS_GRID_WORDS
+    store4(raw, r, 0, iq2_xxs_words(grid, qs0, aux0, first))
+    store4(raw, r, 4, iq2_xxs_words(grid, qs1, aux1, first))
+    fac[r, 0] = odd_scale(d, aux0 >> uint32(28))
+    fac[r, 1] = odd_scale(d, aux1 >> uint32(28))
 
-
-@device_function
-def iq2_xxs_weight(raw, fac, r, i, lane):
-    h = i >> 4
-    j = i & 15
-    g = shr_u32(raw[r, 2 * h], uint32(8 * (j >> 3))) & uint32(0xFF)
-    word = IQ2XXS_WORDS[(g << uint32(1)) | uint32((j >> 2) & 1)]
-    return signed_grid_value(word, j & 3, raw[r, 2 * h + 1], j, fac[r, h])
-
-
-# IQ3_S (110 B: d, qs[64] low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit k % 8
-# of qh[k // 8] for qs byte k), signs[32] a bit per weight, scales[4] a nibble per sub-block:
-# d·(1 + 2·sc); uint16 words): raw[r, 2h] = qs bytes 8ib + 4hh .. + 3, raw[r, 2h + 1] = sign bytes
-# 4ib + 2hh, + 1 | the qh word holding qh[ib] << 16 (after prepare: the four 9th bits at 16..19),
-# raw[r, 4] = d | the scales word holding scales[c] << 16.
 
 @device_function
 def iq3_s_load(w, w8, row, col0, cols, lane, raw, r):
@@ -787,24 +1044,15 @@ def iq3_s_prepare(raw, fac, r, col0, cols, lane):
     _, live = kquant_block(col0, lane, cols)
     c = uint32((lane & 7) >> 1)
     hh = uint32(lane & 1)
-    d = f16_or_zero(raw[r, 4], live)
-    scales = shr_u32(raw[r, 4] >> SIXTEEN, (c & uint32(1)) << uint32(3))
-    for h in range(2):
-        sc = shr_u32(scales, uint32(4 * h)) & uint32(15)
-        fac[r, h] = d * small_uint_to_f32(uint32(1) + (sc << uint32(1)), ZERO)
-        v = raw[r, 2 * h + 1]
-        qh = shr_u32(v >> SIXTEEN, (uint32(h) << uint32(3)) + (hh << uint32(2))) & uint32(15)  # ib % 2 = h
-        raw[r, 2 * h + 1] = (v & LOW16) | (qh << SIXTEEN)
-
-
-@device_function
-def iq3_s_weight(raw, fac, r, i, lane):
-    h = i >> 4
-    j = i & 15
-    v = raw[r, 2 * h + 1]
-    g = (shr_u32(raw[r, 2 * h], uint32(8 * (j >> 2))) & uint32(0xFF)) | (
-        (shr_u32(v, uint32(16 + (j >> 2))) & uint32(1)) << uint32(8))
-    return signed_grid_value(IQ3S_WORDS[g], j & 3, v, j, fac[r, h])
+    qs0, v0, qs1, v1, dsc = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3], raw[r, 4]
+    d = f16_or_zero(dsc, live)
+    scales = shr_u32(dsc >> SIXTEEN, (c & uint32(1)) << uint32(3))        # scales[c]: sub-blocks 2c, 2c + 1
+    grid = IQ3S_GRID_WORDS
+    # qh[ib] is byte ib % 2 = h of its word; this half's 9th bits are its bits 4hh .. 4hh + 3
+    store4(raw, r, 0, iq3_s_words(grid, qs0, shr_u32(v0 >> SIXTEEN, hh << uint32(2)), v0 & LOW16))
+    store4(raw, r, 4, iq3_s_words(grid, qs1, shr_u32(v1 >> SIXTEEN, uint32(8) + (hh << uint32(2))), v1 & LOW16))
+    fac[r, 0] = iq3_s_scale(d, scales)
+    fac[r, 1] = iq3_s_scale(d, scales >> uint32(4))
 
 
 U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
@@ -826,10 +1074,14 @@ UNITS: dict[int, LaneUnit] = {u.type.id: u for u in (
     LaneUnit(gt.IQ4_XS, U32, 32, 10, 2, iq4_xs_load, iq4_xs_prepare, iq4_xs_weight, kquant_owner),
     LaneUnit(gt.Q3_K, U16, 32, 11, 2, q3_k_load, q3_k_prepare, q3_k_weight, kquant_owner),
     LaneUnit(gt.Q2_K, U32, 32, 6, 4, q2_k_load, q2_k_prepare, q2_k_weight, kquant_owner),
+    LaneUnit(gt.IQ2_XS, U16, 32, 8, 2, iq2_xs_load, iq2_xs_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ2_S, U16, 32, 8, 2, iq2_s_load, iq2_s_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ1_S, U16, 32, 8, 2, iq1_s_load, iq1_s_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ1_M, U16, 32, 8, 2, iq1_m_load, iq1_m_prepare, grid_weight, kquant_owner),
     LaneUnit(gt.MXFP4, U8, 32, 8, 8, mxfp4_load, mxfp4_prepare, mxfp4_weight, q4_0_owner),
-    LaneUnit(gt.IQ3_XXS, U16, 32, 5, 2, iq3_xxs_load, iq3_xxs_prepare, iq3_xxs_weight, kquant_owner),
-    LaneUnit(gt.IQ3_S, U16, 32, 5, 2, iq3_s_load, iq3_s_prepare, iq3_s_weight, kquant_owner),
-    LaneUnit(gt.IQ2_XXS, U16, 32, 5, 2, iq2_xxs_load, iq2_xxs_prepare, iq2_xxs_weight, kquant_owner),
+    LaneUnit(gt.IQ3_XXS, U16, 32, 8, 2, iq3_xxs_load, iq3_xxs_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ3_S, U16, 32, 8, 2, iq3_s_load, iq3_s_prepare, grid_weight, kquant_owner),
+    LaneUnit(gt.IQ2_XXS, U16, 32, 8, 2, iq2_xxs_load, iq2_xxs_prepare, grid_weight, kquant_owner),
 )}
 
 def check_matvec(wtype: int, w_dev, x_dev, out_dev) -> tuple[LaneUnit, int, int, int]:

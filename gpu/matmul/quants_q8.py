@@ -4,9 +4,10 @@ A ggml block is cut into `units_per_block` units of 16, 32 or 64 weights; unit p
 goes to a lane that takes piece p of every block it visits. The kernel walks the row 32 units at
 a time, so consecutive lanes read consecutive pieces, and a lane's pieces are the same columns in
 every row: the x values it loads serve all the rows of its warp. The 256-weight types' units are
-64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS) or four groups of 16 (Q6_K,
-Q3_K, Q2_K), so that one block-header load and one decode of the packed scales serve 64 weights and the float work is
-a few operations per 32 (16) weights, while `dp4a` does the products four at a time. Integer sums stay int32 up to
+64 weights, two sub-blocks (Q4_K/Q5_K, IQ4_XS, IQ1_S, IQ3_XXS, IQ3_S, IQ2_XXS) or four groups of 16
+(Q6_K, Q3_K, Q2_K, IQ2_XS, IQ2_S, IQ1_M), so that one block-header load and one decode of the
+packed scales serve 64 weights and the float work is a few operations per 32 (16) weights, while
+`dp4a` does the products four at a time. Integer sums stay int32 up to
 one exact conversion per scale (dp4a chains start at START: see magic_sum).
 
 Per type, four device functions (`r` picks a row of the warp, `i` a loaded unit):
@@ -41,8 +42,10 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import (IQ2XXS_WORDS, IQ3S_WORDS, IQ3XXS_WORDS, KSIGNS_U32, e8m0_half, int8_to_f32, iq_half_scale,
-                     iq4_nl_byte, mxfp4_byte, signed_bytes, store4)
+from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, IQ2XXS_GRID_WORDS, IQ3S_GRID_WORDS,
+                     IQ3XXS_GRID_WORDS, e8m0_half, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq2_s_words,
+                     iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words, iq4_nl_byte,
+                     mxfp4_byte, odd_scale, store4)
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -132,8 +135,8 @@ def pick(mask, a, b):
 # ---------------------------------------------------------------- x layouts
 # Where the quantiser puts xq and the per-block numbers, chosen per weight type (Dp4aUnit.x_layout):
 NATURAL = 0   # xq in column order; xm: per block of 32 [dx, Q8_1's s, int sums of both halves]
-K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS and the IQ grid types; xq
-              # permuted, step_slot);
+K64 = 1       # lanes of 64 consecutive weights (Q4_K, Q5_K, Q3_K, Q2_K, IQ4_XS and the IQ1-IQ3 types;
+              # xq permuted, step_slot);
               # xm: per block [dx, float sum], then (second half) the int sums of its halves
 Q6K64 = 2     # Q6_K lanes of 64 weights (xq permuted); xm: dx and dp4a start values per lane
 
@@ -724,22 +727,123 @@ def q2_k_dot(q, fac, r, xv, xf, xs, acc):
     return fma(fac[r, 1] * xf[2], magic_sum(q2_k_min_sum(m, xs, 2)), acc)
 
 
-# ---------------------------------------------------------------- IQ3_XXS, IQ3_S, IQ2_XXS (256 per block)
-# Unit p = sub-blocks 2p, 2p + 1 (columns 64p .. 64p + 63, layout K64 as IQ4_XS). q[r, k] = the
-# unit's weights 4k .. 4k + 3: a grid word (gpu/matmul/quants.py) with its signs applied per byte
-# (signed_bytes); fac[r] = the two sub-blocks' scales; iq4_xs_dot does the rest. llama.cpp's CPU
-# meets these weights with Q8_K (int8 per 256); as for the K-quants, x is rounded per 32 here.
-# |Σ q·xq| ≤ 62·127·32 per sub-block: magic_sum's range.
+# ---------------------------------------------------------------- IQ2_XS, IQ2_S, IQ1_S, IQ1_M (256 per block)
+# Unit p = columns 64p .. 64p + 63 (layout K64), groups of 16 t = 0..3 (block group 4p + t, x block
+# 2p + t // 2): q[r, 4t .. 4t + 3] = group t's int8 values, fac[r, t] its factor (IQ1_S: one per
+# sub-block 2p, 2p + 1), as gpu/matmul/quants.py decodes them for all three GPU paths. The grid
+# rows are read once per unit and row; llama.cpp's CPU meets these weights with Q8_K, x is rounded
+# per 32 here as for the K-quants.
+
 
 @device_function
-def signs_nibble(signs, k):
-    """Bits 4k .. 4k + 3 of signs: the signs of one grid word."""
-    return shr_u32(signs, uint32(4 * k)) & uint32(15)
+def group_dot(q, fac, r, xv, xf, xs, acc):
+    for t in range(4):
+        acc = fma(fac[r, t] * xf[2 * (t >> 1)], magic_sum(dot4(q, r, 4 * t, xv, 4 * t, START)), acc)
+    return acc
 
 
-# IQ3_XXS (98 B: d, qs[64] a grid byte per 4 weights, aux u32 per sub-block: 4 × 7-bit sign indices
-# and a 4-bit scale; 2-byte aligned, uint16 words). raw[i] = qs[16p .. 16p + 15] | aux 2p | aux
-# 2p + 1 | d.
+# IQ2_XS (74 B: d, qs[32] u16, scales[8]; uint16 words). raw[i] = qs entries 8p .. 8p + 7 (four
+# words of two) | scales[2p .. 2p + 1] | d.
+
+@device_function
+def iq2_xs_load(w, w8, row, blk, p, raw, i):
+    store4(raw, i, 0, load_u32x4_unaligned(w8, row, 74 * blk + 2 + 16 * p))
+    raw[i, 4] = uint32(w[row, uint64(37 * blk + 33 + p)])
+    raw[i, 5] = uint32(w[row, uint64(37 * blk)])
+
+
+@device_function
+def iq2_xs_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(raw[i, 5])
+    grid = IQ2XS_GRID_WORDS    # named once: see gpu/matmul/quants.py
+    for t in range(4):
+        store4(q, r, 4 * t, iq2_xs_words(grid, raw[i, t]))
+        fac[r, t] = odd_scale(d, shr_u32(raw[i, 4], uint32(4 * t)))
+
+
+# IQ2_S (82 B: d, qs[32], signs[32], qh[8], scales[8]; uint16 words). raw[i] = qs[8p .. 8p + 7]
+# (two words) | signs[8p ..] (two) | qh[2p .. 2p + 1] | scales[2p .. 2p + 1] << 16 | d. Group t's
+# entries 8p + 2t + e take bits 4t + 2e of that qh pair, its scale nibble t.
+
+@device_function
+def iq2_s_load(w, w8, row, blk, p, raw, i):
+    base = uint64(41 * blk)
+    for k in range(2):
+        qs = base + uint64(1 + 4 * p + 2 * k)
+        sg = base + uint64(17 + 4 * p + 2 * k)
+        raw[i, k] = uint32(w[row, qs]) | (uint32(w[row, qs + uint64(1)]) << SIXTEEN)
+        raw[i, 2 + k] = uint32(w[row, sg]) | (uint32(w[row, sg + uint64(1)]) << SIXTEEN)
+    raw[i, 4] = uint32(w[row, base + uint64(33 + p)]) | (uint32(w[row, base + uint64(37 + p)]) << SIXTEEN)
+    raw[i, 5] = uint32(w[row, base])
+
+
+@device_function
+def iq2_s_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(raw[i, 5])
+    hs = raw[i, 4]
+    grid = IQ2S_GRID_WORDS
+    for t in range(4):
+        half = uint32(16 * (t & 1))
+        store4(q, r, 4 * t, iq2_s_words(grid, shr_u32(raw[i, t >> 1], half), shr_u32(raw[i, 2 + (t >> 1)], half),
+                                              shr_u32(hs, uint32(4 * t))))
+        fac[r, t] = odd_scale(d, shr_u32(hs >> SIXTEEN, uint32(4 * t)))
+
+
+# IQ1_S (50 B: d, qs[32], qh[8] u16; uint16 words): raw[i] = qs[8p .. 8p + 7] (two words) |
+# qh[2p] | qh[2p + 1] << 16 | d; q[r, 8s ..] = sub-block 2p + s, fac[r, s] its factor.
+
+@device_function
+def iq1_s_load(w, w8, row, blk, p, raw, i):
+    base = uint64(25 * blk)
+    for k in range(2):
+        qs = base + uint64(1 + 4 * p + 2 * k)
+        raw[i, k] = uint32(w[row, qs]) | (uint32(w[row, qs + uint64(1)]) << SIXTEEN)
+    raw[i, 2] = uint32(w[row, base + uint64(17 + 2 * p)]) | (uint32(w[row, base + uint64(18 + 2 * p)]) << SIXTEEN)
+    raw[i, 3] = uint32(w[row, base])
+
+
+@device_function
+def iq1_s_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(raw[i, 3])
+    grid = IQ1S_GRID_WORDS
+    for s in range(2):
+        qh = shr_u32(raw[i, 2], uint32(16 * s)) & LOW16
+        for e in range(2):      # entries 2e, 2e + 1
+            store4(q, r, 8 * s + 4 * e, iq1_s_words(grid, shr_u32(raw[i, s], uint32(16 * e)), qh, 2 * e))
+        fac[r, s] = odd_scale(d, (qh >> uint32(12)) & uint32(7))
+
+
+# IQ1_M (56 B: qs[32], qh[16], scales[4] u16, d in their top nibbles; uint32 words): raw[i] =
+# qs[8p .. 8p + 7] (two words) | qh[4p .. 4p + 3] (byte t: group t's two nibbles) | scales.
+
+@device_function
+def iq1_m_load(w, w8, row, blk, p, raw, i):
+    base = uint64(14 * blk)
+    raw[i, 0] = w[row, base + uint64(2 * p)]
+    raw[i, 1] = w[row, base + uint64(2 * p + 1)]
+    raw[i, 2] = w[row, base + uint64(8 + p)]
+    raw[i, 3] = w[row, base + uint64(12)]
+    raw[i, 4] = w[row, base + uint64(13)]
+
+
+@device_function
+def iq1_m_prepare(raw, i, q, fac, r, p):
+    d = f16_bits_to_f32(iq1_m_d(raw[i, 3], raw[i, 4]))
+    # scales[p] (3 bits per group); a select, not raw[i, 3 + p // 2]: p is a run-time value, and a
+    # run-time index would move raw to local memory
+    scales = shr_u32(raw[i, 4] if p >= 2 else raw[i, 3], uint32(16 * (p & 1)))
+    grid = IQ1S_GRID_WORDS
+    for t in range(4):
+        store4(q, r, 4 * t, iq1_m_words(grid, shr_u32(raw[i, t >> 1], uint32(16 * (t & 1))),
+                                              shr_u32(raw[i, 2], uint32(8 * t))))
+        fac[r, t] = odd_scale(d, shr_u32(scales, uint32(3 * t)) & uint32(7))
+
+
+# IQ3_XXS, IQ3_S, IQ2_XXS: unit p = sub-blocks 2p, 2p + 1 (layout K64): q[r, 4t .. 4t + 3] = the
+# group of 16 t's int8 values (half t % 2 of sub-block 2p + t // 2, gpu/matmul/quants.py's
+# words), fac[r] = the two sub-blocks' scales; iq4_xs_dot adds them (|Σ q·xq| ≤ 62·127·32 per
+# sub-block: magic_sum's range).
+# IQ3_XXS (98 B, 2-byte aligned, uint16 words): raw[i] = qs[16p .. 16p + 15] | aux 2p | aux 2p + 1 | d.
 
 @device_function
 def iq3_xxs_load(w, w8, row, blk, p, raw, i):
@@ -753,20 +857,15 @@ def iq3_xxs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq3_xxs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 6])
+    grid = IQ3XXS_GRID_WORDS    # named once: see gpu/matmul/quants.py
     for h in range(2):
         aux = raw[i, 4 + h]
-        fac[r, h] = iq_half_scale(d, aux, np.float32(0.5))
-        for l in range(4):      # weights 8l .. 8l + 7 of sub-block 2p + h: grid bytes 8h + 2l, + 1
-            signs = KSIGNS_U32[shr_u32(aux, uint32(7 * l)) & uint32(127)]
-            word = raw[i, 2 * h + (l >> 1)]
-            g0 = shr_u32(word, uint32(16 * (l & 1))) & LOW8
-            g1 = shr_u32(word, uint32(16 * (l & 1) + 8)) & LOW8
-            q[r, 8 * h + 2 * l] = signed_bytes(IQ3XXS_WORDS[g0], signs_nibble(signs, 0))
-            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ3XXS_WORDS[g1], signs_nibble(signs, 1))
+        for hh in range(2):
+            store4(q, r, 8 * h + 4 * hh, iq3_xxs_words(grid, raw[i, 2 * h + hh], aux, 2 * hh))
+        fac[r, h] = iq3_xxs_scale(d, aux)
 
 
-# IQ2_XXS (66 B: d, then per sub-block a u32 of 4 grid bytes (8 weights each) and an aux u32 as
-# IQ3_XXS's; 2-byte aligned, uint16 words). raw[i] = grid 2p | aux 2p | grid 2p + 1 | aux 2p + 1 | d.
+# IQ2_XXS (66 B, 2-byte aligned, uint16 words): raw[i] = grid 2p | aux 2p | grid 2p + 1 | aux 2p + 1 | d.
 
 @device_function
 def iq2_xxs_load(w, w8, row, blk, p, raw, i):
@@ -777,21 +876,16 @@ def iq2_xxs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq2_xxs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 4])
+    grid = IQ2XXS_GRID_WORDS    # named once: see gpu/matmul/quants.py
     for h in range(2):
-        grid = raw[i, 2 * h]
         aux = raw[i, 2 * h + 1]
-        fac[r, h] = iq_half_scale(d, aux, np.float32(0.25))
-        for l in range(4):      # weights 8l .. 8l + 7 of sub-block 2p + h: grid row g, two words
-            signs = KSIGNS_U32[shr_u32(aux, uint32(7 * l)) & uint32(127)]
-            g = shr_u32(grid, uint32(8 * l)) & LOW8
-            q[r, 8 * h + 2 * l] = signed_bytes(IQ2XXS_WORDS[g << uint32(1)], signs_nibble(signs, 0))
-            q[r, 8 * h + 2 * l + 1] = signed_bytes(IQ2XXS_WORDS[(g << uint32(1)) | uint32(1)], signs_nibble(signs, 1))
+        for hh in range(2):
+            store4(q, r, 8 * h + 4 * hh, iq2_xxs_words(grid, raw[i, 2 * h], aux, 2 * hh))
+        fac[r, h] = odd_scale(d, aux >> uint32(28))
 
 
-# IQ3_S (110 B: d, qs[64] the low 8 bits of a grid index per 4 weights, qh[8] their 9th bits (bit
-# k % 8 of qh[k // 8] for qs byte k), signs[32] a bit per weight, scales[4] a nibble per
-# sub-block: d·(1 + 2·sc); 2-byte aligned, uint16 words). raw[i] = qs[16p .. 16p + 15] | signs[8p ..
-# 8p + 7] | qh[2p] | qh[2p + 1] << 8 | the scales word holding scales[p] << 16 | d.
+# IQ3_S (110 B, 2-byte aligned, uint16 words): raw[i] = qs[16p .. 16p + 15] | signs[8p .. 8p + 7] |
+# qh[2p] | qh[2p + 1] << 8 | the scales word holding scales[p] << 16 | d.
 
 @device_function
 def iq3_s_load(w, w8, row, blk, p, raw, i):
@@ -807,13 +901,14 @@ def iq3_s_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq3_s_prepare(raw, i, q, fac, r, p):
     qh = raw[i, 6]
-    for k in range(16):         # weights 4k .. 4k + 3: qs byte k, 9th bit k of qh
-        g = (shr_u32(raw[i, k >> 2], uint32(8 * (k & 3))) & LOW8) | ((shr_u32(qh, uint32(k)) & uint32(1)) << EIGHT)
-        q[r, k] = signed_bytes(IQ3S_WORDS[g], signs_nibble(raw[i, 4 + (k >> 3)], k & 7))
+    grid = IQ3S_GRID_WORDS      # named once: see gpu/matmul/quants.py
+    for t in range(4):          # qs word t, 9th bits 4t .. 4t + 3 of qh, sign bits 16t .. 16t + 15
+        signs = shr_u32(raw[i, 4 + (t >> 1)], uint32(16 * (t & 1))) & LOW16
+        store4(q, r, 4 * t, iq3_s_words(grid, raw[i, t], shr_u32(qh, uint32(4 * t)), signs))
     d = f16_bits_to_f32(raw[i, 7])
-    sc = shr_u32(qh >> SIXTEEN, uint32(8 * (p & 1)))
-    fac[r, 0] = d * small_uint_to_f32(uint32(1) + ((sc & uint32(15)) << uint32(1)), ZERO)
-    fac[r, 1] = d * small_uint_to_f32(uint32(1) + (((sc >> FOUR) & uint32(15)) << uint32(1)), ZERO)
+    scales = shr_u32(qh >> SIXTEEN, uint32(8 * (p & 1)))
+    fac[r, 0] = iq3_s_scale(d, scales)
+    fac[r, 1] = iq3_s_scale(d, scales >> FOUR)
 
 
 U8, U16, U32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
@@ -832,6 +927,10 @@ UNITS: dict[int, Dp4aUnit] = {u.type.id: u for u in (
              iq4_xs_dot),
     Dp4aUnit(gt.Q3_K, U16, 4, 64, 2, K64, 19, 16, 4, 16, 4, 4, q3_k_load, q3_k_prepare, q3_k_load_x, q3_k_dot),
     Dp4aUnit(gt.Q2_K, U32, 4, 64, 2, K64, 10, 17, 2, 16, 4, 4, q2_k_load, q2_k_prepare, q2_k_load_x, q2_k_dot),
+    Dp4aUnit(gt.IQ2_XS, U16, 4, 64, 2, K64, 6, 16, 4, 16, 4, 1, iq2_xs_load, iq2_xs_prepare, kquant_load_x, group_dot),
+    Dp4aUnit(gt.IQ2_S, U16, 4, 64, 2, K64, 6, 16, 4, 16, 4, 1, iq2_s_load, iq2_s_prepare, kquant_load_x, group_dot),
+    Dp4aUnit(gt.IQ1_S, U16, 4, 64, 2, K64, 4, 16, 2, 16, 4, 1, iq1_s_load, iq1_s_prepare, kquant_load_x, iq4_xs_dot),
+    Dp4aUnit(gt.IQ1_M, U32, 4, 64, 2, K64, 5, 16, 4, 16, 4, 1, iq1_m_load, iq1_m_prepare, kquant_load_x, group_dot),
     Dp4aUnit(gt.MXFP4, U8, 1, 32, 4, NATURAL, 5, 8, 1, 8, 2, 1, mxfp4_load, mxfp4_prepare, iq4_nl_load_x,
              block_dot),
     Dp4aUnit(gt.IQ3_XXS, U16, 4, 64, 2, K64, 7, 16, 2, 16, 4, 1, iq3_xxs_load, iq3_xxs_prepare, kquant_load_x,

@@ -5,8 +5,12 @@ A GDN layer's recurrent state folds in every token it has seen and cannot be cut
 shorter prefix, so a snapshot serves a request only when its ids are a prefix of the request's
 ids; the longest such snapshot wins and only the rest is prefilled. A snapshot is the session's
 `_Checkpoint`: GDN/conv states and only the KV rows in use, always in host memory (on a GPU path
-the VRAM is the placement's; a 27B-shape state at 8K tokens is ~1.2 GB, which crosses PCIe in
-a fraction of a prefill's time), so the budget is host RAM.
+the VRAM is the placement's), so the budget is host RAM. A conversation's snapshots share their
+KV rows (a snapshot taken with a base copies only the rows after the base's): a 27B-shape state
+at 8K tokens is ~1.2 GB, of which each new turn copies ~0.2 GB (GDN states and its own rows).
+Shared arrays count once against the budget, and are freed with the last snapshot holding them
+(the engine's base, the snapshot its live state descends from, may outlive its eviction: at most
+one state's worth of host memory beyond the budget).
 """
 from __future__ import annotations
 
@@ -19,18 +23,11 @@ from ..session import _Checkpoint
 log = logging.getLogger("hybrid.server")
 
 
-def _nbytes(ckpt: _Checkpoint) -> int:
-    arrays = [*ckpt.ssm.values(), *ckpt.conv.values()]
-    for kv in (ckpt.kv, ckpt.mtp_kv):
-        for k, v in kv.values():
-            arrays += [k, v]
-    return sum(int(getattr(a, "nbytes", 0)) for a in arrays)
-
-
 class StateCache:
     def __init__(self, budget_bytes: int):
         self.budget = int(budget_bytes)
-        self._entries: OrderedDict[tuple, tuple[_Checkpoint, int]] = OrderedDict()
+        self._entries: OrderedDict[tuple, _Checkpoint] = OrderedDict()
+        self._held: dict[int, tuple[object, int]] = {}   # id(array) → (array, snapshots holding it)
         self.bytes = 0
 
     def __len__(self) -> int:
@@ -41,7 +38,7 @@ class StateCache:
         left to prefill: its logits start the reply), or None."""
         best, best_key = None, None
         wanted = tuple(wanted)
-        for key, (ckpt, _) in self._entries.items():
+        for key, ckpt in self._entries.items():
             n = len(key)
             if n < len(wanted) and (best is None or n > len(best.ids)) and wanted[:n] == key:
                 best, best_key = ckpt, key
@@ -49,29 +46,46 @@ class StateCache:
             self._entries.move_to_end(best_key)
         return best
 
-    def put(self, state, ids: Sequence[int]) -> None:
-        """Snapshot `state`, which holds exactly `ids`, unless already kept or over the budget."""
+    def put(self, state, ids: Sequence[int], base: _Checkpoint | None = None) -> _Checkpoint | None:
+        """Snapshot `state`, which holds exactly `ids`, unless already kept or over the budget;
+        `base`: a snapshot whose KV rows the state holds (see _Checkpoint). Returns the snapshot
+        taken, else None."""
         key = tuple(ids)
         if not key or self.budget <= 0:
-            return
+            return None
         if key in self._entries:
             self._entries.move_to_end(key)
-            return
+            return None
         try:
-            ckpt = _Checkpoint.take(state, list(key), on_host=True)
+            ckpt = _Checkpoint.take(state, list(key), on_host=True, base=base)
         except MemoryError as e:     # out of host memory: serving goes on, only slower
             log.warning("state not cached (%s: %s); emptying the cache", type(e).__name__, e)
             self.clear()
-            return
-        size = _nbytes(ckpt)
-        if size > self.budget:
-            return
-        self._entries[key] = (ckpt, size)
-        self.bytes += size
+            return None
+        if self._new_bytes(ckpt) > self.budget:
+            return None
+        self._entries[key] = ckpt
+        self._hold(ckpt, +1)
         while self.bytes > self.budget:
-            _, (_, freed) = self._entries.popitem(last=False)
-            self.bytes -= freed
+            _, evicted = self._entries.popitem(last=False)
+            self._hold(evicted, -1)
+        return ckpt
+
+    def _new_bytes(self, ckpt: _Checkpoint) -> int:
+        return sum(a.nbytes for a in ckpt.arrays() if id(a) not in self._held)
+
+    def _hold(self, ckpt: _Checkpoint, change: int) -> None:
+        """Count `ckpt`'s arrays held (+1) or let go (-1); bytes count an array once."""
+        for a in ckpt.arrays():
+            n = self._held.get(id(a), (a, 0))[1] + change
+            if n:
+                self._held[id(a)] = (a, n)
+            else:
+                self._held.pop(id(a), None)
+            if n == (1 if change > 0 else 0):
+                self.bytes += change * a.nbytes
 
     def clear(self) -> None:
         self._entries.clear()
+        self._held.clear()
         self.bytes = 0

@@ -69,6 +69,7 @@ class Engine:
         self.cache = StateCache(cache_bytes)
         self.reuse = cache_bytes > 0     # off: every request prefills from scratch (benchmarks)
         self._live: list[int] | None = []   # the ids the live state holds; None = not known
+        self._base = None                # a snapshot whose KV rows the live state holds (cache.put's base)
         self.max_queue = max_queue
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
@@ -123,13 +124,19 @@ class Engine:
         if ckpt is not None and len(ckpt.ids) > cached:
             ckpt.restore(self.state)
             cached = len(ckpt.ids)
-            self._source = "snapshot"
+            self._source, self._base = "snapshot", ckpt
         elif cached == 0:
             self.state.reset()
+            self._base = None
         # The MTP head's KV rows must cover every trunk position before it drafts again (as in
         # ChatSession._stream): rows it wrote from its own hiddens only cost acceptance.
         self.state.mtp_n_past = self.state.n_past
         return cached
+
+    def _snapshot(self, ids: list[int]) -> None:
+        """Cache the live state, which holds `ids`; it shares the KV rows of the last snapshot
+        the state was restored from or taken as (rows below n_past are only ever appended to)."""
+        self._base = self.cache.put(self.state, ids, base=self._base) or self._base
 
     def _run(self, job: Job) -> None:
         m, wanted = self.model, list(job.ids)
@@ -173,7 +180,7 @@ class Engine:
                     prompt_done = False
                     if self.reuse and self.state.n_past == len(wanted):
                         taken = time.perf_counter()
-                        self.cache.put(self.state, wanted)
+                        self._snapshot(wanted)
                         timings["prompt_snapshot_s"] = time.perf_counter() - taken
         finally:
             events.close()
@@ -192,7 +199,7 @@ class Engine:
             self._live = history[:n]
             if self.reuse and n > len(wanted):
                 taken = time.perf_counter()
-                self.cache.put(self.state, self._live)
+                self._snapshot(self._live)
                 timings["end_snapshot_s"] = time.perf_counter() - taken
         # where a request's time went, for /stats (the end snapshot delays the next request's start)
         self.stats["last"].update({k: round(v, 6) for k, v in timings.items()})

@@ -115,7 +115,8 @@ def test_device_routing_places_each_pair_by_the_rule(share):
     assert (got <= -2).any() == (share > 0) and (got >= 0).any() and (got == ec.ON_CPU).any() == (share < 1)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_1", "IQ4_NL", "Q3_K", "Q2_K", "MXFP4", "IQ3_S"])
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q5_1", "IQ4_NL", "Q3_K", "Q2_K", "IQ2_S", "IQ1_M", "MXFP4",
+                                  "IQ3_S"])
 def test_each_gpu_pair_has_the_bits_of_a_one_slot_matvec_wherever_it_reads_from(kind):
     """Cached pairs read their cache slot, fetched pairs their staging slot, CPU pairs are
     skipped."""

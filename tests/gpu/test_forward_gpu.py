@@ -42,13 +42,14 @@ D_STATE = {"F32": 8}                    # the 32-weight block types need multipl
 # the residual are of those types (z, β, α of one GDN layer of two: matvecs across types), the
 # narrow ones (ffn_down, ssm_out, attn_output: 32 wide) of a 32-weight type: Q4_0, llama.cpp's
 # fallback for them, or MXFP4 (another GPU type, tested at no extra forward).
-WIDE_MODEL = "Q2_K+Q3_K+IQ4_XS"
-IQ_MODEL = "IQ2_XXS+IQ3_S+IQ3_XXS+MXFP4"
-WIDE_MODELS = {  # model name: (its matrices' types by name pattern, the narrow matrices' type)
-    WIDE_MODEL: ({r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
-                  r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"}, "Q4_0"),
-    IQ_MODEL: ({r"ffn_(gate|up)\.weight$": "IQ2_XXS", r"attn_(qkv|gate|[qkv])\.weight$": "IQ3_S",
-                r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ3_XXS"}, "MXFP4"),
+WIDE_MODELS = {   # model name → (its matrices' types by name pattern, the narrow matrices' type)
+    "Q2_K+Q3_K+IQ4_XS": ({r"ffn_(gate|up)\.weight$": "Q2_K", r"attn_(qkv|gate|[qkv])\.weight$": "Q3_K",
+                          r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ4_XS"}, "Q4_0"),
+    "IQ2_XS+IQ2_S+IQ1_S+IQ1_M": ({r"ffn_(gate|up)\.weight$": "IQ2_XS", r"attn_(qkv|gate)\.weight$": "IQ2_S",
+                                  r"attn_[qkv]\.weight$": "IQ1_M",
+                                  r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ1_S"}, "Q4_0"),
+    "IQ2_XXS+IQ3_S+IQ3_XXS+MXFP4": ({r"ffn_(gate|up)\.weight$": "IQ2_XXS", r"attn_(qkv|gate|[qkv])\.weight$": "IQ3_S",
+                                     r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ3_XXS"}, "MXFP4"),
 }
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
 EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
@@ -126,8 +127,7 @@ def test_quantised_model_matches_float_reference_and_cpu_forward(model):
     assert (got.argmax(1) == reference.argmax(1)).all()
 
 
-# the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
-GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", WIDE_MODEL, IQ_MODEL]
+GPU_BLOCK_TYPES = ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", *WIDE_MODELS]  # the GPU's types past Q8_0/Q4_0 and Q4_K..Q6_K
 
 
 @pytest.mark.parametrize("types", GPU_BLOCK_TYPES)
@@ -228,9 +228,9 @@ def test_host_snapshots_of_device_states_restore_bit_exactly(stepping):
     state = stepping.new_state(32)
     stepping.forward(state, prefix, logits="none")
     ckpt = _Checkpoint.take(state, list(prefix), on_host=True)
-    arrays = [*ckpt.ssm.values(), *ckpt.conv.values(), *(a for kv in ckpt.kv.values() for a in kv)]
+    arrays = list(ckpt.arrays())
     assert arrays and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
-    assert all(k.shape[1] == len(prefix) for k, _ in ckpt.kv.values())
+    assert all(sum(k.shape[1] for k in ks) == len(prefix) for ks, _ in ckpt.kv.values())
     want, _ = stepping.forward(state, rest, logits="all")
     other = stepping.new_state(32)
     stepping.forward(other, PROMPT[5:8], logits="none")        # other contents, replaced by the restore

@@ -35,9 +35,12 @@ N = 300 if REAL_GPU else 11
 EXTRA_TILES = () if REAL_GPU else (Tile(4, 4, 1, 2, 1.0), Tile(2, 2, 4, 2, 1.0),
                                    MmaTile(2, 1, 1, 1, 1.0), MmaTile(1, 2, 2, 1, 1.0))
 PRECISIONS = ("fp32", "fp16")
-# Types whose units test_backend_ops' GEMM rows (matvec-…-n32-gpu: the fp16 kernel against the
-# reference) already check: here on the float32 kernel only, which shares their units (suite time).
-FP32_ONLY = ("MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS")
+# Under the simulator these types run in one precision each: both kernels call the same unit
+# decoder (gpu/matmul/gemm_units.py), and test_backend_ops' n = 32 GPU rows run the fp16 one on
+# every type against the reference.
+ONE_PRECISION = {"IQ2_XS": "fp32", "IQ2_S": "fp16", "IQ1_S": "fp32", "IQ1_M": "fp16", "MXFP4": "fp32",
+                 "IQ3_XXS": "fp32", "IQ3_S": "fp32", "IQ2_XXS": "fp32"}
+CASES = [(name, p) for name in TYPES for p in PRECISIONS if REAL_GPU or ONE_PRECISION.get(name, p) == p]
 
 FP16_UNIT = 2.0 ** -11        # relative rounding error of fp16 (11 significant bits)
 FP16_TINY = 2.0 ** -25        # absolute rounding error below fp16's normal range (2^-14)
@@ -98,8 +101,7 @@ def check(t, precision, got, want, magnitude, w_bytes, x):
         assert_within(got, want, fp16_bound(t, w_bytes, x, magnitude))
 
 
-@pytest.mark.parametrize("name, precision", [(n, p) for p in PRECISIONS for n in TYPES
-                                             if p == "fp32" or n not in FP32_ONLY])
+@pytest.mark.parametrize("name, precision", CASES)
 def test_matches_reference_and_rows_keep_their_bits(name, precision):
     t = gt.by_name(name)
     rng = np.random.default_rng(100 + sum(map(ord, name)))

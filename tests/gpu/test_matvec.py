@@ -18,11 +18,12 @@ from cpu import ggml_types as gt
 from hybrid.errors import HybridError
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
-         "Q3_K", "Q2_K", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
+         "Q3_K", "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
 FLOAT_TYPES = ["F32", "F16", "BF16"]   # the float kernel's; the others: test_matvec_q8.py
 FP16_FIELD_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0],
                       "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0], "Q3_K": [108], "Q2_K": [80, 82],
-                      "MXFP4": [], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0]}
+                      "IQ2_XS": [0], "IQ2_S": [0], "IQ1_S": [0], "IQ1_M": [], "MXFP4": [], "IQ3_XXS": [0],
+                      "IQ3_S": [0], "IQ2_XXS": [0]}
 E8M0_FIELD_OFFSETS = {"MXFP4": 0}     # a random exponent byte would overflow the products
 REAL_GPU = available() and not simulated()
 ROWS = 389 if REAL_GPU else 5  # never a multiple of a block's rows: the tail block is partial
@@ -49,6 +50,11 @@ def random_weights(t: gt.GGMLType, rows: int, cols: int, rng) -> np.ndarray:
     for off in FP16_FIELD_OFFSETS[t.name]:
         scale = rng.uniform(-0.05, 0.05, (rows, n_blocks)).astype(np.float16)
         raw[:, :, off:off + 2] = scale.view(np.uint8).reshape(rows, n_blocks, 2)
+    if t.name == "IQ1_M":   # its fp16 d is the top nibbles of the four u16 scales (bytes 48..55)
+        d = rng.uniform(-0.05, 0.05, (rows, n_blocks)).astype(np.float16).view(np.uint16)
+        for k in range(4):
+            nibble = ((d >> (4 * k)) & 15).astype(np.uint8)
+            raw[:, :, 49 + 2 * k] = (raw[:, :, 49 + 2 * k] & 0x0F) | (nibble << 4)
     if t.name in E8M0_FIELD_OFFSETS:     # scales 2**-10 .. 2**-3
         raw[:, :, E8M0_FIELD_OFFSETS[t.name]] = rng.integers(118, 126, (rows, n_blocks), dtype=np.uint8)
     return raw.reshape(rows, n_blocks * t.block_bytes)

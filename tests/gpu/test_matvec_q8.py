@@ -25,14 +25,15 @@ from tests.gpu.test_matvec import REAL_GPU, ROWS, n_cols, random_weights, run
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
 
 Q_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K", "Q2_K",
-           "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
+           "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"]
 U = 2.0 ** -24                      # unit roundoff of float32
 MIN_FIELD = {"Q4_1": 2, "Q5_1": 2, "Q4_K": 2, "Q5_K": 2, "Q2_K": 82}  # byte offset of the fp16 min (dmin)
 Q8_1_MIN = ("Q4_1", "Q5_1")         # their min term meets x as Q8_1's s, not the float sum
 BSUM_MIN = ("Q2_K",)                # its min term meets the rounded x (dx·Σ xq per 16, Q8_K's bsums)
 TERMS_PER_UNIT = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2, "Q5_0": 1, "Q5_1": 2, "IQ4_NL": 1, "Q4_K": 4, "Q5_K": 4,
-                  "Q6_K": 4, "IQ4_XS": 2, "Q3_K": 4, "Q2_K": 4, "MXFP4": 1,
-                  "IQ3_XXS": 2, "IQ3_S": 2, "IQ2_XXS": 2}
+                  "Q6_K": 4, "IQ4_XS": 2, "Q3_K": 4, "Q2_K": 4,
+                  "IQ2_XS": 4, "IQ2_S": 4, "IQ1_S": 2, "IQ1_M": 4, "MXFP4": 1, "IQ3_XXS": 2, "IQ3_S": 2,
+                  "IQ2_XXS": 2}
 
 
 def quantize_reference(x: np.ndarray, layout: int = NATURAL):
@@ -294,12 +295,12 @@ def test_more_slots_than_one_launch_takes():
 
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator reads unaligned words byte by byte")
 def test_misaligned_weight_rows():
-    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL/Q3_K/IQ3_XXS/IQ3_S/IQ2_XXS rows of an odd block count start 2
-    bytes off a word boundary every other row (Q4_1/Q5_1/Q2_K rows stay 4-byte aligned, IQ4_XS
-    rows 8-byte; MXFP4 rows start at any byte); a view one row in starts anywhere: the unaligned
-    loads must see the same bytes."""
-    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1", "Q3_K", "Q2_K", "IQ4_XS", "MXFP4",
-                 "IQ3_XXS", "IQ3_S", "IQ2_XXS"):
+    """Q6_K/Q8_0/Q4_0/Q5_0/IQ4_NL/Q3_K/IQ2_XS/IQ2_S/IQ1_S/IQ3_XXS/IQ3_S/IQ2_XXS rows of an odd block
+    count start 2 bytes off a word boundary every other row (Q4_1/Q5_1/Q2_K/IQ1_M rows stay 4-byte
+    aligned, IQ4_XS rows 8-byte; MXFP4 rows start at any byte); a view one row in starts anywhere:
+    the unaligned loads must see the same bytes."""
+    for name in ("Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q4_1", "Q5_1", "Q3_K", "Q2_K", "IQ4_XS",
+                 "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"):
         t = gt.by_name(name)
         rng = np.random.default_rng(11)
         cols = t.block_elems * 33

@@ -304,7 +304,8 @@ def quantized_rows(name, rows, cols, seed):
 
 
 @pytest.mark.parametrize("name", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q3_K",
-                                  "Q2_K", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"])
+                                  "Q2_K", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4", "IQ3_XXS", "IQ3_S",
+                                  "IQ2_XXS"])
 def test_dequantize_rows_on_the_device_match_the_cpu(name):
     t = gt.by_name(name)
     cols = 512 if t.block_elems == 256 else 96

@@ -145,21 +145,29 @@ def test_mix_names_are_recipes():
     assert set(MIXES) == {"Q2_K_MIX", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "IQ4_XS_MIX", "IQ3_M", "MXFP4_MOE"}
 
 
-def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path):
-    path = tmp_path / "tiny-IQ1_M.gguf"
-    write_model(path, preset("tiny", arch="qwen35"), types="IQ1_M", seed=2)
+def without_gpu_kernels(monkeypatch, name: str) -> None:
+    """Every type of cpu.ggml_types.SUPPORTED has GPU kernels: the refusal path is checked on a type
+    whose GPU units the planner is made not to see (a type the CPU would read first)."""
+    tid = gt.by_name(name).id
+    monkeypatch.setattr(placement, "GPU_UNITS", {k: u for k, u in placement.GPU_UNITS.items() if k != tid})
+
+
+def test_gpu_path_refuses_types_without_gpu_kernels(tmp_path, monkeypatch):
+    without_gpu_kernels(monkeypatch, "IQ3_S")
+    path = tmp_path / "tiny-IQ3_S.gguf"
+    write_model(path, preset("tiny", arch="qwen35"), types="IQ3_S", seed=2)
     with open_model(path) as mf:
         with pytest.raises(HybridError) as e:
             check_gpu_types(mf)
         with pytest.raises(HybridError, match="--device cpu"):
             plan_placement(mf, 1 << 30)                      # what a GPU load plans with
     msg = str(e.value)
-    assert "\n" not in msg and "IQ1_M" in msg and ("blk." in msg or "token_embd" in msg)
+    assert "\n" not in msg and "IQ3_S" in msg and ("blk." in msg or "token_embd" in msg)
     assert "--device cpu" in msg
 
 
-@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K", "MXFP4",
-                                  "IQ3_XXS", "IQ3_S", "IQ2_XXS"])
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K",
+                                  "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4", "IQ3_XXS", "IQ3_S", "IQ2_XXS"])
 def test_gpu_path_takes_the_decoded_types_with_gpu_kernels(name, tmp_path, monkeypatch):
     """These decoded types have GPU units (gpu/matmul): a GPU load plans them (on the device
     where they fit), and --device auto keeps the GPU."""
@@ -176,11 +184,12 @@ def test_device_auto_runs_types_without_gpu_kernels_on_the_cpu(tmp_path, monkeyp
     """The default device on a GPU box: such a file gets a CPU plan that says why, not an error;
     asking for cuda explicitly still gets the error."""
     monkeypatch.setattr(placement, "gpu_free_memory", lambda: 12 << 30)
-    path = tmp_path / "tiny-IQ1_M.gguf"
-    write_model(path, preset("tiny", arch="qwen35"), types="IQ1_M", seed=2)
+    without_gpu_kernels(monkeypatch, "IQ3_S")
+    path = tmp_path / "tiny-IQ3_S.gguf"
+    write_model(path, preset("tiny", arch="qwen35"), types="IQ3_S", seed=2)
     with open_model(path) as mf:
         plan = plan_for(mf, "auto")
-        assert plan.device == "cpu" and "IQ1_M" in plan.notes[0] and "GPU kernels" in plan.notes[0]
+        assert plan.device == "cpu" and "IQ3_S" in plan.notes[0] and "GPU kernels" in plan.notes[0]
         with pytest.raises(HybridError, match="--device cpu"):
             plan_for(mf, "cuda")
 

@@ -3,7 +3,7 @@ second from scripted acceptance and step costs; probes one deeper now and then."
 import numpy as np
 import pytest
 
-from hybrid.draft_depth import _HOPELESS_SPACING, _PROBE_EVERY, _PROBE_MAX, DepthController
+from hybrid.draft_depth import _COST_WINDOW, _HOPELESS_SPACING, _PROBE_EVERY, _PROBE_MAX, DepthController
 
 MAX = 4
 
@@ -60,7 +60,12 @@ def test_step_cost_prior_and_linear_fit():
     assert c.step_cost(2) == pytest.approx(3.0)                 # a line through (1, 2) and (3, 4)
     assert c.step_cost(0) == pytest.approx(1.0)
     c.record(3, 0, 5.0)
-    assert c.step_cost(3) == pytest.approx(0.9 * 4.0 + 0.1 * 5.0)   # EMA of what was measured
+    assert c.step_cost(3) == pytest.approx(4.5)                 # the median of what was measured
+    c.record(3, 0, 40.0)                                        # one outlier (a pause) moves it little
+    assert c.step_cost(3) == pytest.approx(5.0)
+    for _ in range(_COST_WINDOW):
+        c.record(3, 0, 6.0)
+    assert c.step_cost(3) == pytest.approx(6.0)                 # the window forgets the old steps
 
 
 def settled(c: DepthController, steps: int, accepted, cost, tail: int) -> np.ndarray:
