@@ -23,6 +23,8 @@ stream's work into a graph (gpu/runtime/graphs.py) and cannot capture the legacy
 """
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple
 
 import numpy as np
@@ -262,13 +264,19 @@ def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
     k = (key, shape, kind)
     buf = _scratch.get(k)
     if buf is None:
-        lead = shape[0] if shape else 1
-        bucket = 1 << max(lead - 1, 0).bit_length()          # the power of two ≥ lead (1 for 0)
+        if not shape or math.prod(shape) == 0:
+            # its own allocation (an empty one costs nothing): Numba slices a device array of no
+            # elements to the array's own shape, so a bucket's leading rows would keep its row
+            buf = _scratch[k] = cuda.device_array(shape, dtype)
+            return buf
+        lead = shape[0]
+        bucket = 1 << (lead - 1).bit_length()          # the power of two ≥ lead
         b = (key, bucket, shape[1:], kind)
         whole = _buckets.get(b)
         if whole is None:
-            whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]) if shape else (), dtype)
-        buf = _scratch[k] = whole[:lead] if shape else whole
+            whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]), dtype)
+        buf = _scratch[k] = whole if lead == bucket else whole[:lead]
+    assert tuple(buf.shape) == shape, (key, buf.shape, shape)
     return buf
 
 

@@ -22,6 +22,18 @@ def test_every_prompt_tail_fits_in_a_few_allocations():
     assert len(memory._buckets) - before == 5                     # 32, 64, 128, 256, 512
 
 
-def test_empty_and_scalar_shapes():
+def test_empty_and_scalar_shapes_are_their_own_allocations():
+    """Not bucket views: on a GPU, Numba slices an array of no elements to its own shape, so the
+    leading 0 rows of a (1, 0) bucket came back as (1, 0), and a kernel that reads "no rows" as
+    "no fused norm" (the GDN delta rule) or "no PCIe rows" (the expert router) took a row that
+    is not there. The simulator slices as numpy does, hence the check on the buckets."""
+    before = len(memory._buckets)
     assert memory.scratch("test.empty", (0, 0)).shape == (0, 0)
+    assert memory.scratch("test.empty_rows", (0, 16)).shape == (0, 16)
     assert memory.scratch("test.scalar", ()).shape == ()
+    assert len(memory._buckets) == before
+
+
+def test_a_full_bucket_is_the_allocation_itself():
+    a = memory.scratch("test.full", (64, 2))
+    assert a is memory._buckets[("test.full", 64, (2,), np.dtype(np.float32).str)]
