@@ -24,7 +24,6 @@ stream's work into a graph (gpu/runtime/graphs.py) and cannot capture the legacy
 from __future__ import annotations
 
 import math
-
 from typing import NamedTuple
 
 import numpy as np
