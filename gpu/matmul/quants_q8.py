@@ -44,8 +44,9 @@ from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_func
                          small_uint_to_f32)
 from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, IQ2XXS_GRID_WORDS, IQ3S_GRID_WORDS,
                      IQ3XXS_GRID_WORDS, e8m0_half, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq2_s_words,
-                     iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words, iq4_nl_byte,
-                     mxfp4_byte, odd_scale, store4)
+                     iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words, IQ4_NL_W0,
+                     IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3, MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3, odd_scale, store4,
+                     table_byte)
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -450,18 +451,32 @@ def q4_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
 # (gpu/matmul/quants.py iq4_nl_byte). raw[i] = qs[4] | d.
 
 @device_function
+def table_word(v, w0, w1, w2, w3):
+    """Four nibbles, one in the low half of each byte of v, to their four bytes of a packed
+    16-entry table (gpu/matmul/quants.py table_byte)."""
+    return (table_byte(v & LOW8, w0, w1, w2, w3) | (table_byte((v >> EIGHT) & LOW8, w0, w1, w2, w3) << EIGHT)
+            | (table_byte((v >> SIXTEEN) & LOW8, w0, w1, w2, w3) << SIXTEEN)
+            | (table_byte(v >> TWENTY_FOUR, w0, w1, w2, w3) << TWENTY_FOUR))
+
+
+@device_function
 def iq4_nl_word(v):
-    """Four nibbles, one in the low half of each byte of v, to their four table bytes."""
-    return (iq4_nl_byte(v & LOW8) | (iq4_nl_byte((v >> EIGHT) & LOW8) << EIGHT)
-            | (iq4_nl_byte((v >> SIXTEEN) & LOW8) << SIXTEEN) | (iq4_nl_byte(v >> TWENTY_FOUR) << TWENTY_FOUR))
+    return table_word(v, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
+
+
+@device_function
+def table_nibbles(raw, i, q, r, w0, w1, w2, w3):
+    """q[r] = the table bytes of a 32-weight block's nibbles, raw[i, 0:4] (low nibbles weights
+    0..15, high ones 16..31): IQ4_NL's and MXFP4's layout."""
+    for j in range(4):
+        v = raw[i, j]
+        q[r, j] = table_word(v & LOW4, w0, w1, w2, w3)
+        q[r, 4 + j] = table_word((v >> FOUR) & LOW4, w0, w1, w2, w3)
 
 
 @device_function
 def iq4_nl_prepare(raw, i, q, fac, r, p):
-    for j in range(4):
-        v = raw[i, j]
-        q[r, j] = iq4_nl_word(v & LOW4)
-        q[r, 4 + j] = iq4_nl_word((v >> FOUR) & LOW4)
+    table_nibbles(raw, i, q, r, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
     fac[r, 0] = f16_bits_to_f32(raw[i, 4])
 
 
@@ -475,13 +490,6 @@ def iq4_nl_load_x(xq, xm, s, blk, p, xv, xf, xs):
 # vec_dot_type for it). raw[i] = qs[4] | e.
 
 @device_function
-def mxfp4_word(v):
-    """Four nibbles, one in the low half of each byte of v, to their four table bytes."""
-    return (mxfp4_byte(v & LOW8) | (mxfp4_byte((v >> EIGHT) & LOW8) << EIGHT)
-            | (mxfp4_byte((v >> SIXTEEN) & LOW8) << SIXTEEN) | (mxfp4_byte(v >> TWENTY_FOUR) << TWENTY_FOUR))
-
-
-@device_function
 def mxfp4_load(w, w8, row, blk, p, raw, i):
     store4(raw, i, 0, load_u32x4_unaligned(w8, row, 17 * blk + 1))
     raw[i, 4] = uint32(w8[row, uint64(17 * blk)])
@@ -489,10 +497,7 @@ def mxfp4_load(w, w8, row, blk, p, raw, i):
 
 @device_function
 def mxfp4_prepare(raw, i, q, fac, r, p):
-    for j in range(4):
-        v = raw[i, j]
-        q[r, j] = mxfp4_word(v & LOW4)
-        q[r, 4 + j] = mxfp4_word((v >> FOUR) & LOW4)
+    table_nibbles(raw, i, q, r, MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3)
     fac[r, 0] = e8m0_half(raw[i, 4])
 
 
