@@ -266,16 +266,17 @@ def scratch(key: str, shape: tuple[int, ...], dtype=np.float32):
         if not shape or math.prod(shape) == 0:
             # its own allocation (an empty one costs nothing): Numba slices a device array of no
             # elements to the array's own shape, so a bucket's leading rows would keep its row
-            buf = _scratch[k] = cuda.device_array(shape, dtype)
-            return buf
-        lead = shape[0]
-        bucket = 1 << (lead - 1).bit_length()          # the power of two ≥ lead
-        b = (key, bucket, shape[1:], kind)
-        whole = _buckets.get(b)
-        if whole is None:
-            whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]), dtype)
-        buf = _scratch[k] = whole if lead == bucket else whole[:lead]
-    assert tuple(buf.shape) == shape, (key, buf.shape, shape)
+            buf = cuda.device_array(shape, dtype)
+        else:
+            lead = shape[0]
+            bucket = 1 << (lead - 1).bit_length()          # the power of two ≥ lead
+            b = (key, bucket, shape[1:], kind)
+            whole = _buckets.get(b)
+            if whole is None:
+                whole = _buckets[b] = cuda.device_array((bucket, *shape[1:]), dtype)
+            buf = whole if lead == bucket else whole[:lead]
+        assert tuple(buf.shape) == shape, (key, buf.shape, shape)
+        _scratch[k] = buf
     return buf
 
 

@@ -27,7 +27,7 @@ class StateCache:
     def __init__(self, budget_bytes: int):
         self.budget = int(budget_bytes)
         self._entries: OrderedDict[tuple, _Checkpoint] = OrderedDict()
-        self._held: dict[int, tuple[object, int]] = {}   # id(array) → (array, snapshots holding it)
+        self._held: dict[int, int] = {}   # id(array) → how many kept snapshots hold it (they keep it alive)
         self.bytes = 0
 
     def __len__(self) -> int:
@@ -77,11 +77,11 @@ class StateCache:
     def _hold(self, ckpt: _Checkpoint, change: int) -> None:
         """Count `ckpt`'s arrays held (+1) or let go (-1); bytes count an array once."""
         for a in ckpt.arrays():
-            n = self._held.get(id(a), (a, 0))[1] + change
+            n = self._held.get(id(a), 0) + change
             if n:
-                self._held[id(a)] = (a, n)
+                self._held[id(a)] = n
             else:
-                self._held.pop(id(a), None)
+                del self._held[id(a)]
             if n == (1 if change > 0 else 0):
                 self.bytes += change * a.nbytes
 
