@@ -3,6 +3,7 @@
     python tools/gpu_bench.py            # decode shapes of a dense 27B, every type, n = 1, 2, 4, 8
     python tools/gpu_bench.py --quick    # smaller shapes
     python tools/gpu_bench.py --sweep    # also try other rows per warp and lanes per row on the decode shapes
+    python tools/gpu_bench.py --types IQ2_XS,MXFP4   # only these types, at the FFN gate/up shape
 
 GB/s counts weight bytes only (x and out are tiny). A '*' marks a time that may include idle
 gaps (Python enqueued slower than the device ran); rN is the rows per warp (per lane group)
@@ -10,6 +11,7 @@ used, lN the lanes per row; regs are the registers per thread of each n's kernel
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 from numba import cuda
@@ -29,8 +31,20 @@ OTHER_TYPES = [u.type for u in UNITS.values() if u.type is not gt.Q4_K]
 
 
 def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller shapes")
+    p.add_argument("--sweep", action="store_true", help="other rows per warp / lanes per row on the decode shapes")
+    p.add_argument("--types", help="comma-separated type names: only these, at the FFN gate/up shape")
+    p.add_argument("--ns", default=",".join(map(str, SLOTS)), help="inputs per pass to time, e.g. 1,4")
+    a = p.parse_args(argv)
+    slots = tuple(int(n) for n in a.ns.split(","))
+    quick, sweep = a.quick, a.sweep
+    only = None
+    if a.types:
+        only = [gt.BY_NAME.get(name.strip().upper()) for name in a.types.split(",")]
+        if None in only:
+            p.error(f"--types: unknown type in {a.types!r}; GPU types: {', '.join(u.type.name for u in UNITS.values())}")
     require_cuda()
-    quick, sweep = "--quick" in argv, "--sweep" in argv
     dev = cuda.get_current_device()
     print(f"GPU: {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
           f"{dev.MULTIPROCESSOR_COUNT} SMs")
@@ -38,15 +52,18 @@ def main(argv: list[str]) -> int:
     print(f"device memory: read {bw['read']:.0f} GB/s, copy (read+write) {bw['copy']:.0f} GB/s")
     read = bw["read"]
 
-    cases = [(t, r // 4, c) for t, r, c in DECODE_SHAPES] if quick else list(DECODE_SHAPES)
-    cases += [(t, 4096 if quick else 17408, 5120) for t in OTHER_TYPES]
+    if only:
+        cases = [(t, 4096 if quick else 17408, 5120) for t in only]
+    else:
+        cases = [(t, r // 4, c) for t, r, c in DECODE_SHAPES] if quick else list(DECODE_SHAPES)
+        cases += [(t, 4096 if quick else 17408, 5120) for t in OTHER_TYPES]
     header = f"{'type':5s} {'rows x cols':>14s} {'MB':>7s} " + " ".join(
-        f"{'n=' + str(n) + ' GB/s (%)':>17s}" for n in SLOTS)
+        f"{'n=' + str(n) + ' GB/s (%)':>17s}" for n in slots)
     print(header)
     print("-" * len(header))
     for i, (t, rows, cols) in enumerate(cases):
         choices = SWEEP if sweep and i < len(DECODE_SHAPES) else SWEEP[:1]
-        results = bench.bench_matvec(t, rows, cols, SLOTS, choices)
+        results = bench.bench_matvec(t, rows, cols, slots, choices)
         mb = rows * t.row_bytes(cols) / 1e6
         by_choice: dict = {}
         for res in results:
@@ -54,16 +71,16 @@ def main(argv: list[str]) -> int:
         for choice, row in by_choice.items():
             label = "".join(f" {k}={v}" for k, v in zip(("r", "lanes"), choice) if v is not None)
             cells = []
-            for n in SLOTS:
+            for n in slots:
                 res = row.get(n)
                 cells.append(f"{'-':>17s}" if res is None else
                              f"{res.gbps:7.0f} ({100 * res.gbps / read:3.0f}%)r{res.rows_per_warp}l{res.lanes}"
                              f"{'*' if res.flagged else ' '}")
-            regs = "/".join(str(row[n].registers) for n in SLOTS if n in row)
+            regs = "/".join(str(row[n].registers) for n in slots if n in row)
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)
                   + f"  regs {regs}" + label)
     print("\nn=1, x quantised once per input (gpu.matmul.matvec.matvecs) — the int8 kernel alone:")
-    for t, rows, cols in cases[:len(DECODE_SHAPES)]:
+    for t, rows, cols in ([] if only else cases[:len(DECODE_SHAPES)]):
         rates = bench.bench_matvec_shared_input(t, rows, cols)
         if rates:
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s}  with its own quantise {rates[0]:5.0f} GB/s "
