@@ -31,16 +31,17 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
-                            MXFP4, Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name)
+from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL,
+                            IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, SUPPORTED,
+                            type_name)
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (IQ1_S_BLOCKS, IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ3_S_BLOCKS, IQ3_XXS_BLOCKS,
-                   IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
-                   Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, WIDE_GROUP, f16_bits_to_f32,
-                   f32_from_bits, row_dot_intrinsic)
+from .simd import (IQ1_M_BLOCKS, IQ1_S_BLOCKS, IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ3_S_BLOCKS,
+                   IQ3_XXS_BLOCKS, IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS,
+                   Q4_1_BLOCKS, Q4_K_BLOCKS, Q5_0_BLOCKS, Q5_1_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS,
+                   WIDE_GROUP, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
@@ -56,7 +57,8 @@ ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS,
                Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS, IQ4_XS.id: IQ4_XS_BLOCKS,
                IQ4_NL.id: IQ4_NL_BLOCKS, Q5_0.id: Q5_0_BLOCKS, MXFP4.id: MXFP4_BLOCKS,
                IQ2_XXS.id: IQ2_XXS_BLOCKS, IQ2_XS.id: IQ2_XS_BLOCKS, IQ2_S.id: IQ2_S_BLOCKS,
-               IQ3_XXS.id: IQ3_XXS_BLOCKS, IQ3_S.id: IQ3_S_BLOCKS, IQ1_S.id: IQ1_S_BLOCKS}
+               IQ3_XXS.id: IQ3_XXS_BLOCKS, IQ3_S.id: IQ3_S_BLOCKS, IQ1_S.id: IQ1_S_BLOCKS,
+               Q4_1.id: Q4_1_BLOCKS, Q5_1.id: Q5_1_BLOCKS, IQ1_M.id: IQ1_M_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 
