@@ -12,11 +12,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from cpu.activations import Q8_1, format_of
 from cpu.ggml_types import BY_NAME, DECODED
 from cpu.matvec import ROW_READERS
 from hybrid.synth.codes import random_blocks
-from tests.reference.llama_cpp_rounding import q8_1, round_activations
+from tests.reference.llama_cpp_rounding import MIN_TYPES, block_mins, q8_1_min_term, round_activations
 
 DECODED_TYPES = tuple(t.name for t in DECODED)
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", *DECODED_TYPES)
@@ -169,14 +168,7 @@ def quantized_x(name: str, x: np.ndarray) -> np.ndarray:
 
 def min_term_correction(name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray | float:
     """What the kernels' product with `name` weights adds to dequantized(w) @ quantized_x(x).T:
-    for the types with a min on Q8_1 activations (Q4_1, Q5_1), each block's m·d_x·Σq_x is m·s in
-    llama.cpp's dot (s = fp16(d_f32·Σq), `q8_1`), so Σ_blocks m·(s − d_x·Σq_x) per (row, slot),
-    (rows, n) float64; 0 for the other types."""
-    t = BY_NAME[name]
-    if format_of(t.id) is not Q8_1:
+    llama.cpp's m·s per block for Q4_1 / Q5_1 (`q8_1_min_term`, (rows, n)); 0 for the other types."""
+    if type_id(name) not in MIN_TYPES:
         return 0.0
-    qs, d, s = q8_1(np.ascontiguousarray(x, dtype=np.float32))
-    n_blocks = x.shape[1] // 32
-    sums = qs.reshape(x.shape[0], n_blocks, 32).astype(np.float64).sum(axis=2)
-    m = w.reshape(w.shape[0], n_blocks, t.block_bytes)[:, :, 2:4].copy().view(np.float16)[:, :, 0]
-    return m.astype(np.float64) @ (s.astype(np.float64) - d.astype(np.float64) * sums).T
+    return q8_1_min_term(x, block_mins(w, x.shape[1])).T
