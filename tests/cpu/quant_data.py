@@ -166,9 +166,9 @@ def quantized_x(name: str, x: np.ndarray) -> np.ndarray:
     return round_activations(x, Q(type_id(name)))
 
 
-def min_term_correction(name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray | float:
+def min_term_correction(name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """What the kernels' product with `name` weights adds to dequantized(w) @ quantized_x(x).T:
     llama.cpp's m·s per block for Q4_1 / Q5_1 (`q8_1_min_term`, (rows, n)); 0 for the other types."""
     if type_id(name) not in MIN_TYPES:
-        return 0.0
+        return np.float64(0.0)
     return q8_1_min_term(x, block_mins(w, x.shape[1])).T
