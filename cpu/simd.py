@@ -11,9 +11,10 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
-for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
+for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4; Q4_1, Q5_1 with their min
+on Q8_1's s) where VNNI exists, and
 `vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), and rows of constant grid tables
-in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S); with AVX-512 BW and GFNI, Q4_K
+in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
 same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
@@ -600,7 +601,7 @@ class _Operands:
 
 class _KQuant(NamedTuple):
     """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
-    Q6_K, Q3_K, Q2_K, IQ4_XS and the grid types): `unpack` (the weights into registers, then a
+    Q6_K, Q3_K, Q2_K, IQ4_XS and the grid types, IQ1_M included): `unpack` (the weights into registers, then a
     dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d
     and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4, the IQ3/IQ1 grid types
     GRID_OFFSET; IQ4_XS and the IQ2 types 0 with zero aux lanes: their codes meet x signed; None:
@@ -660,11 +661,11 @@ Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
-# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S) on Q8_K activations -------------------
+# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) on Q8_K activations ------------
 #
-# Each group of 4 (IQ3) or 8 (IQ1_S) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
+# Each group of 4 (IQ3) or 8 (IQ1) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
 # unsigned values 4..62; iq3s_grid: odd 1..15; iq1s_grid: −1, 0, 1) and a 3- or 4-bit scale s per
-# 32 weights. The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
+# 32 weights (IQ1_M: per 16). The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
 # table in the LLVM module, and the signs applied once per block: signed weights w, |w| ≤ 62. They
 # meet the activations as unsigned codes w + GRID_OFFSET ≤ 126 in `vpmaddubsw` (|pair| ≤ 2 · 126 ·
 # 127 < 2**15; no sign op per slot), the offset taken back through the x sums as for Q6_K
