@@ -1028,8 +1028,9 @@ class _SmallBlocks(NamedTuple):
                                                               _I64(per_block)))
             raw = builder.load(ops.floats_at("dx", at, n_blk * per_block), align=4)
             if n_blk == 1:      # lane 0 (and the s in lane 1): the other lanes stay 0
-                raw = builder.shuffle_vector(raw, ir.Constant(raw.type, None), ir.Constant(
-                    ir.VectorType(_I32, 8 * per_block), list(range(per_block)) + [per_block] * (8 * per_block - per_block)))
+                keep = list(range(per_block)) + [per_block] * (7 * per_block)
+                raw = builder.shuffle_vector(raw, ir.Constant(raw.type, None),
+                                             ir.Constant(ir.VectorType(_I32, 8 * per_block), keep))
             xd = raw if mins is None else v.lanes(raw, range(0, 16, 2))
             scales = builder.fmul(ds, xd)
             lanes = slot_lanes(g)
