@@ -755,17 +755,19 @@ def _grid_dot(v: _Vec, weights, scale):
 #
 # Each 8 weights are a row of a fixed grid (unsigned bytes 8, 25, 43) times 8 signs, times a 4-bit
 # scale s per 32 (IQ2_XXS) or 16 (IQ2_XS, IQ2_S) weights: weight = d·(0.5 + s)·0.25·grid·sign =
-# (d/8)·(2s + 1)·grid·sign, exactly (d/8 is `_KQuant.d_factor`). The grid rows are constant tables
-# in the module, 8 bytes a row, read by plain loads (one per 8 weights); the sign bytes are computed
-# for the whole block in vector registers (IQ2_XXS / IQ2_XS: KSIGNS by a parity pass,
-# `_ksign_bytes`; a table row per 8 weights cost a load and an insert each), and go onto x (`sign8`), so `vpmaddubsw` meets the unsigned grid bytes and signed x (|pair| ≤
+# (d/8)·(2s + 1)·grid·sign, exactly (d/8 is `_KQuant.d_factor`). The grid rows and the sign patterns
+# are constant tables in the module, 8 bytes a row, read by plain loads (one per 8 weights); the
+# signs go onto x (`sign8`), so `vpmaddubsw` meets the unsigned grid bytes and signed x (|pair| ≤
 # 2·43·127 < 2**15) and `vpmaddwd` the odd scales 2s + 1. No aux term (offset 0, aux lanes zero).
 
 # ggml's ksigns_iq2xs: a 7-bit sign index i → the 8 sign bits, bit 7 the parity of i (even count)
 KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
 
+
+# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`)
+_SIGN_ROWS = [int.from_bytes(bytes(0xFF if (k >> j) & 1 else 1 for j in range(8)), "little") for k in KSIGNS]
 _IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _grid_rows(_gguf_quants.IQ2_XS),
-               "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S)}
+               "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S), "iq2_signs": _SIGN_ROWS}
 
 
 def _table_rows(v: _Vec, name: str, indices):
@@ -793,45 +795,17 @@ def _iq2_scales16(v: _Vec, blk, at: int):
     return b.add(b.add(s, s), v.splat_const(_I16X16, 1))
 
 
-def _aux_sign_fields(v: _Vec, aux):
-    """The four 7-bit sign indices at bits 7l of each u32 aux word (8 lanes; IQ2_XXS, IQ3_XXS),
-    as 32 bytes: byte 4·lane + l."""
-    b = v.b
-    w = v.splat_const(_I32X8, 0)
-    for l in range(4):
-        field = b.and_(b.lshr(aux, v.splat_const(_I32X8, 7 * l)), v.splat_const(_I32X8, 127))
-        w = b.or_(w, b.shl(field, v.splat_const(_I32X8, 8 * l)))
-    return b.bitcast(w, _U8X32)
-
-
-def _ksign_bytes(v: _Vec, fields):
-    """KSIGNS of 32 7-bit sign indices (a byte each), computed: each byte's parity into bit 7.
-    Done on u32 lanes: after p ^= p >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's
-    bits only (the shifts add up to 7)."""
-    b = v.b
-    w = b.bitcast(fields, _I32X8)
-    p = w
-    for n in (4, 2, 1):
-        p = b.xor(p, b.lshr(p, v.splat_const(_I32X8, n)))
-    return b.bitcast(b.or_(w, b.shl(b.and_(p, v.splat_const(_I32X8, 0x01010101)), v.splat_const(_I32X8, 7))),
-                     _U8X32)
-
-
 def _unpack_iq2xxs(v: _Vec, blk):
     """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
     each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
     b = v.b
-    words = b.bitcast(v.load(blk, 2, ir.VectorType(_I64, 8)), ir.VectorType(_I32, 16))
-    aux = b.shuffle_vector(words, words, ir.Constant(_I32X8, list(range(1, 16, 2))))     # the high u32s
-    # the sign bytes computed for the whole block (one parity pass, as IQ3_XXS), not 4 table rows
-    # per 32 weights; the q words loaded as scalars (an extract from the vector is 2 µops)
-    signs = _ksign_bytes(v, _aux_sign_fields(v, aux))
     chunks = []
     for ib in range(8):
-        q = v.load(blk, 2 + 8 * ib, _I64)
+        q = v.load(blk, 2 + 8 * ib, _I64)       # scalar loads of the index words (`_unpack_iq2xs`)
         grid = _table_rows(v, "iq2xxs_grid", [_bits_i64(v, q, 8 * l, 255) for l in range(4)])
+        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
         s = b.trunc(b.lshr(q, _I64(60)), _I16)
-        chunks.append((grid, _sign_bytes(v, signs, 4 * ib), v.splat(b.add(b.add(s, s), _I16(1)), 16)))
+        chunks.append((grid, signs, v.splat(b.add(b.add(s, s), _I16(1)), 16)))
     return _signed_x_dot(v, chunks)
 
 
@@ -839,15 +813,15 @@ def _unpack_iq2xs(v: _Vec, blk):
     """IQ2_XS: per 8 weights (k) the u16 at byte 2 + 2k: bits 0..8 grid index, 9..15 sign index;
     scales (nibbles per 16 weights) at byte 66."""
     b = v.b
-    qs = v.load(blk, 2, ir.VectorType(_I16, 32))
-    fields = b.trunc(b.lshr(qs, ir.Constant(ir.VectorType(_I16, 32), [9] * 32)), _U8X32)   # byte k
-    signs = _ksign_bytes(v, fields)             # computed once per block, as IQ2_XXS
     scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 66))
     chunks = []
     for c in range(8):
-        q = [b.zext(v.load(blk, 2 + 2 * (4 * c + l), _I16), _I64) for l in range(4)]   # scalar loads
+        # each index word loaded as a scalar: taken out of one vector load, every one cost a
+        # `vpextrw` (2 µops) on top (docs/MEASUREMENTS.md); loads are cheap and the block is in L1
+        q = [b.zext(v.load(blk, 2 + 2 * (4 * c + l), _I16), _I64) for l in range(4)]
         grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
-        chunks.append((grid, _sign_bytes(v, signs, 4 * c), scales[c]))
+        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
+        chunks.append((grid, signs, scales[c]))
     return _signed_x_dot(v, chunks)
 
 
@@ -861,7 +835,7 @@ def _unpack_iq2s(v: _Vec, blk):
     chunks = []
     for c in range(8):
         idx = []
-        qh = b.zext(v.load(blk, 66 + c, _I8), _I64)      # scalar loads: an extract is 2 µops
+        qh = b.zext(v.load(blk, 66 + c, _I8), _I64)     # scalar loads, as `_unpack_iq2xs`
         for l in range(4):
             k = 4 * c + l
             low = b.zext(v.load(blk, 2 + k, _I8), _I64)
@@ -889,7 +863,15 @@ def _unpack_iq3xxs(v: _Vec, blk):
     def c32(x):
         return v.splat_const(_I32X8, x)
 
-    signs = _ksign_bytes(v, _aux_sign_fields(v, aux))                                   # byte 4ib + l
+    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
+    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
+    w = c32(0)
+    for l in range(4):
+        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
+    p = w
+    for n in (4, 2, 1):
+        p = b.xor(p, b.lshr(p, c32(n)))
+    signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
     scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
