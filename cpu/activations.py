@@ -27,7 +27,7 @@ Memory layout for the int8 formats (`quantize`): codes xq (n, cols↑256) int8 (
 arrays; only Q8_K's readers use them), and the scales `d`: Q8_K block-major (blocks, n) — the
 K-quant row dot loads the scales of consecutive slots as one vector — Q8_0 slot-major
 (n, blocks) — a 256-column span of a slot loads its 8 scales as one vector — and Q8_1 like
-Q8_0 with [d, s] pairs (n, 2·blocks) (no kernel reads Q8_1 yet).
+Q8_0 with [d, s] pairs (n, 2·blocks) (the Q4_1 / Q5_1 row dots, `cpu.simd._SmallBlocks`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The generic N-input product for the `cpu.ggml_types.DECODED` types: decode, then float dots.
 
 out[n, r] = Σ_c W[r, c] · x[n, c] for weight types that have no hand-written SIMD row dot
-(`cpu.ggml_types.DECODED` less `cpu.matvec.ROW_READERS`). Per row tile and block, each of
+(`cpu.ggml_types.DECODED` less `cpu.matvec.ROW_READERS`: none since Q4_1, Q5_1 and IQ1_M got
+theirs; kept for a type added with a decoder before its reader, and tested on its own). Per row tile and block, each of
 ROW_TILE rows' block is decoded once (`cpu.blocks.decode_block`, inlined: the type is a closure constant,
 `cpu.variants`) into a small float32 buffer, then dotted with every input slot's float32
 activations: one weight read and one decode serve all N slots, and for many slots (a prompt

@@ -2,8 +2,8 @@
 
 `cpu.moe_kernel` runs experts whose three kinds all have SIMD row dots (int8 activations). An
 expert stack of any other quantised type (a `cpu.ggml_types.DECODED` type without a row dot in
-`cpu.matvec.ROW_READERS`: the IQ grid types' files, MXFP4 experts) — alone or mixed with SIMD
-types, e.g. IQ3_S gate/up with a Q4_K down — runs here, with `cpu.decoded`'s arithmetic: blocks
+`cpu.matvec.ROW_READERS`; none since Q4_1, Q5_1 and IQ1_M got theirs, so `cpu.moe` routes no
+layer here by itself now) — alone or mixed with SIMD types — would run here, with `cpu.decoded`'s arithmetic: blocks
 decoded to float32 (`cpu.blocks.decode_block`), one block dot per slot, and the activations rounded as
 llama.cpp rounds them for each matrix's type (`cpu.activations.dequantized`: x once per format
 for gate and up, h for down), as the other paths do.

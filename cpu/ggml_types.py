@@ -31,9 +31,9 @@ Q5_K = GGMLType(int(T.Q5_K), "Q5_K", 256, 176)
 Q6_K = GGMLType(int(T.Q6_K), "Q6_K", 256, 210)
 
 # The types real GGUFs use besides the ones above (low-bit mixes, IQ quants, MXFP4 experts), each
-# with a float block decoder (`cpu.blocks`). The CPU reads those that have a SIMD row dot in
-# `cpu.matvec.ROW_READERS` (e.g. IQ4_NL, MXFP4) as it reads the types above, the rest through one
-# decode-then-dot path (`cpu.decoded`); layouts: MODEL_FORMAT.md §6.
+# with a float block decoder (`cpu.blocks`). Each has a SIMD row dot in `cpu.matvec.ROW_READERS`,
+# so the CPU reads them as it reads the types above; a type added here before its reader would
+# take the decode-then-dot path (`cpu.decoded`); layouts: MODEL_FORMAT.md §6.
 Q4_1 = GGMLType(int(T.Q4_1), "Q4_1", 32, 20)
 Q5_0 = GGMLType(int(T.Q5_0), "Q5_0", 32, 22)
 Q5_1 = GGMLType(int(T.Q5_1), "Q5_1", 32, 24)
@@ -50,10 +50,10 @@ IQ1_S = GGMLType(int(T.IQ1_S), "IQ1_S", 256, 50)
 IQ1_M = GGMLType(int(T.IQ1_M), "IQ1_M", 256, 56)
 MXFP4 = GGMLType(int(T.MXFP4), "MXFP4", 32, 17)
 
-# The quantised types that `cpu.blocks` decodes to float32 for `cpu.decoded`. Those that also have
-# an int8 row dot (`cpu.matvec.ROW_READERS`, the one list of SIMD types) take it for matvec, the
-# FFN and the MoE kernels; their decoders still serve lookups (`cpu.quants`) and mixed-type MoE
-# layers (`cpu.decoded_moe`).
+# The quantised types that `cpu.blocks` decodes to float32 for `cpu.decoded`. All of them also have
+# an int8 row dot (`cpu.matvec.ROW_READERS`, the one list of SIMD types), which matvec, the FFN
+# and the MoE kernels take; their decoders still serve lookups (`cpu.quants`), and `cpu.decoded` /
+# `cpu.decoded_moe` a type without a row dot (none now).
 DECODED: tuple[GGMLType, ...] = (Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
                                  IQ2_S, IQ1_S, IQ1_M, MXFP4)
 DECODED_IDS = frozenset(t.id for t in DECODED)

@@ -22,8 +22,8 @@ therefore stays equal to token-by-token prefill, and speculative verify (few slo
 is untouched.
 
 Covered: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 (`TYPES`). Every other type stays on `cpu.matvec`, whose
-kernels serve any number of slots (the decoded types' `cpu.decoded` already decodes a row tile
-once for all slots); `matmul` and `swiglu_matmul` hand them on. `takes`
+kernels serve any number of slots (each row dot decodes a block once for a group of slots);
+`matmul` and `swiglu_matmul` hand them on. `takes`
 says which calls `cpu.ops` routes here. Activations: `cpu.matvec`'s int8 quantisation for the
 weight type (`cpu.activations`: Q8_K for K-quants, Q8_0 for Q8_0/Q4_0), slots padded to a
 multiple of 8 (padding slots are zeros, computed and dropped).

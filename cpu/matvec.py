@@ -7,10 +7,11 @@ weight is the expensive part, so it is done once per block and shared by all slo
 
 Activations are rounded as llama.cpp's CPU backend rounds them for the weight type
 (`cpu.activations`, its `vec_dot_type`): K-quants (Q2_K … Q6_K), IQ4_XS and the grid types
-(IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S) meet int8 per 256 with a float32 scale and sums
-per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
+(IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) meet int8 per 256 with a float32 scale and
+sums per 16 (Q8_K); the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL,
 MXFP4) meet int8 per 32 with an fp16 scale (Q8_0), each block's integer sum scaled by its own
-d_w·d_x in one FMA. Integer sums are exact and every slot runs the same float operations, so
+d_w·d_x in one FMA; Q4_1 and Q5_1 meet Q8_1 (the same, plus s = fp16(d_x·Σq_x) per block, which
+their min m meets as m·s). Integer sums are exact and every slot runs the same float operations, so
 slot n of an N-input call gives exactly the bits of the 1-input call on x[n]; the error against
 the float64 product comes only from rounding x to 127 levels per block (|x_q·d − x| ≤ d/2,
 d ≈ max|x_block| / 127) and from float32 accumulation.
@@ -19,10 +20,10 @@ Float weights (F32, F16, BF16): x rounded to F16 / BF16 for those weights (as ll
 then float32 products with float32 sums in a fixed vector order, one code path for every slot
 (bit identity again holds).
 
-The other quantised types (those of `cpu.ggml_types.DECODED` without a row dot in `ROW_READERS`:
-e.g. Q4_1, Q5_1, IQ1_M) go to `cpu.decoded`:
-blocks decoded to float32 once for all slots, meeting x as their int8 format rounds it (the
-float form of llama.cpp's Q8_0 / Q8_1 / Q8_K activations).
+A quantised type without a row dot in `ROW_READERS` (none now: every type of
+`cpu.ggml_types.DECODED` has one) would go to `cpu.decoded`: blocks decoded to float32 once for
+all slots, meeting x as their int8 format rounds it (the float form of llama.cpp's Q8_0 / Q8_1 /
+Q8_K activations).
 """
 from __future__ import annotations
 
@@ -31,16 +32,17 @@ import numpy as np
 from numba import njit, prange
 from numba.core.extending import intrinsic
 
-from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL, IQ4_XS,
-                            MXFP4, Q2_K, Q3_K, Q4_0, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0, SUPPORTED, type_name)
+from cpu.ggml_types import (BF16, DECODED_IDS, F32, IQ1_M, IQ1_S, IQ2_S, IQ2_XS, IQ2_XXS, IQ3_S, IQ3_XXS, IQ4_NL,
+                            IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, SUPPORTED,
+                            type_name)
 
 from . import activations as act
 from .atomics import fetch_add
 from .decoded import matvec_decoded
-from .simd import (IQ1_S_BLOCKS, IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ3_S_BLOCKS, IQ3_XXS_BLOCKS,
-                   IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS, Q4_K_BLOCKS,
-                   Q5_0_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS, WIDE_GROUP, f16_bits_to_f32,
-                   f32_from_bits, row_dot_intrinsic)
+from .simd import (IQ1_M_BLOCKS, IQ1_S_BLOCKS, IQ2_S_BLOCKS, IQ2_XS_BLOCKS, IQ2_XXS_BLOCKS, IQ3_S_BLOCKS,
+                   IQ3_XXS_BLOCKS, IQ4_NL_BLOCKS, IQ4_XS_BLOCKS, MXFP4_BLOCKS, Q2_K_BLOCKS, Q3_K_BLOCKS, Q4_0_BLOCKS,
+                   Q4_1_BLOCKS, Q4_K_BLOCKS, Q5_0_BLOCKS, Q5_1_BLOCKS, Q5_K_BLOCKS, Q6_K_BLOCKS, Q8_0_BLOCKS,
+                   WIDE_GROUP, f16_bits_to_f32, f32_from_bits, row_dot_intrinsic)
 from .variants import Variants, type_mask
 
 # Software prefetch distance for the weight stream, in bytes (0: off). With all cores streaming,
@@ -51,12 +53,14 @@ PREFETCH_BYTES = 4096
 
 # The types with a SIMD row dot (`cpu.simd`): each ggml type id → its reader. The one list of the
 # int8-activation path: matvec, the fused FFN, the MoE expert kernel and the routing in cpu.moe /
-# cpu.matmul read it; every other quantised type takes `cpu.decoded`'s decode-then-dot path.
+# cpu.matmul read it; a quantised type missing here would take `cpu.decoded`'s decode-then-dot
+# path (every type of cpu.ggml_types.DECODED is here now).
 ROW_READERS = {Q4_K.id: Q4_K_BLOCKS, Q5_K.id: Q5_K_BLOCKS, Q6_K.id: Q6_K_BLOCKS, Q8_0.id: Q8_0_BLOCKS,
                Q4_0.id: Q4_0_BLOCKS, Q3_K.id: Q3_K_BLOCKS, Q2_K.id: Q2_K_BLOCKS, IQ4_XS.id: IQ4_XS_BLOCKS,
                IQ4_NL.id: IQ4_NL_BLOCKS, Q5_0.id: Q5_0_BLOCKS, MXFP4.id: MXFP4_BLOCKS,
                IQ2_XXS.id: IQ2_XXS_BLOCKS, IQ2_XS.id: IQ2_XS_BLOCKS, IQ2_S.id: IQ2_S_BLOCKS,
-               IQ3_XXS.id: IQ3_XXS_BLOCKS, IQ3_S.id: IQ3_S_BLOCKS, IQ1_S.id: IQ1_S_BLOCKS}
+               IQ3_XXS.id: IQ3_XXS_BLOCKS, IQ3_S.id: IQ3_S_BLOCKS, IQ1_S.id: IQ1_S_BLOCKS,
+               Q4_1.id: Q4_1_BLOCKS, Q5_1.id: Q5_1_BLOCKS, IQ1_M.id: IQ1_M_BLOCKS}
 QUANT_TYPES = frozenset(ROW_READERS)
 
 

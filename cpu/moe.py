@@ -146,8 +146,9 @@ def _fused_weights(ffn):
     """The kernel's view of a layer's expert weights, made once per MoEFFN (checks and views
     cost tens of µs, a real share of a small layer's time): (wtypes, gate, up, down rows,
     expert_rows), or None where no fused kernel applies (float weights, gate and up types that
-    round x differently, odd layouts). Experts of the SIMD types run in `cpu.moe_kernel`; with a
-    decoded type among them, in `cpu.decoded_moe` (`_uses_decoded`)."""
+    round x differently, odd layouts). Experts of the SIMD types (every quantised type now) run
+    in `cpu.moe_kernel`; with a type that has a decoder but no row dot among them (none now),
+    in `cpu.decoded_moe` (`_uses_decoded`)."""
     hit = _FUSED_WEIGHTS.get(id(ffn))
     if hit is not None and hit[0]() is ffn:
         return hit[1]

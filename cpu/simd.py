@@ -11,9 +11,10 @@ dot (`row_dot_intrinsic`) is one intrinsic with the type and group dispatch insi
 
 On x86 with AVX2 the multiply-adds are `vpmaddubsw` (u8·i8 → i16 pair sums) and `vpmaddwd`
 (i16·i16 → i32 pair sums), the same instructions llama.cpp uses for Q4_K·Q8_K, plus `vpdpbusd`
-for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4) where VNNI exists, and
+for the 32-element block types (Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4; Q4_1, Q5_1 with their min
+on Q8_1's s) where VNNI exists, and
 `vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), and rows of constant grid tables
-in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S); with AVX-512 BW and GFNI, Q4_K
+in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
 same integers). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
@@ -600,18 +601,21 @@ class _Operands:
 
 class _KQuant(NamedTuple):
     """A 256-weight super-block type on Q8_K activations as the row dot reads it (Q4_K, Q5_K,
-    Q6_K, Q3_K, Q2_K, IQ4_XS and the grid types): `unpack` (the weights into registers, then a
+    Q6_K, Q3_K, Q2_K, IQ4_XS and the grid types, IQ1_M included): `unpack` (the weights into registers, then a
     dot per slot giving Σ sc·q·x and the aux sum as 8 i32 lanes each), the block size, where d
     and dmin sit, the offset of unsigned codes (Q6_K 32, Q3_K 4, the IQ3/IQ1 grid types
     GRID_OFFSET; IQ4_XS and the IQ2 types 0 with zero aux lanes: their codes meet x signed; None:
     the type has mins instead, Q4_K, Q5_K, Q2_K), and a power of 2 that d is multiplied by (exact)
-    where the integer codes are a multiple of the weights (IQ3_XXS 1/4, IQ2 and IQ1_S 1/8)."""
+    where the integer codes are a multiple of the weights (IQ3_XXS 1/4, IQ2, IQ1_S and IQ1_M 1/8).
+    A type whose d is not one fp16 field (IQ1_M: its bits spread over the scale words) gives
+    d_at None and `d_of(v, blk)`: d as lane 0 of 8 float lanes (the others 0)."""
     unpack: Callable
     block_bytes: int
-    d_at: int
+    d_at: int | None
     dmin_at: int | None
     offset_scale: int | None = None
     d_factor: float = 1.0
+    d_of: Callable | None = None
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n], super-block by super-block: each slot
@@ -629,7 +633,10 @@ class _KQuant(NamedTuple):
             blk = ops.bytes_at("w", builder.add(row_off, builder.mul(b_v, _I64(self.block_bytes))))
             v.prefetch_span(blk, pf, self.block_bytes)
             weights = self.unpack(v, blk)
-            scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
+            if self.d_of is not None:
+                scales = self.d_of(v, blk)
+            else:
+                scales = v.f16s(blk, [self.d_at] if self.dmin_at is None else [self.d_at, self.dmin_at])
             if self.d_factor != 1.0:
                 scales = builder.fmul(scales, v.splat_const(_F32X8, self.d_factor))
             dxv = builder.load(ops.floats_at("dx", builder.add(builder.mul(b_v, dxs), n0), g_count), align=4)
@@ -654,11 +661,11 @@ Q2_K_BLOCKS = _KQuant(_unpack_q2k, 84, d_at=80, dmin_at=82)
 IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0)
 
 
-# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S) on Q8_K activations -------------------
+# ---- IQ3 / IQ1 grid super-blocks (IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) on Q8_K activations ------------
 #
-# Each group of 4 (IQ3) or 8 (IQ1_S) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
+# Each group of 4 (IQ3) or 8 (IQ1) weights is a row of a grid table (ggml-common.h iq3xxs_grid:
 # unsigned values 4..62; iq3s_grid: odd 1..15; iq1s_grid: −1, 0, 1) and a 3- or 4-bit scale s per
-# 32 weights. The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
+# 32 weights (IQ1_M: per 16). The grid rows are gathered as u32 / u64 (bytes in element order) from a constant
 # table in the LLVM module, and the signs applied once per block: signed weights w, |w| ≤ 62. They
 # meet the activations as unsigned codes w + GRID_OFFSET ≤ 126 in `vpmaddubsw` (|pair| ≤ 2 · 126 ·
 # 127 < 2**15; no sign op per slot), the offset taken back through the x sums as for Q6_K
@@ -792,10 +799,9 @@ def _unpack_iq2xxs(v: _Vec, blk):
     """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
     each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
     b = v.b
-    qs = v.load(blk, 2, ir.VectorType(_I64, 8))
     chunks = []
     for ib in range(8):
-        q = b.extract_element(qs, _I32(ib))
+        q = v.load(blk, 2 + 8 * ib, _I64)       # scalar loads of the index words (`_unpack_iq2xs`)
         grid = _table_rows(v, "iq2xxs_grid", [_bits_i64(v, q, 8 * l, 255) for l in range(4)])
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
         s = b.trunc(b.lshr(q, _I64(60)), _I16)
@@ -807,11 +813,12 @@ def _unpack_iq2xs(v: _Vec, blk):
     """IQ2_XS: per 8 weights (k) the u16 at byte 2 + 2k: bits 0..8 grid index, 9..15 sign index;
     scales (nibbles per 16 weights) at byte 66."""
     b = v.b
-    qs = v.load(blk, 2, ir.VectorType(_I16, 32))
     scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 66))
     chunks = []
     for c in range(8):
-        q = [b.zext(b.extract_element(qs, _I32(4 * c + l)), _I64) for l in range(4)]
+        # each index word loaded as a scalar: taken out of one vector load, every one cost a
+        # `vpextrw` (2 µops) on top (docs/MEASUREMENTS.md); loads are cheap and the block is in L1
+        q = [b.zext(v.load(blk, 2 + 2 * (4 * c + l), _I16), _I64) for l in range(4)]
         grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
         chunks.append((grid, signs, scales[c]))
@@ -823,17 +830,16 @@ def _unpack_iq2s(v: _Vec, blk):
     (byte 66 + k // 4) << 8, and a sign byte (byte 34 + k: bit j the sign of weight j, no parity);
     scales (nibbles per 16 weights) at byte 74."""
     b = v.b
-    qs = v.load(blk, 2, _U8X32)
-    qh = v.load(blk, 66, ir.VectorType(_I8, 8))
     scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 74))
     sign_bits = v.load(blk, 34, _U8X32)
     chunks = []
     for c in range(8):
         idx = []
+        qh = b.zext(v.load(blk, 66 + c, _I8), _I64)     # scalar loads, as `_unpack_iq2xs`
         for l in range(4):
             k = 4 * c + l
-            low = b.zext(b.extract_element(qs, _I32(k)), _I64)
-            high = _bits_i64(v, b.zext(b.extract_element(qh, _I32(c)), _I64), 2 * l, 3)
+            low = b.zext(v.load(blk, 2 + k, _I8), _I64)
+            high = _bits_i64(v, qh, 2 * l, 3)
             idx.append(b.or_(low, b.shl(high, _I64(8))))
         grid = _table_rows(v, "iq2s_grid", idx)
         chunks.append((grid, _sign_bytes(v, sign_bits, 4 * c), scales[c]))
@@ -929,6 +935,51 @@ IQ3_S_BLOCKS = _KQuant(_unpack_iq3s, 110, d_at=0, dmin_at=None, offset_scale=GRI
 IQ1_S_BLOCKS = _KQuant(_unpack_iq1s, 50, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.125)
 
 
+def _iq1m_d(v: _Vec, blk):
+    """IQ1_M's fp16 d, whose four nibbles are the top nibbles of the scale u16s at bytes 48..55
+    (u16 i gives bits 4i..4i+3), as lane 0 of 8 float lanes."""
+    b = v.b
+    x4 = ir.VectorType(_I16, 4)
+    words = v.load(blk, 48, x4)
+    parts = b.and_(b.lshr(words, ir.Constant(x4, [12, 8, 4, 0])), ir.Constant(x4, [0x000F, 0x00F0, 0x0F00, 0xF000]))
+    bits = v.tree([b.extract_element(parts, _I32(i)) for i in range(4)], b.or_)
+    return _half_to_float(b, b.insert_element(ir.Constant(ir.VectorType(_I16, 8), None), bits, _I32(0)))
+
+
+def _unpack_iq1m(v: _Vec, blk):
+    """IQ1_M (56 bytes: qs[32], qh[16], 4 scale u16s): weight 8k + j = d · (2s + 1) · (grid[g][j] +
+    delta), g = qs[k] | (nibble k of qh & 7) << 8 (nibble k: bits 4·(k % 2).. of qh[k // 2]),
+    delta = −1/8 where bit 3 of that nibble is set, else 1/8, s = bits 3·(h % 4).. of u16 h // 4
+    for the 16 weights h (a scale per 16, unlike IQ1_S's per 32). As IQ1_S: d/8 · (2s + 1) ·
+    (8·grid ± 1), the codes 8·grid ± 1 + GRID_OFFSET (55..73) meeting x unsigned, the offset
+    taken back through the x sums per 16, which share the scale granule (`_per16_dot`)."""
+    b = v.b
+    x4 = ir.VectorType(_I32, 4)
+    words = v.load(blk, 48, ir.VectorType(_I16, 4))
+    placed = b.shuffle_vector(words, words, ir.Constant(ir.VectorType(_I32, 16), [h // 4 for h in range(16)]))
+    s = b.and_(b.lshr(placed, ir.Constant(_I16X16, [3 * (h % 4) for h in range(16)])), v.splat_const(_I16X16, 7))
+    scale = b.add(b.add(s, s), v.splat_const(_I16X16, 1))
+    table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
+    qh = v.load(blk, 32, ir.VectorType(_I8, 16))
+    codes = []
+    for c in range(8):                     # 32 weights: groups k = 4c..4c+3, qh bytes 2c, 2c + 1
+        pair = b.shuffle_vector(qh, qh, ir.Constant(x4, [2 * c, 2 * c, 2 * c + 1, 2 * c + 1]))
+        high = b.shl(b.and_(b.lshr(b.zext(pair, x4), ir.Constant(x4, [0, 4, 0, 4])), ir.Constant(x4, [7] * 4)),
+                     ir.Constant(x4, [8] * 4))
+        idx = b.or_(b.zext(v.load(blk, 4 * c, ir.VectorType(_I8, 4)), x4), high)
+        grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
+        spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [2 * c + j // 16 for j in range(32)]))
+        neg = b.and_(spread, ir.Constant(_U8X32, [0x08 if j // 8 % 2 == 0 else 0x80 for j in range(32)]))
+        base = b.select(b.icmp_unsigned("==", neg, ir.Constant(_U8X32, None)),
+                        v.splat_const(_U8X32, GRID_OFFSET + 1), v.splat_const(_U8X32, GRID_OFFSET - 1))
+        codes.append(b.add(v.shl8(grid, 3), base))
+    return _per16_dot(v, codes, scale, scale)
+
+
+IQ1_M_BLOCKS = _KQuant(_unpack_iq1m, 56, d_at=None, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.125,
+                       d_of=_iq1m_d)
+
+
 # ---- 32-weight blocks with a float scale each (Q8_0, Q4_0; Q5_0, IQ4_NL, MXFP4 below) ----------
 
 class _SmallBlocks(NamedTuple):
@@ -937,10 +988,15 @@ class _SmallBlocks(NamedTuple):
     blocks at the given byte offsets come out as float32 lanes (`scales(v, blk, byte_offs)`, lane
     i the block at byte_offs[i]; default: an fp16 at the block's byte 0). A weight is exactly
     scale × integer weight (`cpu.blocks`). Its activations are Q8_0 (`cpu.activations`): an fp16
-    scale per 32, slot-major dx (slots, blocks)."""
+    scale per 32, slot-major dx (slots, blocks).
+    A type with a min (Q4_1, Q5_1: weight = d·q + m) gives min_at, the byte of its fp16 m in a
+    block: its `signed_weights` are then the unsigned codes q (0..31, met by x as they are), its
+    activations Q8_1 (dx (slots, 2·blocks): [d, s] per block, s = fp16(d_x·Σq_x)), and each block
+    adds m·s, as llama.cpp's x86 dot does (not m·d_x·Σq_x: s is rounded on its own)."""
     block_bytes: int
     signed_weights: Callable
     scales: Callable = _Vec.f16s
+    min_at: int | None = None
 
     def emit_span(self, builder, ops: _Operands, w_off, k, blk0, slot_lanes, n0, g_count: int, n_blk: int, pf):
         """n_blk (8 or 1) consecutive blocks (byte w_off; blocks blk0.. of activation chunk k)
@@ -949,7 +1005,9 @@ class _SmallBlocks(NamedTuple):
         x86 Q8_0 dot does (the scale product of two fp16 values is exact). Even blocks chain onto
         the lanes, odd blocks into a second chain added at the end: two chains of 4 dependent
         FMAs per span instead of one of 8 (at N=1 nothing else hides their latency). The same
-        operations for every slot, whatever G: slot bits do not depend on the grouping."""
+        operations for every slot, whatever G: slot bits do not depend on the grouping. With a
+        min (Q8_1 activations), the blocks' m·s terms (lane i: block i) go onto the lanes by one
+        more FMA after the chains: the lanes are summed at the end, so lane i may hold them."""
         assert n_blk in (1, 8)
         v = _Vec(builder)
         bb = self.block_bytes
@@ -957,27 +1015,35 @@ class _SmallBlocks(NamedTuple):
         if n_blk > 1:   # the full 8-block spans carry the stream; tails are too short to matter
             v.prefetch_span(blk, pf, bb * n_blk)
         ds = self.scales(v, blk, [bb * i for i in range(n_blk)])
+        mins = None if self.min_at is None else v.f16s(blk, [bb * i + self.min_at for i in range(n_blk)])
+        per_block = 1 if mins is None else 2          # floats of dx per block: d (Q8_1: d, s)
         weights = [self.signed_weights(v, blk, bb * i) for i in range(n_blk)]
         xs, dxs = ops.shape("xq")[1], ops.shape("dx")[1]
         for g in range(g_count):
             n = builder.add(n0, _I64(g))
             x = ops.bytes_at("xq", builder.add(builder.mul(n, xs),
                                                builder.add(builder.mul(k, _I64(256)), builder.mul(blk0, _I64(32)))))
-            at = builder.add(builder.mul(n, dxs), builder.add(builder.mul(k, _I64(8)), blk0))
-            if n_blk == 8:
-                xd = builder.load(ops.floats_at("dx", at, 8), align=4)
-            else:
-                xd = builder.insert_element(ir.Constant(_F32X8, None),
-                                            builder.extract_element(builder.load(ops.floats_at("dx", at, 1), align=4), _I32(0)), _I32(0))
+            at = builder.add(builder.mul(n, dxs), builder.mul(builder.add(builder.mul(k, _I64(8)), blk0),
+                                                              _I64(per_block)))
+            raw = builder.load(ops.floats_at("dx", at, n_blk * per_block), align=4)
+            if n_blk == 1:      # lane 0 (and the s in lane 1): the other lanes stay 0
+                keep = list(range(per_block)) + [per_block] * (7 * per_block)
+                raw = builder.shuffle_vector(raw, ir.Constant(raw.type, None),
+                                             ir.Constant(ir.VectorType(_I32, 8 * per_block), keep))
+            xd = raw if mins is None else v.lanes(raw, range(0, 16, 2))
             scales = builder.fmul(ds, xd)
             lanes = slot_lanes(g)
             chains = [builder.load(lanes, align=4), None]
             for i, q in enumerate(weights):
-                p = builder.sitofp(v.signed_dot32(q, v.load(x, 32 * i, _U8X32)), _F32X8)
+                dot = v.signed_dot32(q, v.load(x, 32 * i, _U8X32)) if mins is None else \
+                    v.dot_u8_i8(q, v.load(x, 32 * i, _U8X32))
+                p = builder.sitofp(dot, _F32X8)
                 s = v.lane_splat(scales, i)
                 c = chains[i % 2]
                 chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
             total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
+            if mins is not None:
+                total = v.fma(mins, v.lanes(raw, range(1, 16, 2)), total)
             builder.store(total, lanes, align=4)
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
@@ -1041,12 +1107,18 @@ def _q8_0_weights(v: _Vec, blk, at: int):
 
 def _nibbles32(v: _Vec, blk, at: int):
     """The 32 unsigned 4-bit codes of the 16 bytes at blk+at, in element order: the low nibbles
-    are elements 0..15, the high ones 16..31 (Q4_0, Q5_0, IQ4_NL, MXFP4)."""
+    are elements 0..15, the high ones 16..31 (Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1, Q5_1, IQ4_XS). The
+    high nibbles come from one 16-bit shift of the 16 bytes (the mask then drops what crossed
+    from the neighbour byte), the halves joined, then masked: a per-half byte shift of the joined
+    vector has no x86 instruction, and LLVM widened it to words and packed back (8 instructions
+    instead of 4)."""
     b = v.b
-    half = v.load(blk, at, ir.VectorType(_I8, 16))
-    both = b.shuffle_vector(half, half, ir.Constant(ir.VectorType(_I32, 32), list(range(16)) * 2))
-    shift = ir.Constant(_U8X32, [0] * 16 + [4] * 16)
-    return v.and8(b.lshr(both, shift), 0x0F)
+    x16 = ir.VectorType(_I8, 16)
+    half = v.load(blk, at, x16)
+    words = ir.VectorType(_I16, 8)
+    high = b.bitcast(b.lshr(b.bitcast(half, words), ir.Constant(words, [4] * 8)), x16)
+    both = b.shuffle_vector(half, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    return v.and8(both, 0x0F)
 
 
 def _q4_0_weights(v: _Vec, blk, at: int):
@@ -1087,16 +1159,21 @@ def _lookup16(v: _Vec, idx, table):
     return level[0]
 
 
-def _q5_0_weights(v: _Vec, blk, at: int):
-    """32 signed weights (nibble | fifth bit << 4) − 16; element j's fifth bit is bit j of the
-    little-endian u32 qh at byte 2: byte j/8, bit j%8. As nibble − 16 where the bit is clear."""
+def _fifth_bit_clear(v: _Vec, blk, at: int):
+    """Per element (32 x i1, element order): is its fifth bit clear? Element j's fifth bit is bit
+    j of the little-endian u32 at blk+at: byte j/8, bit j%8 (Q5_0, Q5_1)."""
     b = v.b
-    qh = v.load(blk, at + 2, ir.VectorType(_I8, 4))
+    qh = v.load(blk, at, ir.VectorType(_I8, 4))
     spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
     bit = b.and_(spread, ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)]))
+    return b.icmp_unsigned("==", bit, ir.Constant(_U8X32, None))
+
+
+def _q5_0_weights(v: _Vec, blk, at: int):
+    """32 signed weights (nibble | fifth bit << 4) − 16: nibble − 16 where the bit is clear."""
     zero = ir.Constant(_U8X32, None)
-    offset = b.select(b.icmp_unsigned("==", bit, zero), v.splat_const(_U8X32, 16), zero)
-    return b.sub(_nibbles32(v, blk, at + 6), offset)
+    offset = v.b.select(_fifth_bit_clear(v, blk, at + 2), v.splat_const(_U8X32, 16), zero)
+    return v.b.sub(_nibbles32(v, blk, at + 6), offset)
 
 
 def _iq4_nl_weights(v: _Vec, blk, at: int):
@@ -1141,7 +1218,20 @@ def e8m0_half_at(typingctx, arr, byte_off):
     return types.float32(arr, types.intp), codegen
 
 
+def _q4_1_codes(v: _Vec, blk, at: int):
+    """32 unsigned codes 0..15 (d at byte 0, m at 2, nibbles at 4)."""
+    return _nibbles32(v, blk, at + 4)
+
+
+def _q5_1_codes(v: _Vec, blk, at: int):
+    """32 unsigned codes nibble | fifth bit << 4 (d at 0, m at 2, qh u32 at 4, nibbles at 8)."""
+    high = v.b.select(_fifth_bit_clear(v, blk, at + 4), ir.Constant(_U8X32, None), v.splat_const(_U8X32, 16))
+    return v.b.or_(_nibbles32(v, blk, at + 8), high)
+
+
 Q5_0_BLOCKS = _SmallBlocks(22, _q5_0_weights)
+Q4_1_BLOCKS = _SmallBlocks(20, _q4_1_codes, min_at=2)
+Q5_1_BLOCKS = _SmallBlocks(24, _q5_1_codes, min_at=2)
 IQ4_NL_BLOCKS = _SmallBlocks(18, _iq4_nl_weights)
 MXFP4_BLOCKS = _SmallBlocks(17, _mxfp4_weights, _mxfp4_scales)
 

@@ -15,7 +15,7 @@ from gguf import quants
 from cpu.ggml_types import BY_NAME, DECODED
 from cpu.matvec import ROW_READERS
 from hybrid.synth.codes import random_blocks
-from tests.reference.llama_cpp_rounding import round_activations
+from tests.reference.llama_cpp_rounding import MIN_TYPES, block_mins, q8_1_min_term, round_activations
 
 DECODED_TYPES = tuple(t.name for t in DECODED)
 TYPES = ("F32", "F16", "BF16", "Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", *DECODED_TYPES)
@@ -54,11 +54,13 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
     code 0 (Q4_K/Q5_K −dmin·63, Q6_K −32 × −128, Q8_0 −128 via code 0x80, Q4_0 −8, Q5_0 −16,
     IQ4_NL −127; MXFP4 −12 via code 15, Q3_K −4 × −32, Q2_K −dmin·15, IQ4_XS −127 × −32, IQ2 grid
     row 0 (8s), signs positive, scale 31/8, IQ3_XXS / IQ3_S that grid row with signs −, IQ1_S
-    −1 − 1/8). Scales are 1 (MXFP4: e = 128)."""
+    −1 − 1/8). Q4_1 / Q5_1: top codes 15 / 31 with m = 1, else codes 0 with m = −1; IQ1_M as IQ1_S
+    with its scales per 16 at 15. Scales are 1 (MXFP4: e = 128)."""
     t = BY_NAME[name]
     n_blocks = cols // t.block_elems
     b = np.zeros((rows, n_blocks, t.block_bytes), np.uint8)
     one = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    minus_one = np.frombuffer(np.float16(-1.0).tobytes(), np.uint8)
     code = 0xFF if top else 0x00
     if name in ("Q4_K", "Q5_K"):
         b[:, :, 0:2] = one                          # d = 1
@@ -130,6 +132,16 @@ def extreme_rows(name: str, rows: int, cols: int, top: bool) -> np.ndarray:
         b[:, :, 34:50] = np.frombuffer(np.array([qh] * 8, "<u2").tobytes(), np.uint8)
         if not top:
             b[:, :, 2:34] = 0x00
+    elif name in ("Q4_1", "Q5_1"):
+        b[:, :, 0:2] = one                              # d = 1
+        b[:, :, 2:4] = one if top else minus_one        # m = ±1: weights q + 1 (16 / 32) or −1
+        b[:, :, 4:] = code                              # (Q5_1: qh too) q = 15 / 31, or 0
+    elif name == "IQ1_M":
+        # top: grid row 2047 (all 1), delta +1/8 (qh nibbles 7); else row 0 (all −1), delta −1/8
+        # (nibbles 8); every 3-bit scale 7 → 15, d = 1 (0x3C00: its nibbles top the four u16s)
+        b[:, :, 0:32] = code
+        b[:, :, 32:48] = 0x77 if top else 0x88
+        b[:, :, 48:56] = np.frombuffer(np.array([0x0FFF, 0x0FFF, 0xCFFF, 0x3FFF], "<u2").tobytes(), np.uint8)
     else:
         raise ValueError(name)
     return b.reshape(rows, n_blocks * t.block_bytes)
@@ -152,3 +164,11 @@ def quantized_x(name: str, x: np.ndarray) -> np.ndarray:
     """x as the kernels' dots with `name` weights see it (float64): llama.cpp's activation
     rounding for that type, from the numpy statement of ggml's quantisers (tests/reference)."""
     return round_activations(x, Q(type_id(name)))
+
+
+def min_term_correction(name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """What the kernels' product with `name` weights adds to dequantized(w) @ quantized_x(x).T:
+    llama.cpp's m·s per block for Q4_1 / Q5_1 (`q8_1_min_term`, (rows, n)); 0 for the other types."""
+    if type_id(name) not in MIN_TYPES:
+        return np.float64(0.0)
+    return q8_1_min_term(x, block_mins(w, x.shape[1])).T

@@ -14,7 +14,8 @@ from cpu.moe_kernel import group_slots
 from cpu.ggml_types import F32
 from hybrid.weights import DenseFFN, Experts, Matrix, MoEFFN
 
-from .quant_data import DECODED_TYPES, QUANT_TYPES, dequantized, quantized_x, random_rows, type_id
+from .quant_data import (DECODED_TYPES, QUANT_TYPES, dequantized, min_term_correction, quantized_x, random_rows,
+                         type_id)
 
 D, F, F_SHARED, E, K = 256, 256, 512, 6, 2
 
@@ -120,9 +121,12 @@ def reference_swiglu_down(gate, up, down, x):
     (llama.cpp's rounding for each weight type), and the magnitude
     Σ|W_down|·|h| that bounds the error."""
     (wg, q_g), (wu, q_u), (wd, q_d) = (as_f64(m.wtype, m.data, m.cols) for m in (gate, up, down))
-    h = silu(quantized_x(q_g, x) @ wg.T) * (quantized_x(q_u, x) @ wu.T)
+    g = quantized_x(q_g, x) @ wg.T + min_term_correction(q_g, np.ascontiguousarray(gate.data), x).T
+    u = quantized_x(q_u, x) @ wu.T + min_term_correction(q_u, np.ascontiguousarray(up.data), x).T
+    h = silu(g) * u
     hr = quantized_x(q_d, h.astype(np.float32))
-    return hr @ wd.T, np.abs(hr) @ np.abs(wd).T
+    y = hr @ wd.T + min_term_correction(q_d, np.ascontiguousarray(down.data), h.astype(np.float32)).T
+    return y, np.abs(hr) @ np.abs(wd).T
 
 
 def reference_moe(ffn: MoEFFN, x: np.ndarray):
@@ -149,9 +153,9 @@ CASES = [("Q4_K", "Q6_K", False, True), ("Q8_0", "Q8_0", True, True), ("Q5_K", "
          ("F16", "BF16", True, True), ("F32", "F32", False, True), ("Q4_K", "Q4_K", True, False),
          # the low-bit SIMD types (the one MoE kernel of every ROW_READERS type: no extra compile)
          ("IQ4_XS", "Q3_K", True, True), ("Q4_K", "Q2_K", False, True),
-         # decoded types (cpu.decoded_moe), alone and mixed with SIMD types (as real low-bit mixes
-         # are); each type pair compiles a kernel variant (~1.5 min on CI), so the MoE tests share
-         # two pairs and the types themselves are covered one by one in test_matvec
+         # the types with the newest row dots (Q4_1/Q5_1 on Q8_1 activations, IQ1_M), alone and
+         # mixed with others (as real low-bit mixes are); cpu.decoded_moe, which these once took,
+         # is forced in test_decoded_experts_run_in_one_kernel_call_whatever_the_threads
          ("Q4_1", "Q5_1", True, False), ("Q4_K", "IQ1_M", False, True),
          # 32-element types with SIMD row dots (the one all-types kernel: no variant of its own)
          ("MXFP4", "Q5_0", True, False),
@@ -219,9 +223,12 @@ def test_quantised_experts_run_in_one_kernel_call(monkeypatch):
 
 @pytest.mark.parametrize("gate_up, down", [("Q4_1", "Q5_1"), ("Q4_K", "IQ1_M")])
 def test_decoded_experts_run_in_one_kernel_call_whatever_the_threads(gate_up, down, monkeypatch):
+    """cpu.decoded_moe, forced: every quantised type now has a row dot, so no layer routes there by
+    itself (it stays for a type added with a decoder and no reader yet)."""
     rng = np.random.default_rng(5)
     ffn = make_ffn(gate_up, down, fused=True, shared=False, rng=rng)
     x = rng.standard_normal((7, D)).astype(np.float32)
+    monkeypatch.setattr(cpu.moe, "_uses_decoded", lambda wtypes: True)
     calls, real = [], cpu.moe.routed_experts_decoded
     monkeypatch.setattr(cpu.moe, "routed_experts_decoded", lambda *a: (calls.append(1), real(*a))[1])
     want = np.empty((7, D), np.float32)

@@ -1,4 +1,4 @@
-"""Models of the decoded types (cpu.decoded: Q4_1 … IQ1_M, MXFP4) and of llama.cpp's low-bit
+"""Models of the decoded types (cpu.ggml_types.DECODED: Q4_1 … IQ1_M, MXFP4) and of llama.cpp's low-bit
 mixes, CPU-only, against the numpy float64 reference (weights read by gguf-py); the mixes'
 per-tensor types against llama-quant.cpp's rules; the errors for an unknown type and for a type
 the GPU kernels do not run, and the GPU plan of the decoded types they do run."""
@@ -55,9 +55,9 @@ def test_llama_mix_models_match_reference(recipe, tmp_path):
     assert err < FLIP_TOL and float(np.median(np.abs(ours - ref))) < 0.05     # as the uniform models
 
 
-# MoE files: experts of a decoded type (alone, and mixed with a SIMD type as IQ3_M's early
-# ffn_down is) run in cpu.decoded_moe, experts whose types all have a row dot
-# (cpu.matvec.ROW_READERS) in cpu.moe_kernel; both round activations for each matrix's type, so
+# MoE files: experts of the decoded types (alone, and mixed with another type as IQ3_M's early
+# ffn_down is) run in cpu.moe_kernel now that every one has a row dot (cpu.matvec.ROW_READERS;
+# cpu.decoded_moe took them before); it rounds activations for each matrix's type, so
 # with every other matrix F32 the model must meet the float64 reference that rounds them the same
 # way. (A shared expert of a decoded type runs as a dense FFN: the dense tests above cover it.)
 # (A whole MoE mix also rounds its Q8_0/K-quant trunk's activations to int8, and on these tiny

@@ -51,6 +51,25 @@ def q8_1(x: np.ndarray):
         return qs, d, (d32 * sums.astype(np.float32)).astype(np.float16).astype(np.float32)
 
 
+MIN_TYPES = (T.Q4_1, T.Q5_1)   # weight = d·q + m per 32, dotted with Q8_1 activations
+
+
+def block_mins(raw: np.ndarray, cols: int) -> np.ndarray:
+    """The fp16 m (bytes 2..3 of each 32-weight block) of rows of raw Q4_1 / Q5_1 blocks (..., row
+    bytes), as float64 (..., cols/32)."""
+    blocks = raw.reshape(*raw.shape[:-1], cols // 32, -1)
+    return blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+
+
+def q8_1_min_term(x: np.ndarray, mins: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q4_1 / Q5_1 dot takes each block's m·Σx as m·s, s = fp16(d_f32·Σq) of `q8_1`,
+    where the float form (x rounded to Q8_0 codes, `round_activations`) gives m·d·Σq: the
+    difference Σ_blocks m·(s − d·Σq), (n, rows) float64, for x (n, cols) and mins (rows, cols/32)."""
+    qs, d, s = q8_1(np.ascontiguousarray(x, dtype=np.float32))
+    sums = qs.reshape(x.shape[0], -1, 32).astype(np.float64).sum(axis=2)
+    return (s.astype(np.float64) - d.astype(np.float64) * sums) @ mins.T
+
+
 def _nearest_int(v: np.ndarray) -> np.ndarray:
     """ggml's nearest_int: add 1.5·2**23, keep the low 23 bits − 2**22 (half to even)."""
     bits = (v.astype(np.float32) + np.float32(12582912.0)).astype(np.float32).view(np.int32)

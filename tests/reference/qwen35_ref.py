@@ -29,6 +29,7 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from tests.reference import moe_ref
+from tests.reference.llama_cpp_rounding import MIN_TYPES, block_mins, q8_1_min_term
 from tests.reference.llama_cpp_rounding import round_activations as _llama_cpp_rounded
 
 ARCHS = ("qwen35", "qwen35moe", "qwen3next")
@@ -64,6 +65,7 @@ class Model:
     weights: dict[str, np.ndarray]  # numpy shapes (ggml ne reversed), float64
     types: dict[str, int]  # ggml type of each tensor in the file
     round_activations: bool = False  # emulate llama.cpp's activation rounding in `linear`
+    mins: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # Q4_1/Q5_1 m per block
 
     def w(self, name: str) -> np.ndarray:
         return self.weights[name]
@@ -72,7 +74,11 @@ class Model:
         """x @ Wᵀ for weight `name` (or its slice `expert` of a stacked 3-D tensor): (T, out)."""
         w = self.weights[name] if expert is None else self.weights[name][expert]
         if self.round_activations:
-            x = _llama_cpp_rounded(x, self.types[name])
+            xr = _llama_cpp_rounded(x, self.types[name])
+            if name in self.mins:    # their dot's m·s terms (`q8_1_min_term`)
+                mins = self.mins[name] if expert is None else self.mins[name][expert]
+                return xr @ w.T + q8_1_min_term(x, mins)
+            x = xr
         return x @ w.T
 
     def w_or(self, name: str, fallback: str) -> np.ndarray:
@@ -140,7 +146,9 @@ def _load(model_path: str) -> Model:
     for arr in weights.values():
         arr.setflags(write=False)  # the cache is shared between callers
     types = {t.name: int(t.tensor_type) for t in reader.tensors}
-    return Model(_hparams(reader), weights, types)
+    mins = {t.name: block_mins(np.asarray(t.data), int(t.shape[0])) for t in reader.tensors
+            if t.tensor_type in MIN_TYPES}
+    return Model(_hparams(reader), weights, types, mins=mins)
 
 
 def _model(model_path: str, round_activations: bool) -> Model:
