@@ -340,8 +340,9 @@ if not simulated():
 
         Numba puts a module-level array in __constant__ space, which serves one address per warp
         per cycle: lanes reading different entries of a grid serialise up to 32-way. A global
-        array goes through L1 and serves a warp's scattered reads in a few transactions. `name`
-        names the global: it is defined once per LLVM module however many call sites name it.
+        array goes through L1 and serves a warp's scattered reads in a few transactions (what
+        llama.cpp's CUDA grids do). The global is constant, so NVVM reads it with ld.global.nc.
+        `name` names it: it is defined once per LLVM module however many call sites name it.
         """
         data = np.ascontiguousarray(words, dtype=np.uint32)
         assert data.ndim == 1

@@ -677,12 +677,9 @@ def q2_k_weight(raw, fac, r, i, lane):
 # IQ2: v = ±grid, f = d·(sc + 1/2)/4 = d·(2sc + 1)·⅛; IQ1: v = 8·grid ± 1 (the delta ±⅛ times 8),
 # f = d·(2sc + 1)·⅛. Both products are the CPU decoder's real value scaled by a power of two,
 # so they round to its bits.
-# Where the grids live: global memory (`device_table`: one __device__ array per grid and kernel,
-# read through L1), not Numba's __constant__ lowering of a module-level array. Constant memory
-# serves one address per warp per cycle, and the 32 lanes of a warp look up 32 different rows: a
-# 32-way serialisation per lookup (IQ3_S matvec measured at 2% of the HBM read rate that way). The
-# `*_grid()` calls return the arrays; each unit's prepare (GEMM: store) takes its grid once and
-# hands it to the helpers below.
+# The grids live in global memory, one __device__ array per grid and kernel read through L1
+# (`device_table` says why not __constant__ space); each unit's prepare (GEMM: store) takes its
+# grid's array (`*_grid()`) once and hands it to the helpers below.
 IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
 IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
 IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
