@@ -585,11 +585,6 @@ def iq4_xs_prepare(raw, i, q, fac, r, p):
     fac[r, 1] = d * small_uint_to_f32((low >> FOUR) | (((high >> TWO) & THREE) << FOUR), THIRTY_TWO)
 
 
-# Known limit: at 4 rows per lane group (a shape only benchmarks ask for: default_rows_per_warp
-# gives 1 or 2) the 64 table lookups per row of this prepare outgrow the compiler's unrolling, and
-# the kernel's per-row arrays go to local memory (`tools/gpu_ptx_check.py --all` flags it).
-
-
 @device_function
 def iq4_xs_dot(q, fac, r, xv, xf, xs, acc):
     acc = fma(fac[r, 0] * xf[0], magic_sum(dot8(q, r, 0, xv, 0, START)), acc)
