@@ -335,6 +335,8 @@ if not simulated():
 
     # ---- lookup tables (gpu/matmul/quants.py) ----------------------------------------------------------
 
+    _table_names: set[str] = set()
+
     def device_table(name: str, words: np.ndarray):
         """A device function returning `words` (1-D uint32) as an array in global memory.
 
@@ -344,6 +346,8 @@ if not simulated():
         llama.cpp's CUDA grids do). The global is constant, so NVVM reads it with ld.global.nc.
         `name` names it: it is defined once per LLVM module however many call sites name it.
         """
+        assert name not in _table_names, f"two device tables named {name}: a kernel would get one of them"
+        _table_names.add(name)
         data = np.ascontiguousarray(words, dtype=np.uint32)
         assert data.ndim == 1
         arytype = types.Array(types.uint32, 1, "C")
