@@ -18,6 +18,7 @@ if not simulated():
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
+    from numba.cuda.cudadrv import nvvm
     from numba.cuda.extending import intrinsic
 
     def asm_u32x3(template: str, result=types.uint32):
@@ -332,6 +333,62 @@ if not simulated():
         aligned (in shared memory: a quarter of the wavefronts of four 4-byte stores)."""
         _st_v4_u32(array, index, w0, w1, w2, w3)
 
+    # ---- lookup tables (gpu/matmul/quants.py) ----------------------------------------------------------
+
+    _table_names: set[str] = set()
+
+    def device_table(name: str, words: np.ndarray):
+        """A device function returning `words` (1-D uint32) as an array in global memory.
+
+        Numba puts a module-level array in __constant__ space, which serves one address per warp
+        per cycle: lanes reading different entries of a grid serialise up to 32-way. A global
+        array goes through L1 and serves a warp's scattered reads in a few transactions (what
+        llama.cpp's CUDA grids do). The global is constant, so NVVM reads it with ld.global.nc.
+        `name` names it: it is defined once per LLVM module however many call sites name it.
+        """
+        assert name not in _table_names, f"two device tables named {name}: a kernel would get one of them"
+        _table_names.add(name)
+        data = np.ascontiguousarray(words, dtype=np.uint32)
+        assert data.ndim == 1
+        arytype = types.Array(types.uint32, 1, "C")
+
+        @intrinsic
+        def _table(typingctx):
+            sig = arytype()
+
+            def codegen(context, builder, sig, args):
+                module = builder.module
+                try:
+                    gv = module.get_global(name)
+                except KeyError:
+                    i32 = ir.IntType(32)
+                    init = ir.Constant(ir.ArrayType(i32, data.size), [ir.Constant(i32, int(v)) for v in data])
+                    gv = cgutils.add_global_variable(module, init.type, name, addrspace=nvvm.ADDRSPACE_GLOBAL)
+                    gv.linkage = "internal"
+                    gv.global_constant = True
+                    gv.initializer = init
+                    gv.align = 16
+                generic = builder.addrspacecast(gv, ir.PointerType(ir.IntType(8)), "generic")
+                ary = context.make_array(arytype)(context, builder)
+                context.populate_array(ary, data=builder.bitcast(generic, ary.data.type),
+                                       shape=[context.get_constant(types.intp, data.size)],
+                                       strides=[context.get_constant(types.intp, 4)],
+                                       itemsize=context.get_constant(types.intp, 4), meminfo=None)
+                return ary._getvalue()
+
+            return sig, codegen
+
+        @cuda.jit(device=True, inline=True)
+        def table():
+            return _table()
+        return table
+
+    @cuda.jit(device=True, inline=True)
+    def byte_perm(x, y, s):
+        """Byte k (k = 0..3) of the result is byte (s >> 4k) & 7 of the 8-byte y:x (x bytes 0..3):
+        one PRMT (libdevice masks the selector, so bit 3 of each nibble is ignored)."""
+        return uint32(cuda.libdevice.byte_perm(np.int32(x), np.int32(y), np.int32(s)))
+
     # ---- int8 matvec (gpu/matmul/quants_q8.py) -----------------------------------------------------------
 
     _dp4a_us = asm_u32x3("dp4a.u32.s32 $0, $1, $2, $3;", types.int32)
@@ -441,6 +498,15 @@ else:
     def store_u32x4(array, index, w0, w1, w2, w3):
         assert index % 4 == 0, "vector store must be 16-byte aligned"
         array[index:index + 4] = (w0, w1, w2, w3)
+
+    def device_table(name: str, words: np.ndarray):
+        data = np.ascontiguousarray(words, dtype=np.uint32)
+        return lambda: data
+
+    def byte_perm(x, y, s):
+        both = int(x) | (int(y) << 32)
+        s = int(s)
+        return np.uint32(sum(((both >> (8 * ((s >> (4 * k)) & 7))) & 0xFF) << (8 * k) for k in range(4)))
 
     def dp4a_us(a, b, c):
         a, b, total = int(a), int(b), int(np.int32(c))

@@ -1,7 +1,8 @@
 """Compile every GPU kernel to PTX for sm_90, with no GPU: typing errors the simulator cannot see.
 
-Also fails a matvec kernel whose PTX uses local memory: its per-row arrays were not unrolled into
-registers, a silent 2-10x slowdown.
+Also fails a matvec or GEMM kernel whose PTX uses local memory (its per-row arrays were not
+unrolled into registers, a silent 2-10x slowdown) or reads __constant__ memory (a table indexed per
+lane there serialises the warp: the IQ grids live in global memory, gpu/matmul/quants.py).
 
 Needs NVIDIA's compiler libraries (NVVM and NVRTC), e.g. `pip install "numba-cuda[cu13]"`.
 Exit status: 0 all compiled, 1 a kernel failed, 3 the compiler libraries are missing.
@@ -179,8 +180,13 @@ def compile_share(job) -> list[tuple[int, str, bool]]:
         except Exception as exc:  # noqa: BLE001 - report every kernel, then fail
             out.append((i, f"FAIL {name}: {type(exc).__name__}: {exc}", True))
             continue
-        bad = name.startswith(("matvec", "gemm")) and ".local" in ptx
-        note = "  FAIL: uses local memory (per-thread arrays not kept in registers)" if bad else ""
+        local = name.startswith(("matvec", "gemm")) and ".local" in ptx
+        # a table read from __constant__ space serialises a warp's lanes on distinct entries
+        # (gpu/matmul/quants.py keeps the IQ grids in global memory for that reason)
+        constant = name.startswith(("matvec", "gemm")) and "ld.const" in ptx
+        bad = local or constant
+        note = ("  FAIL: uses local memory (per-thread arrays not kept in registers)" if local else
+                "  FAIL: reads __constant__ memory (per-lane table lookups serialise)" if constant else "")
         out.append((i, f"{'ok  ' if not bad else 'FAIL'} {name:40s} {time.perf_counter() - t0:5.1f} s  "
                        f"{ptx.count(chr(10)):5d} PTX lines{note}", bad))
     return out

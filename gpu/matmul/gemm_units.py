@@ -37,10 +37,9 @@ from ..intrinsics import (MAGIC, MAGIC_F, bits_to_f32, device_function, f16_bits
                          load_row_u32x4, shr_u32, small_uint_to_f32)
 from .kernel_source import SOURCE_STAMP
 from .quants import UNITS as LANE_UNITS
-from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, IQ2XXS_GRID_WORDS, IQ3S_GRID_WORDS,
-                     IQ3XXS_GRID_WORDS, e8m0_half, grid_value, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words,
-                     iq2_s_words, iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words,
-                     iq4_nl_byte, mxfp4_byte, odd_scale, store4)
+from .quants import (e8m0_half, grid_value, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq1s_grid, iq2_s_words,
+                     iq2_xs_words, iq2_xxs_words, iq2s_grid, iq2xs_grid, iq2xxs_grid, iq3_s_scale, iq3_s_words,
+                     iq3_xxs_scale, iq3_xxs_words, iq3s_grid, iq3xxs_grid, iq4_nl_byte, mxfp4_byte, odd_scale, store4)
 
 BK = 32            # columns per K step of the float32 kernel: one 32-weight block or K-quant sub-block
 ZERO = float32(0.0)
@@ -642,7 +641,7 @@ def iq2_xs_load(w, w8, col, cols, raw, p):
 def iq2_xs_store(raw, p, col, cols, ws, at, stride):
     g = uint32((col & 255) >> 4)
     fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1], (g & uint32(1)) << uint32(2)))
-    store4(raw, p, 0, iq2_xs_words(IQ2XS_GRID_WORDS, raw[p, 0]))
+    store4(raw, p, 0, iq2_xs_words(iq2xs_grid(), raw[p, 0]))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -660,7 +659,7 @@ def iq2_s_load(w, w8, col, cols, raw, p):
 def iq2_s_store(raw, p, col, cols, ws, at, stride):
     shift = uint32(((col & 255) >> 4) & 1) << uint32(2)     # 4·(G % 2): qh bits and scale nibble
     fac = odd_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(raw[p, 1] >> uint32(8), shift))
-    store4(raw, p, 0, iq2_s_words(IQ2S_GRID_WORDS, raw[p, 0], raw[p, 0] >> SIXTEEN, shr_u32(raw[p, 1], shift)))
+    store4(raw, p, 0, iq2_s_words(iq2s_grid(), raw[p, 0], raw[p, 0] >> SIXTEEN, shr_u32(raw[p, 1], shift)))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -678,7 +677,7 @@ def iq1_s_load(w, w8, col, cols, raw, p):
 def iq1_s_store(raw, p, col, cols, ws, at, stride):
     qh = raw[p, 1]
     fac = odd_scale(f16_bits_to_f32(raw[p, 2]), (qh >> uint32(12)) & uint32(7))
-    store4(raw, p, 0, iq1_s_words(IQ1S_GRID_WORDS, raw[p, 0], qh, 2 * (((col & 255) >> 4) & 1)))
+    store4(raw, p, 0, iq1_s_words(iq1s_grid(), raw[p, 0], qh, 2 * (((col & 255) >> 4) & 1)))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -699,7 +698,7 @@ def iq1_m_store(raw, p, col, cols, ws, at, stride):
     s01, s23 = raw[p, 2], raw[p, 3]
     scales = shr_u32(s23 if g >= uint32(8) else s01, ((g >> uint32(2)) & uint32(1)) << uint32(4))   # scales[G // 4]
     fac = odd_scale(f16_bits_to_f32(iq1_m_d(s01, s23)), shr_u32(scales, uint32(3) * (g & uint32(3))) & uint32(7))
-    store4(raw, p, 0, iq1_m_words(IQ1S_GRID_WORDS, raw[p, 0], raw[p, 1]))
+    store4(raw, p, 0, iq1_m_words(iq1s_grid(), raw[p, 0], raw[p, 1]))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -723,7 +722,7 @@ def iq3_xxs_load(w, w8, col, cols, raw, p):
 def iq3_xxs_store(raw, p, col, cols, ws, at, stride):
     aux = raw[p, 1]
     fac = iq3_xxs_scale(f16_bits_to_f32(raw[p, 2]), aux)
-    store4(raw, p, 0, iq3_xxs_words(IQ3XXS_GRID_WORDS, raw[p, 0], aux, 2 * ((col >> 4) & 1)))
+    store4(raw, p, 0, iq3_xxs_words(iq3xxs_grid(), raw[p, 0], aux, 2 * ((col >> 4) & 1)))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -739,7 +738,7 @@ def iq2_xxs_load(w, w8, col, cols, raw, p):
 def iq2_xxs_store(raw, p, col, cols, ws, at, stride):
     aux = raw[p, 1]
     fac = odd_scale(f16_bits_to_f32(raw[p, 2]), aux >> uint32(28))
-    store4(raw, p, 0, iq2_xxs_words(IQ2XXS_GRID_WORDS, raw[p, 0], aux, 2 * ((col >> 4) & 1)))
+    store4(raw, p, 0, iq2_xxs_words(iq2xxs_grid(), raw[p, 0], aux, 2 * ((col >> 4) & 1)))
     grid_store(raw, p, fac, ws, at, stride)
 
 
@@ -762,7 +761,7 @@ def iq3_s_store(raw, p, col, cols, ws, at, stride):
     scales = shr_u32(raw[p, 2] >> SIXTEEN, ((ib >> uint32(1)) & uint32(1)) << uint32(3))   # scales[ib // 2]
     fac = iq3_s_scale(f16_bits_to_f32(raw[p, 2]), shr_u32(scales, (ib & uint32(1)) << uint32(2)))
     qh = shr_u32(v >> SIXTEEN, ((ib & uint32(1)) << uint32(3)) + (hh << uint32(2)))    # qh[ib], bits 4hh on
-    store4(raw, p, 0, iq3_s_words(IQ3S_GRID_WORDS, raw[p, 0], qh, v & LOW16))
+    store4(raw, p, 0, iq3_s_words(iq3s_grid(), raw[p, 0], qh, v & LOW16))
     grid_store(raw, p, fac, ws, at, stride)
 
 

@@ -32,12 +32,13 @@ from cpu.errors import HybridError
 from cpu.simd import IQ4NL_KVALUES, MXFP4_KVALUES
 
 from ..runtime.device import simulated
-from ..intrinsics import (bits_to_f32, device_function, f16_bits_to_f32, fma, load_u32x4, shr_u32,
-                         small_uint_to_f32)
+from ..intrinsics import (bits_to_f32, byte_perm, device_function, device_table, f16_bits_to_f32, fma, load_u32x4,
+                         shr_u32, small_uint_to_f32)
 
 ZERO = float32(0.0)
 LOW16 = uint32(0xFFFF)
 LOW8 = uint32(0xFF)
+FOUR = uint32(4)
 EIGHT = uint32(8)
 SIXTEEN = uint32(16)
 
@@ -301,8 +302,9 @@ def q5_1_weight(raw, fac, r, i, lane):
 
 
 # The 16-entry int8 tables (IQ4_NL's IQ4NL_KVALUES, MXFP4's MXFP4_KVALUES: 2 × the e2m1 values)
-# packed four to a word: word k holds entries 4k..4k+3, so that a lookup is two selects and a
-# shift, with no table in memory.
+# packed four to a word: word k holds entries 4k..4k+3, so that the two halves w1:w0 (entries 0..7)
+# and w3:w2 (8..15) are each one 8-byte PRMT source, and a lookup is byte permutes in registers
+# (no table in memory, no per-lane divergent reads).
 def _packed_table(values) -> tuple:
     return tuple(uint32(v) for v in np.array(values, np.int8).view(np.uint32))
 
@@ -313,11 +315,26 @@ MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3 = _packed_table(MXFP4_KVALUES)
 
 @device_function
 def table_byte(n, w0, w1, w2, w3):
-    """Entry n (0..15) of a packed table as a byte (uint32 0..255, two's complement)."""
-    a = w2 if n & uint32(8) else w0
-    b = w3 if n & uint32(8) else w1
-    word = b if n & uint32(4) else a
-    return shr_u32(word, (n & uint32(3)) << uint32(3)) & uint32(0xFF)
+    """Entry n (0..15) of a packed table as a byte (uint32 0..255, two's complement): entry n & 7
+    of each half, then the half bit 3 of n picks (selector 0 or 4: byte 0 of the first or the
+    second permute)."""
+    low = byte_perm(w0, w1, n)
+    high = byte_perm(w2, w3, n)
+    return byte_perm(low, high, (n >> uint32(1)) & FOUR) & LOW8
+
+
+@device_function
+def table_bytes(v, w0, w1, w2, w3):
+    """(low, high): the table bytes of the low nibbles of v's four bytes, and of their high
+    nibbles, each a word (byte k from byte k of v). A selector nibble of PRMT picks by its low
+    3 bits, so each permute of a half looks up four of v's nibbles at once; a third permute takes
+    each byte from the half that the nibble's bit 3 names."""
+    halves = ((v & uint32(0x88888888)) >> uint32(1)) | uint32(0x32103210)   # nibble k: k, or k + 4
+    # a: the entries of v's nibbles 0..3 (byte 0 low, high, byte 1 low, high); b: of nibbles 4..7
+    a = byte_perm(byte_perm(w0, w1, v), byte_perm(w2, w3, v), halves)
+    up = v >> SIXTEEN
+    b = byte_perm(byte_perm(w0, w1, up), byte_perm(w2, w3, up), halves >> SIXTEEN)
+    return byte_perm(a, b, uint32(0x6420)), byte_perm(a, b, uint32(0x7531))
 
 
 @device_function
@@ -653,20 +670,22 @@ def q2_k_weight(raw, fac, r, i, lane):
 
 # ---------------------------------------------------------------- IQ grid types (256 per block)
 # IQ2_XS, IQ2_S, IQ1_S, IQ1_M: each 8 weights are one entry of a grid of 8-byte rows (cpu.blocks
-# owns the grids; here their bytes, int8, two uint32 words per row: the kernels read them as
-# constant arrays), signed (IQ2) or shifted by a delta (IQ1), times a scale per 16 weights (IQ1_S:
-# per 32). All three GPU paths (float lanes here, gpu/matmul/quants_q8.py, gpu/matmul/gemm_units.py)
-# turn a group of 16 weights into four words of int8 values v and a factor f (weight = f·v):
+# owns the grids; here their bytes, int8, two uint32 words per row), signed (IQ2) or shifted by a
+# delta (IQ1), times a scale per 16 weights (IQ1_S: per 32). All three GPU paths (float lanes here,
+# gpu/matmul/quants_q8.py, gpu/matmul/gemm_units.py) turn a group of 16 weights into four words of
+# int8 values v and a factor f (weight = f·v):
 # IQ2: v = ±grid, f = d·(sc + 1/2)/4 = d·(2sc + 1)·⅛; IQ1: v = 8·grid ± 1 (the delta ±⅛ times 8),
 # f = d·(2sc + 1)·⅛. Both products are the CPU decoder's real value scaled by a power of two,
 # so they round to its bits.
-# Numba lowers a module-level array anew at each place its code names it, after inlining: each
-# unit's prepare (GEMM: store) names its grid once and hands it to the helpers below, so a kernel
-# holds a copy per place it calls that function (at most two: 32 KiB of IQ1_S's grid, of the
-# 64 KiB constant space), not one per lookup.
+# The grids live in global memory, one __device__ array per grid and kernel read through L1
+# (`device_table` says why not __constant__ space); each unit's prepare (GEMM: store) takes its
+# grid's array (`*_grid()`) once and hands it to the helpers below.
 IQ2XS_GRID_WORDS = np.ascontiguousarray(IQ2XS_GRID.astype(np.uint8)).view(np.uint32).ravel()  # 8, 25, 43
 IQ2S_GRID_WORDS = np.ascontiguousarray(IQ2S_GRID.astype(np.uint8)).view(np.uint32).ravel()
 IQ1S_GRID_WORDS = np.ascontiguousarray(IQ1S_GRID.astype(np.int8)).view(np.uint32).ravel()   # −1, 0, 1 (IQ1_M too)
+iq2xs_grid = device_table("hybrid_iq2xs_grid", IQ2XS_GRID_WORDS)
+iq2s_grid = device_table("hybrid_iq2s_grid", IQ2S_GRID_WORDS)
+iq1s_grid = device_table("hybrid_iq1s_grid", IQ1S_GRID_WORDS)
 EIGHTH = float32(0.125)
 BYTE_ONES = uint32(0x01010101)
 LOW7 = uint32(0x7F7F7F7F)
@@ -703,7 +722,7 @@ def ksigns(s7):
 @device_function
 def iq2_xs_words(grid, e):
     """Two IQ2_XS qs entries (e = entry | next << 16: 9-bit grid index, 7-bit signs) as 4 words;
-    grid = IQ2XS_GRID_WORDS."""
+    grid = iq2xs_grid()."""
     a0, a1 = iq2_entry(grid, e & uint32(511), ksigns((e >> uint32(9)) & uint32(127)))
     b0, b1 = iq2_entry(grid, (e >> SIXTEEN) & uint32(511), ksigns(e >> uint32(25)))
     return a0, a1, b0, b1
@@ -712,7 +731,7 @@ def iq2_xs_words(grid, e):
 @device_function
 def iq2_s_words(grid, qs, signs, qh):
     """Two IQ2_S entries: qs, signs = their low index bytes and sign bytes (bits 0..15), qh their
-    2-bit index tops (bits 0..3), as 4 words; grid = IQ2S_GRID_WORDS."""
+    2-bit index tops (bits 0..3), as 4 words; grid = iq2s_grid()."""
     g0 = (qs & LOW8) | ((qh & uint32(3)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(2)) & uint32(3)) << EIGHT)
     a0, a1 = iq2_entry(grid, g0, signs)
@@ -740,7 +759,7 @@ def iq1_entry(grid, g, negative):
 def iq1_s_words(grid, qs, qh, first):
     """Entries first, first + 1 of an IQ1_S sub-block: qs = their low index bytes (bits 0..15),
     qh = the sub-block's u16 (3 index bits per entry, bit 15 the delta's sign), as 4 words;
-    grid = IQ1S_GRID_WORDS."""
+    grid = iq1s_grid()."""
     negative = ((qh >> uint32(15)) & uint32(1)) * ALL_BITS
     g0 = (qs & LOW8) | ((shr_u32(qh, uint32(3 * first)) & uint32(7)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | ((shr_u32(qh, uint32(3 * first + 3)) & uint32(7)) << EIGHT)
@@ -752,7 +771,7 @@ def iq1_s_words(grid, qs, qh, first):
 @device_function
 def iq1_m_words(grid, qs, qh):
     """Two IQ1_M entries: qs = their low index bytes (bits 0..15), qh = their nibbles (bits 0..7:
-    3 index bits, then the delta's sign), as 4 words; grid = IQ1S_GRID_WORDS."""
+    3 index bits, then the delta's sign), as 4 words; grid = iq1s_grid()."""
     g0 = (qs & LOW8) | ((qh & uint32(7)) << EIGHT)
     g1 = ((qs >> EIGHT) & LOW8) | (((qh >> uint32(4)) & uint32(7)) << EIGHT)
     a0, a1 = iq1_entry(grid, g0, ((qh >> uint32(3)) & uint32(1)) * ALL_BITS)
@@ -803,7 +822,7 @@ def iq2_xs_prepare(raw, fac, r, col0, cols, lane):
     hh = uint32(lane & 1)
     e0, e1, sc = raw[r, 0], raw[r, 1], raw[r, 2]
     d = f16_or_zero(raw[r, 3], live)
-    grid = IQ2XS_GRID_WORDS
+    grid = iq2xs_grid()
     store4(raw, r, 0, iq2_xs_words(grid, e0))
     store4(raw, r, 4, iq2_xs_words(grid, e1))
     fac[r, 0] = odd_scale(d, shr_u32(sc, hh << uint32(2)))
@@ -837,7 +856,7 @@ def iq2_s_prepare(raw, fac, r, col0, cols, lane):
     hh = uint32(lane & 1)
     qs, signs, hs = raw[r, 0], raw[r, 1], raw[r, 2]
     d = f16_or_zero(raw[r, 3], live)
-    grid = IQ2S_GRID_WORDS
+    grid = iq2s_grid()
     for h in range(2):  # G0 (qh byte 0 of hs), G1 (byte 1); entries 2(G % 2) + 0, 1 of that byte
         store4(raw, r, 4 * h, iq2_s_words(grid, shr_u32(qs, uint32(16 * h)), shr_u32(signs, uint32(16 * h)),
                                           shr_u32(hs, uint32(8 * h) + (hh << uint32(2)))))
@@ -864,7 +883,7 @@ def iq1_s_prepare(raw, fac, r, col0, cols, lane):
     qs, qh2 = raw[r, 0], raw[r, 1]
     d = f16_or_zero(raw[r, 2], live)
     first = 2 * (lane & 1)
-    grid = IQ1S_GRID_WORDS
+    grid = iq1s_grid()
     for h in range(2):
         qh = shr_u32(qh2, uint32(16 * h)) & LOW16
         store4(raw, r, 4 * h, iq1_s_words(grid, shr_u32(qs, uint32(16 * h)), qh, first))
@@ -896,7 +915,7 @@ def iq1_m_prepare(raw, fac, r, col0, cols, lane):
     qs, qh, s01, s23 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(iq1_m_d(s01, s23), live)
     scales = shr_u32(s23 if c >= uint32(2) else s01, (c & uint32(1)) << uint32(4))
-    grid = IQ1S_GRID_WORDS
+    grid = iq1s_grid()
     for h in range(2):
         store4(raw, r, 4 * h, iq1_m_words(grid, shr_u32(qs, uint32(16 * h)),
                                           shr_u32(qh, uint32(16 * h) + (hh << uint32(3)))))
@@ -905,11 +924,14 @@ def iq1_m_prepare(raw, fac, r, col0, cols, lane):
 
 # IQ3_XXS, IQ3_S, IQ2_XXS: grid rows of positive values (IQ3: 4 bytes, one word; IQ2_XXS: 8 bytes,
 # two words), each weight with its own sign. All three GPU paths take 16 weights at a time (half
-# hh of a 32-weight sub-block ib) as four int8 words, as for the types above (grids named once per
-# prepare/store), and the sub-block's scale as their factor.
+# hh of a 32-weight sub-block ib) as four int8 words, as for the types above (grids in global
+# memory, taken once per prepare/store), and the sub-block's scale as their factor.
 IQ3XXS_GRID_WORDS = np.ascontiguousarray(IQ3XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # 4..62
 IQ3S_GRID_WORDS = np.ascontiguousarray(IQ3S_GRID.astype(np.uint8)).view(np.uint32).ravel()       # odd 1..15
 IQ2XXS_GRID_WORDS = np.ascontiguousarray(IQ2XXS_GRID.astype(np.uint8)).view(np.uint32).ravel()   # 8, 25, 43
+iq3xxs_grid = device_table("hybrid_iq3xxs_grid", IQ3XXS_GRID_WORDS)
+iq3s_grid = device_table("hybrid_iq3s_grid", IQ3S_GRID_WORDS)
+iq2xxs_grid = device_table("hybrid_iq2xxs_grid", IQ2XXS_GRID_WORDS)
 
 
 @device_function
@@ -922,7 +944,7 @@ def sign_pair(aux, first):
 @device_function
 def iq3_xxs_words(grid, qs, aux, first):
     """16 weights of an IQ3_XXS sub-block: qs = their 4 grid bytes, aux = the sub-block's u32 (sign
-    fields first, first + 1 theirs), as 4 words; grid = IQ3XXS_GRID_WORDS."""
+    fields first, first + 1 theirs), as 4 words; grid = iq3xxs_grid()."""
     signs = sign_pair(aux, first)
     return (signed_bytes(grid[qs & LOW8], signs), signed_bytes(grid[(qs >> EIGHT) & LOW8], signs >> uint32(4)),
             signed_bytes(grid[(qs >> SIXTEEN) & LOW8], signs >> EIGHT),
@@ -933,7 +955,7 @@ def iq3_xxs_words(grid, qs, aux, first):
 def iq2_xxs_words(grid, qs, aux, first):
     """16 weights of an IQ2_XXS sub-block: its entries first, first + 1 (bytes of qs, the
     sub-block's grid u32) with sign fields first, first + 1 of aux, as 4 words; grid =
-    IQ2XXS_GRID_WORDS."""
+    iq2xxs_grid()."""
     signs = sign_pair(aux, first)
     a0, a1 = iq2_entry(grid, shr_u32(qs, uint32(8 * first)) & LOW8, signs)
     b0, b1 = iq2_entry(grid, shr_u32(qs, uint32(8 * first + 8)) & LOW8, signs >> EIGHT)
@@ -943,7 +965,7 @@ def iq2_xxs_words(grid, qs, aux, first):
 @device_function
 def iq3_s_words(grid, qs, qh, signs):
     """16 IQ3_S weights: qs = their 4 low index bytes, qh = the 9th index bits (bits 0..3), signs a
-    bit per weight (bits 0..15), as 4 words; grid = IQ3S_GRID_WORDS."""
+    bit per weight (bits 0..15), as 4 words; grid = iq3s_grid()."""
     w0 = signed_bytes(grid[(qs & LOW8) | ((qh & uint32(1)) << EIGHT)], signs)
     w1 = signed_bytes(grid[((qs >> EIGHT) & LOW8) | (((qh >> uint32(1)) & uint32(1)) << EIGHT)], signs >> uint32(4))
     w2 = signed_bytes(grid[((qs >> SIXTEEN) & LOW8) | (((qh >> uint32(2)) & uint32(1)) << EIGHT)], signs >> EIGHT)
@@ -993,7 +1015,7 @@ def iq3_xxs_prepare(raw, fac, r, col0, cols, lane):
     qs0, aux0, qs1, aux1 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(raw[r, 4], live)
     first = 2 * (lane & 1)
-    grid = IQ3XXS_GRID_WORDS
+    grid = iq3xxs_grid()
     store4(raw, r, 0, iq3_xxs_words(grid, qs0, aux0, first))
     store4(raw, r, 4, iq3_xxs_words(grid, qs1, aux1, first))
     fac[r, 0] = iq3_xxs_scale(d, aux0)
@@ -1018,7 +1040,7 @@ def iq2_xxs_prepare(raw, fac, r, col0, cols, lane):
     qs0, aux0, qs1, aux1 = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3]
     d = f16_or_zero(raw[r, 4], live)
     first = 2 * (lane & 1)
-    grid = IQ2XXS_GRID_WORDS
+    grid = iq2xxs_grid()
     store4(raw, r, 0, iq2_xxs_words(grid, qs0, aux0, first))
     store4(raw, r, 4, iq2_xxs_words(grid, qs1, aux1, first))
     fac[r, 0] = odd_scale(d, aux0 >> uint32(28))
@@ -1047,7 +1069,7 @@ def iq3_s_prepare(raw, fac, r, col0, cols, lane):
     qs0, v0, qs1, v1, dsc = raw[r, 0], raw[r, 1], raw[r, 2], raw[r, 3], raw[r, 4]
     d = f16_or_zero(dsc, live)
     scales = shr_u32(dsc >> SIXTEEN, (c & uint32(1)) << uint32(3))        # scales[c]: sub-blocks 2c, 2c + 1
-    grid = IQ3S_GRID_WORDS
+    grid = iq3s_grid()
     # qh[ib] is byte ib % 2 = h of its word; this half's 9th bits are its bits 4hh .. 4hh + 3
     store4(raw, r, 0, iq3_s_words(grid, qs0, shr_u32(v0 >> SIXTEEN, hh << uint32(2)), v0 & LOW16))
     store4(raw, r, 4, iq3_s_words(grid, qs1, shr_u32(v1 >> SIXTEEN, uint32(8) + (hh << uint32(2))), v1 & LOW16))

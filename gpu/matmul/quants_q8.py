@@ -42,11 +42,10 @@ from cpu import ggml_types as gt
 from ..intrinsics import (SIGNED_MAGIC, SIGNED_MAGIC_F, bits_to_f32, device_function, dp4a, dp4a_us,
                          f16_bits_to_f32, fma, load_u32x4, load_u32x4_unaligned, shr_u32,
                          small_uint_to_f32)
-from .quants import (IQ1S_GRID_WORDS, IQ2S_GRID_WORDS, IQ2XS_GRID_WORDS, IQ2XXS_GRID_WORDS, IQ3S_GRID_WORDS,
-                     IQ3XXS_GRID_WORDS, e8m0_half, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq2_s_words,
-                     iq2_xs_words, iq2_xxs_words, iq3_s_scale, iq3_s_words, iq3_xxs_scale, iq3_xxs_words, IQ4_NL_W0,
-                     IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3, MXFP4_W0, MXFP4_W1, MXFP4_W2, MXFP4_W3, odd_scale, store4,
-                     table_byte)
+from .quants import (e8m0_half, int8_to_f32, iq1_m_d, iq1_m_words, iq1_s_words, iq1s_grid, iq2_s_words, iq2_xs_words,
+                     iq2_xxs_words, iq2s_grid, iq2xs_grid, iq2xxs_grid, iq3_s_scale, iq3_s_words, iq3_xxs_scale,
+                     iq3_xxs_words, iq3s_grid, iq3xxs_grid, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3, MXFP4_W0,
+                     MXFP4_W1, MXFP4_W2, MXFP4_W3, odd_scale, store4, table_bytes)
 
 ZERO = np.float32(0.0)
 LOW4 = uint32(0x0F0F0F0F)      # low nibble of each byte
@@ -448,30 +447,14 @@ def q4_0_load_x(xq, xm, s, blk, p, xv, xf, xs):
 
 
 # IQ4_NL (18 B: d, qs[16]): Q4_0's layout, each nibble an index into the IQ4_NL table
-# (gpu/matmul/quants.py iq4_nl_byte). raw[i] = qs[4] | d.
-
-@device_function
-def table_word(v, w0, w1, w2, w3):
-    """Four nibbles, one in the low half of each byte of v, to their four bytes of a packed
-    16-entry table (gpu/matmul/quants.py table_byte)."""
-    return (table_byte(v & LOW8, w0, w1, w2, w3) | (table_byte((v >> EIGHT) & LOW8, w0, w1, w2, w3) << EIGHT)
-            | (table_byte((v >> SIXTEEN) & LOW8, w0, w1, w2, w3) << SIXTEEN)
-            | (table_byte(v >> TWENTY_FOUR, w0, w1, w2, w3) << TWENTY_FOUR))
-
-
-@device_function
-def iq4_nl_word(v):
-    return table_word(v, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
-
+# (gpu/matmul/quants.py table_bytes). raw[i] = qs[4] | d.
 
 @device_function
 def table_nibbles(raw, i, q, r, w0, w1, w2, w3):
     """q[r] = the table bytes of a 32-weight block's nibbles, raw[i, 0:4] (low nibbles weights
     0..15, high ones 16..31): IQ4_NL's and MXFP4's layout."""
     for j in range(4):
-        v = raw[i, j]
-        q[r, j] = table_word(v & LOW4, w0, w1, w2, w3)
-        q[r, 4 + j] = table_word((v >> FOUR) & LOW4, w0, w1, w2, w3)
+        q[r, j], q[r, 4 + j] = table_bytes(raw[i, j], w0, w1, w2, w3)
 
 
 @device_function
@@ -593,20 +576,13 @@ def iq4_xs_prepare(raw, i, q, fac, r, p):
     for j in range(4):
         a = raw[i, j]
         b = raw[i, 4 + j]
-        q[r, j] = iq4_nl_word(a & LOW4)
-        q[r, 4 + j] = iq4_nl_word((a >> FOUR) & LOW4)
-        q[r, 8 + j] = iq4_nl_word(b & LOW4)
-        q[r, 12 + j] = iq4_nl_word((b >> FOUR) & LOW4)
+        q[r, j], q[r, 4 + j] = table_bytes(a, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
+        q[r, 8 + j], q[r, 12 + j] = table_bytes(b, IQ4_NL_W0, IQ4_NL_W1, IQ4_NL_W2, IQ4_NL_W3)
     d = f16_bits_to_f32(raw[i, 8] & LOW16)
     low = shr_u32(raw[i, 9], uint32(8 * p)) & LOW8          # scales_l[p]: sub-blocks 2p, 2p + 1
     high = shr_u32(raw[i, 8] >> SIXTEEN, uint32(4 * p))      # their 2-bit fields of scales_h
     fac[r, 0] = d * small_uint_to_f32((low & uint32(15)) | ((high & THREE) << FOUR), THIRTY_TWO)
     fac[r, 1] = d * small_uint_to_f32((low >> FOUR) | (((high >> TWO) & THREE) << FOUR), THIRTY_TWO)
-
-
-# Known limit: at 4 rows per lane group (a shape only benchmarks ask for: default_rows_per_warp
-# gives 1 or 2) the 64 table lookups per row of this prepare outgrow the compiler's unrolling, and
-# the kernel's per-row arrays go to local memory (`tools/gpu_ptx_check.py --all` flags it).
 
 
 @device_function
@@ -760,7 +736,7 @@ def iq2_xs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq2_xs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 5])
-    grid = IQ2XS_GRID_WORDS    # named once: see gpu/matmul/quants.py
+    grid = iq2xs_grid()
     for t in range(4):
         store4(q, r, 4 * t, iq2_xs_words(grid, raw[i, t]))
         fac[r, t] = odd_scale(d, shr_u32(raw[i, 4], uint32(4 * t)))
@@ -786,7 +762,7 @@ def iq2_s_load(w, w8, row, blk, p, raw, i):
 def iq2_s_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 5])
     hs = raw[i, 4]
-    grid = IQ2S_GRID_WORDS
+    grid = iq2s_grid()
     for t in range(4):
         half = uint32(16 * (t & 1))
         store4(q, r, 4 * t, iq2_s_words(grid, shr_u32(raw[i, t >> 1], half), shr_u32(raw[i, 2 + (t >> 1)], half),
@@ -810,7 +786,7 @@ def iq1_s_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq1_s_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 3])
-    grid = IQ1S_GRID_WORDS
+    grid = iq1s_grid()
     for s in range(2):
         qh = shr_u32(raw[i, 2], uint32(16 * s)) & LOW16
         for e in range(2):      # entries 2e, 2e + 1
@@ -837,7 +813,7 @@ def iq1_m_prepare(raw, i, q, fac, r, p):
     # scales[p] (3 bits per group); a select, not raw[i, 3 + p // 2]: p is a run-time value, and a
     # run-time index would move raw to local memory
     scales = shr_u32(raw[i, 4] if p >= 2 else raw[i, 3], uint32(16 * (p & 1)))
-    grid = IQ1S_GRID_WORDS
+    grid = iq1s_grid()
     for t in range(4):
         store4(q, r, 4 * t, iq1_m_words(grid, shr_u32(raw[i, t >> 1], uint32(16 * (t & 1))),
                                               shr_u32(raw[i, 2], uint32(8 * t))))
@@ -862,7 +838,7 @@ def iq3_xxs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq3_xxs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 6])
-    grid = IQ3XXS_GRID_WORDS    # named once: see gpu/matmul/quants.py
+    grid = iq3xxs_grid()
     for h in range(2):
         aux = raw[i, 4 + h]
         for hh in range(2):
@@ -881,7 +857,7 @@ def iq2_xxs_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq2_xxs_prepare(raw, i, q, fac, r, p):
     d = f16_bits_to_f32(raw[i, 4])
-    grid = IQ2XXS_GRID_WORDS    # named once: see gpu/matmul/quants.py
+    grid = iq2xxs_grid()
     for h in range(2):
         aux = raw[i, 2 * h + 1]
         for hh in range(2):
@@ -906,7 +882,7 @@ def iq3_s_load(w, w8, row, blk, p, raw, i):
 @device_function
 def iq3_s_prepare(raw, i, q, fac, r, p):
     qh = raw[i, 6]
-    grid = IQ3S_GRID_WORDS      # named once: see gpu/matmul/quants.py
+    grid = iq3s_grid()
     for t in range(4):          # qs word t, 9th bits 4t .. 4t + 3 of qh, sign bits 16t .. 16t + 15
         signs = shr_u32(raw[i, 4 + (t >> 1)], uint32(16 * (t & 1))) & LOW16
         store4(q, r, 4 * t, iq3_s_words(grid, raw[i, t], shr_u32(qh, uint32(4 * t)), signs))
