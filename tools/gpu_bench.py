@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s} {mb:7.1f} " + " ".join(cells)
                   + f"  regs {regs}" + label)
     print("\nn=1, x quantised once per input (gpu.matmul.matvec.matvecs) — the int8 kernel alone:")
-    for t, rows, cols in ([] if only else cases[:len(DECODE_SHAPES)]):
+    for t, rows, cols in (cases if only else cases[:len(DECODE_SHAPES)]):
         rates = bench.bench_matvec_shared_input(t, rows, cols)
         if rates:
             print(f"{t.name:5s} {f'{rows}x{cols}':>14s}  with its own quantise {rates[0]:5.0f} GB/s "
