@@ -20,6 +20,13 @@ costs auto several percent against plain decoding. While depth 0 is chosen so, t
 idle (`mtp_idle`): of the rows plain steps leave waiting, only the newest are kept for the next
 draft, the older ones are never run.
 
+A probe that moves the choice by less than _TIE_MARGIN of expected tokens/s leaves the spacing
+to back off as if it had changed nothing: on a model whose depths run at nearly the same speed,
+the measured costs of the probed depths wobble by more than their differences, and a reset on
+each wobble would hold the probes (two changes of depth each) near their shortest spacing.
+The choice still follows the wobble: a tie costs little either way, and a small first gain is
+how a draft that got better is found (its acceptance is only seen once the choice reaches it).
+
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
 keep that depth unused for many probes.
@@ -41,6 +48,7 @@ _PROBE_EVERY = 16     # steps between tries of a neighbouring depth, at first an
 _PROBE_MAX = 128      # the widest spacing probes that change nothing back off to
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
 _HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
+_TIE_MARGIN = 0.03    # a probe's change of choice gaining less than this keeps the probes backing off
 _IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
 
 
@@ -56,6 +64,8 @@ class DepthController:
         self.depth = min(start if start is not None else 1, max_depth)
         self.steps = 0
         self.unsteady = 0                        # steps whose cost was not learnt (record)
+        self.unsteady_seconds = 0.0              # their wall time (once-only work and changes of depth)
+        self.seconds = 0.0                       # wall time of every recorded step
         self.held = False                        # the next choice repeats this one
         self.spacing = _PROBE_EVERY              # steps from one probe to the next (backs off)
         self.next_probe = _PROBE_EVERY           # the step of the next probe
@@ -102,9 +112,13 @@ class DepthController:
         if not self.cost:           # nothing timed yet: the start depth, not the priors' pick
             return self.depth
         a = self.acceptance()
-        best = max(range(0, self.max_depth + 1), key=lambda d: self.expected_tokens(d, a) / self.step_cost(d))
-        if self.home is not None:   # the first choice after a probe: did it change anything?
-            self.spacing = min(2 * self.spacing, _PROBE_MAX) if best == self.home else _PROBE_EVERY
+
+        def rate(d):
+            return self.expected_tokens(d, a) / self.step_cost(d)
+        best = max(range(0, self.max_depth + 1), key=rate)
+        if self.home is not None:   # the first choice after a probe: did it change anything that matters?
+            tie = rate(best) <= (1.0 + _TIE_MARGIN) * rate(self.home)
+            self.spacing = min(2 * self.spacing, _PROBE_MAX) if tie else _PROBE_EVERY
             self.home = None
         # a neighbour never timed is tried sooner: its cost is only learnt from steady steps
         # (a GPU step's first run and its capture are not), so a run would otherwise end before
@@ -157,8 +171,10 @@ class DepthController:
         for i in range(1, min(drafted, accepted + 1) + 1):
             self.tried[i] = _DECAY * self.tried[i] + 1.0
             self.kept[i] = _DECAY * self.kept[i] + (1.0 if i <= accepted else 0.0)
+        self.seconds += seconds
         if not steady:
             self.unsteady += 1
+            self.unsteady_seconds += seconds
             return
         times = self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW))
         times.append(seconds)

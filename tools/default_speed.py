@@ -75,7 +75,8 @@ def depths(args) -> None:
                 c = model.depth_controller
                 costs = ", ".join(f"{d}: {1e3 * s:.2f}" for d, s in sorted(c.cost.items()))
                 print(f"{'':28} auto: depth {c.depth}, step ms {{{costs}}}, acceptance "
-                      f"{[round(float(a), 2) for a in c.acceptance()]}, {c.unsteady} of {c.steps} steps unsteady")
+                      f"{[round(float(a), 2) for a in c.acceptance()]}, {c.unsteady} of {c.steps} steps unsteady "
+                      f"({100 * c.unsteady_seconds / max(c.seconds, 1e-9):.1f}% of the time)")
             del model
 
 

@@ -3,7 +3,8 @@ second from scripted acceptance and step costs; probes one deeper now and then."
 import numpy as np
 import pytest
 
-from hybrid.draft_depth import _COST_WINDOW, _HOPELESS_SPACING, _PROBE_EVERY, _PROBE_MAX, DepthController
+from hybrid.draft_depth import (_COST_WINDOW, _HOPELESS_SPACING, _PROBE_EVERY, _PROBE_MAX, _TIE_MARGIN,
+                                DepthController)
 
 MAX = 4
 
@@ -122,14 +123,26 @@ def test_probes_alternate_and_back_off_while_they_change_nothing():
     assert gaps[0] == _PROBE_EVERY and (np.diff(gaps) >= 0).all() and gaps[-1] == _PROBE_MAX
 
 
-def test_a_probe_that_changes_the_choice_resets_the_spacing():
-    """Backed off on depth 1 while draft 2 failed; drafts then start being kept, a deeper probe
-    sees it and the choice moves: probes come every _PROBE_EVERY steps again."""
+@pytest.mark.parametrize("gain, resets", [(4.0, True), (1.0 + _TIE_MARGIN / 3, False)])
+def test_a_probe_that_changes_the_choice_resets_the_spacing_unless_it_is_a_tie(gain, resets):
+    """Backed off on depth 1 (draft 2 always fails); a probe then finds its depth cheaper than
+    priced: the choice moves there either way, and the probes come every _PROBE_EVERY steps
+    again only if the move gains more than _TIE_MARGIN (a tie is measurement wobble)."""
     c = DepthController(MAX, start=1)
-    drive(c, 8 * _PROBE_MAX, accepted=lambda d: min(d, 1), cost=linear(0.15))
+    kept = lambda d: min(d, 1)      # noqa: E731
+    drive(c, 8 * _PROBE_MAX, accepted=kept, cost=linear(0.15))
     assert c.spacing == _PROBE_MAX
-    drive(c, 2 * _PROBE_MAX + 2, accepted=lambda d: d, cost=linear(0.15))
-    assert c.depth > 1 and c.spacing < _PROBE_MAX
+    while c.home is None:
+        d = c.choose()
+        c.record(d, kept(d), 1.0 + 0.15 * d)
+    probe = c.depth
+    assert c.choose() == probe                      # the probe's second step
+    home_rate = 2.0 / 1.15                          # depth 1: one draft, always kept
+    cost = c.expected_tokens(probe) / (gain * home_rate)
+    for _ in range(_COST_WINDOW):                   # the probed depth's whole cost window
+        c.record(probe, kept(probe), cost)
+    assert c.choose() == probe
+    assert c.spacing == (_PROBE_EVERY if resets else _PROBE_MAX)
 
 
 def test_steep_cost_is_found_from_one_measured_depth():
@@ -176,3 +189,4 @@ def test_drafts_that_might_pay_keep_the_probes_and_the_mtp_head_busy():
     assert np.count_nonzero(late == 1) >= 2 * (len(late) // _PROBE_EVERY) - 2
     assert np.mean(late == 0) > 0.8
     assert c.draft_may_pay() and not c.mtp_idle
+
