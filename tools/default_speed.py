@@ -77,6 +77,10 @@ def depths(args) -> None:
                 print(f"{'':28} auto: depth {c.depth}, step ms {{{costs}}}, acceptance "
                       f"{[round(float(a), 2) for a in c.acceptance()]}, {c.unsteady} of {c.steps} steps unsteady "
                       f"({100 * c.unsteady_seconds / max(c.seconds, 1e-9):.1f}% of the time)")
+            graphs = getattr(model.forward.backend, "graphs", None)
+            if graphs is not None:      # a GPU model: captures past the first per step signal eviction
+                print(f"{'':28} CUDA graphs: {graphs.captures} captured, {graphs.replays} replays, "
+                      f"{graphs.kept} kept")
             del model
 
 

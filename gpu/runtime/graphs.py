@@ -204,6 +204,11 @@ class StepGraphs:
         # copies), in host calls (the CPU FFN), and in all (the rest is Python between them)
         self.seconds = {"gpu": 0.0, "cpu": 0.0, "all": 0.0}
 
+    @property
+    def kept(self) -> int:
+        """Captured steps held now (at most _KEPT: more captures than kept means evictions)."""
+        return len(self._graphs)
+
     def run(self, key, body: Callable[[], None]) -> None:
         if not self.enabled or key in self._eager:
             body()
