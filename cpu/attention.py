@@ -1,6 +1,6 @@
 """KV-cache append and causal GQA attention with the sigmoid output gate (MODEL_FORMAT.md §3.3).
 
-KV cache layout, per attention layer: k_cache, v_cache are float32 (n_head_kv, n_ctx, d_h).
+KV cache layout, per attention layer: k_cache, v_cache are KV_DTYPE (n_head_kv, n_ctx, d_h).
 Head-major so that one query head scans the positions of its KV head as one contiguous
 stream (position-major would stride by n_head_kv·d_h between positions).
 """
@@ -16,6 +16,10 @@ from .expf import expf
 # Reassociation lets LLVM vectorise the d_h dot products. Every query row runs the same
 # code whatever n is, so batched rows still match single-row calls bit for bit.
 _FAST = {"reassoc", "contract", "nsz"}
+
+# The cache's element type on this side: float32 (Numba has no float16 arrays on the CPU; host
+# memory is also the plentiful kind). The GPU keeps fp16 (`gpu/attention.py`).
+KV_DTYPE = np.float32
 
 
 @njit(cache=True, nogil=True)

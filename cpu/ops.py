@@ -11,7 +11,7 @@ import numpy as np
 
 from cpu import matmul as _matmul
 from cpu.argmax import argmax_rows
-from cpu.attention import gated_attention, kv_append
+from cpu.attention import KV_DTYPE, gated_attention, kv_append
 from cpu.ffn import swiglu as _swiglu
 from cpu.gdn import conv1d_silu, gated_delta_rule, gdn_mixer, l2_norm_heads
 from cpu.matvec import matvec as _matvec
@@ -62,7 +62,7 @@ def add_rms_norm(x: np.ndarray, y: np.ndarray, w: np.ndarray, eps: float, out: n
 
 
 __all__ = [
-    "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
+    "KV_DTYPE", "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "gdn_mixer", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]

@@ -1,7 +1,10 @@
 """KV-cache append and causal GQA attention with the sigmoid output gate, on the GPU.
 
-Same ops, arguments and cache layout as `cpu/attention.py`: k_cache, v_cache are float32
-(n_head_kv, n_ctx, d_h), head-major, so one query head streams its KV head's positions.
+Same ops, arguments and cache layout as `cpu/attention.py`: k_cache, v_cache are
+(n_head_kv, n_ctx, d_h), head-major, so one query head streams its KV head's positions. Their
+elements are fp16 here (KV_DTYPE), as llama.cpp's default cache type: a long context takes half
+the VRAM that would otherwise hold FFN weights, and a step reads half the bytes. K and V are
+rounded to nearest on the way in (`kv_append`); scores, softmax and sums stay float32.
 
 Attention is split over the positions (as flash-decoding does), because a decode step has only
 n_head query rows to spread: one block per (query row, head) left most of the GPU idle and read
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda, float32
 
 from cpu.errors import HybridError
@@ -36,6 +40,7 @@ PARTS, PART_MIN = (4, 4) if simulated() else (64, 16)
 ROWS_PER_CALL = 17                    # rows per pair of launches: a verify step up to --draft 16
 MERGE_THREADS = 32 if simulated() else 128
 NEG_INF = float32(-math.inf)
+KV_DTYPE = np.float16
 
 
 @cuda.jit(device=True, inline=True)
@@ -62,7 +67,8 @@ def _kv_append(k, v, k_cache, v_cache, pos):
 
 
 def kv_append(k, v, k_cache, v_cache, pos):
-    """Write row t of k, v (n, n_head_kv, d_h) into cache position pos[t] (pos: int64 (n,))."""
+    """Write row t of k, v (n, n_head_kv, d_h) into cache position pos[t] (pos: int64 (n,)),
+    rounded to the cache's type."""
     size = k.shape[0] * k.shape[1] * k.shape[2]
     _kv_append[-(-size // THREADS), THREADS, stream()](k, v, k_cache, v_cache, pos)
 

@@ -19,7 +19,7 @@ from cpu.quants import dequantize_rows as host_dequantize_rows
 from . import ffn, quants
 from . import moe as device_moe
 from .argmax import argmax_rows
-from .attention import gated_attention, kv_append
+from .attention import KV_DTYPE, gated_attention, kv_append
 from .gdn import conv1d_silu, gated_delta_rule, gdn_mixer, l2_norm_heads
 from .matmul.matvec import matvec as device_matvec
 from .matmul.matvec import matvecs as device_matvecs
@@ -112,7 +112,7 @@ def add_inplace(x, y) -> None:
 
 
 __all__ = [
-    "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
+    "KV_DTYPE", "NAME", "add_inplace", "add_rms_norm", "argmax_rows", "conv1d_silu", "dequantize_rows", "gated_attention", "gated_delta_rule",
     "gated_rms_norm", "gdn_mixer", "head_rms_norm", "kv_append", "l2_norm_heads", "matvec", "matvecs", "moe_ffn", "rms_norm",
     "rope_inv_freq", "rope_neox", "swiglu", "top_logits",
 ]

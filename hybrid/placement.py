@@ -29,7 +29,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from gpu import available
+from gpu.attention import KV_DTYPE as GPU_KV_DTYPE
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from gpu.matmul.quants import UNITS as GPU_UNITS
 
@@ -274,8 +277,8 @@ def _read_bytes(t, group: str, c: ModelConfig, mtp_embed: bool, mtp_head: bool) 
 # --- state, scratch, margin ---------------------------------------------------------------------
 
 def kv_bytes(c: ModelConfig, n_ctx: int, n_layers: int) -> int:
-    """K and V, float32 (n_head_kv, n_ctx, d_h), for n attention layers."""
-    return n_layers * 2 * c.n_head_kv * c.head_dim * n_ctx * F32_BYTES
+    """K and V (n_head_kv, n_ctx, d_h) of the GPU's cache type, for n attention layers."""
+    return n_layers * 2 * c.n_head_kv * c.head_dim * n_ctx * np.dtype(GPU_KV_DTYPE).itemsize
 
 
 def gdn_state_bytes(c: ModelConfig, n_ring: int) -> int:

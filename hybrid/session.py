@@ -225,7 +225,7 @@ class _Checkpoint:
         def clone(a):
             if on_host:
                 return _host_copy(state, a)
-            out = _zeros(state, a.shape)
+            out = _zeros(state, a.shape, a.dtype)
             _copy(state, out, a)
             return out
 
@@ -270,9 +270,9 @@ class _Checkpoint:
 
 # A state's arrays live on its backend (numpy arrays on the CPU, device arrays on a GPU); a state
 # without one holds numpy arrays.
-def _zeros(state, shape):
+def _zeros(state, shape, dtype):
     backend = getattr(state, "backend", None)
-    return backend.zeros(shape) if backend is not None else np.zeros(shape, np.float32)
+    return backend.zeros(shape, dtype) if backend is not None else np.zeros(shape, dtype)
 
 
 def _host_copy(state, a) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Everything one sequence carries between forward calls.
 
-* KV cache per full-attention trunk layer: k, v float32 (n_head_kv, n_ctx, d_h), head-major
-  (cpu/attention.py). Preallocated to n_ctx; positions ≥ n_past are stale and ignored.
+* KV cache per full-attention trunk layer: k, v (n_head_kv, n_ctx, d_h), head-major, of the op
+  set's KV_DTYPE (float32 on the CPU, fp16 on the GPU: cpu/attention.py, gpu/attention.py).
+  Preallocated to n_ctx; positions ≥ n_past are stale and ignored.
 * GDN recurrent state per GDN layer: float32 (H_v, d_v, d_k), S_j[key i][value c] at
   [j, c, i] (cpu/gdn.py); conv state (K−1, C), last K−1 pre-conv inputs, oldest first.
 * MTP block(s) at layer index L..: their own KV caches and position counter `mtp_n_past`,
@@ -10,7 +11,9 @@
   after its token i into slot i; `rollback(n_keep)` restores "after token n_keep−1".
 
 The arrays live where the forward's backend keeps them (hybrid/backend.py: numpy arrays on the
-CPU, device arrays on the GPU); save/load go through host copies either way.
+CPU, device arrays on the GPU); save/load go through host copies either way, and a saved file
+holds float32 whatever the cache type (fp16 widens exactly; a CPU state loaded on the GPU is
+rounded to fp16 as its rows would have been).
 """
 from __future__ import annotations
 
@@ -48,8 +51,10 @@ class SessionState:
         kv_shape = (c.n_head_kv, self.n_ctx, c.head_dim)
         attn_layers = [i for i in range(c.n_layer) if not c.is_recurrent(i)]
         gdn_layers = [i for i in range(c.n_layer) if c.is_recurrent(i)]
-        self.kv = {i: (zeros(kv_shape), zeros(kv_shape)) for i in attn_layers}
-        self.mtp_kv = {i: (zeros(kv_shape), zeros(kv_shape)) for i in range(c.n_layer, c.n_layer_all)}
+        kv_dtype = backend.ops.KV_DTYPE
+        self.kv = {i: (zeros(kv_shape, kv_dtype), zeros(kv_shape, kv_dtype)) for i in attn_layers}
+        self.mtp_kv = {i: (zeros(kv_shape, kv_dtype), zeros(kv_shape, kv_dtype))
+                       for i in range(c.n_layer, c.n_layer_all)}
         ssm_shape = (c.ssm_n_v_heads, c.ssm_d_state, c.ssm_d_state)
         conv_shape = (c.ssm_conv_kernel - 1, c.ssm_conv_channels)
         self.ssm = {i: zeros(ssm_shape) for i in gdn_layers}
@@ -137,7 +142,8 @@ class SessionState:
             arrays[f"ssm_{i}"], arrays[f"conv_{i}"] = host(self.ssm[i]), host(self.conv[i])
         for prefix, kv, used in (("kv", self.kv, self.n_past), ("mtp_kv", self.mtp_kv, self.mtp_n_past)):
             for i, (k, v) in kv.items():
-                arrays[f"{prefix}_k_{i}"], arrays[f"{prefix}_v_{i}"] = host(k)[:, :used], host(v)[:, :used]
+                arrays[f"{prefix}_k_{i}"] = host(k)[:, :used].astype(np.float32, copy=False)
+                arrays[f"{prefix}_v_{i}"] = host(v)[:, :used].astype(np.float32, copy=False)
         try:
             with open(path, "wb") as f:
                 np.savez(f, **arrays)
@@ -240,8 +246,9 @@ class SessionState:
         for prefix, kv, used in (("kv", state.kv, n_past), ("mtp_kv", state.mtp_kv, mtp_n_past)):
             for i, (k, v) in kv.items():
                 shape = (c.n_head_kv, used, c.head_dim)
-                copy(k[:, :used], _read_member(z, members[f"{prefix}_k_{i}.npy"], shape, damaged))
-                copy(v[:, :used], _read_member(z, members[f"{prefix}_v_{i}.npy"], shape, damaged))
+                for live, kind in ((k, "k"), (v, "v")):
+                    saved = _read_member(z, members[f"{prefix}_{kind}_{i}.npy"], shape, damaged)
+                    copy(live[:, :used], saved.astype(live.dtype, copy=False))
         return state
 
 

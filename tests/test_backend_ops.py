@@ -402,8 +402,11 @@ def run_attention(b: Backend, p, rng):
     qg = f32(np.concatenate([rng.standard_normal((n, H, d)), gate], -1))     # [junk | gate]
     K = f32(rng.standard_normal((P, Hkv, d)) * 2)
     V = f32(rng.standard_normal((P, Hkv, d)))
-    # past the positions written so far the caches hold NaN: reading there shows
-    caches = [np.full((Hkv, n_ctx, d), np.nan, np.float32) for _ in range(2)]
+    # the caches in the op set's own element type (fp16 on the GPU: K and V are rounded to
+    # nearest on the way in, and attention reads the rounded values); past the positions
+    # written so far they hold NaN: reading there shows
+    kv_type = b.ops.KV_DTYPE
+    caches = [np.full((Hkv, n_ctx, d), np.nan, kv_type) for _ in range(2)]
     for c, src in zip(caches, (K, V)):
         c[:, :n_before] = src[:n_before].transpose(1, 0, 2)
     k_cache, v_cache = b.dev(caches[0]), b.dev(caches[1])
@@ -411,6 +414,7 @@ def run_attention(b: Backend, p, rng):
     b.ops.kv_append(b.dev(K[n_before:]), b.dev(V[n_before:]), k_cache, v_cache, pos)
     out = b.dev(np.full((n, H * d), np.nan, np.float32))
     b.ops.gated_attention(b.dev(q), b.dev(qg), k_cache, v_cache, pos, out)
+    K, V = K.astype(kv_type), V.astype(kv_type)
     np.testing.assert_array_equal(b.host(k_cache)[:, :P], K.transpose(1, 0, 2))
     np.testing.assert_array_equal(b.host(v_cache)[:, :P], V.transpose(1, 0, 2))
     group = H // Hkv

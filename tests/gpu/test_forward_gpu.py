@@ -52,7 +52,9 @@ WIDE_MODELS = {   # model name → (its matrices' types by name pattern, the nar
                                      r"(^output|token_embd|ssm_alpha|ssm_beta|eh_proj)\.weight$": "IQ3_XXS"}, "MXFP4"),
 }
 PROMPT = np.array([3, 141, 59, 26, 53, 5])
-EXACT_TOL = 1e-4                        # float weights: GPU vs CPU float32 arithmetic
+# float weights, GPU vs CPU: float32 arithmetic, and the GPU's fp16 K/V cache (gpu/attention.py:
+# each cached value rounded by up to 2^-11 of itself; ~6e-4 on these logits, float32 alone ~1e-5)
+EXACT_TOL = 2e-3
 LOGIT_TOL, MEAN_TOL = 0.5, 0.1          # quantised: the CPU rounds activations to int8 (test_forward.py)
 N_TOKENS = 6 if SIMULATED else 24       # greedy decoding length for the drafting test
 # A chunk on the real GPU also meets what a short call never does: the GDN conv's launch per

@@ -76,7 +76,7 @@ def test_27b_accounting_adds_up(m27b):
     assert p.weight_bytes(GPU) + p.weight_bytes(CPU) == total
     n_attn = sum(not c.is_recurrent(i) for i in range(c.n_layer))
     assert n_attn == 16
-    kv_one = 2 * c.n_head_kv * c.head_dim * 4096 * 4
+    kv_one = 2 * c.n_head_kv * c.head_dim * 4096 * 2      # fp16 K and V (gpu/attention.py)
     assert p.vram["kv_cache"] == (n_attn + 1) * kv_one    # the MTP block's attention is on the GPU too
     gdn_one = (c.ssm_n_v_heads * c.ssm_d_state ** 2 + (c.ssm_conv_kernel - 1) * c.ssm_conv_channels) * 4
     assert p.vram["gdn_state"] == 48 * gdn_one * (1 + 5)
@@ -305,7 +305,7 @@ def test_info_plan_json_on_the_bundled_model():
     assert p["weights"]["gpu"] + p["weights"]["cpu"] == s["tensor_bytes"]
     c = s["config"]
     n_attn = s["layer_kinds"].count("attn") + s["n_nextn"]          # the MTP block drafts: its KV too
-    assert p["vram"]["kv_cache"] == n_attn * 2 * c["n_head_kv"] * c["head_dim"] * 2048 * 4
+    assert p["vram"]["kv_cache"] == n_attn * 2 * c["n_head_kv"] * c["head_dim"] * 2048 * 2     # fp16
     assert p["vram_used"] == sum(p["vram"].values()) <= p["budget"]
     assert p["tensors"]["output.weight"] == "gpu" and p["tensors"]["token_embd.weight"] == "cpu"
     assert p["ffn_layers_on_gpu"] == list(range(8))           # 20 MB: everything fits
