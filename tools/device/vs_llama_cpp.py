@@ -32,6 +32,7 @@ Rows (`--rows`, comma-separated ids; default all):
   27b-cpu          27B CPU only (llama.cpp -ngl 0): tg32
   27b-12g-8k       27B at 12 GiB, tg64 after an 8192-token context (llama-bench -d 8192; ours its
                    own plan for that context, and llama.cpp's -ot derived from it)
+  27b-12g-32k      the same after a 32768-token context (-d 32768)
   verify           cost of a k-token pass over one plain step, k = 2..8, 27B at 12 GiB (llama.cpp:
                    a `-p k` batch over its tg per-token time; ours: a k-token verify step,
                    bench_27b.time_verify, over its tg per-token time)
@@ -135,7 +136,7 @@ MODELS = synth_models(MODEL_DIR)       # main() points them at --model-dir
 
 VRAM = "12GiB"
 VERIFY_KS = (2, 3, 4, 5, 6, 7, 8)    # issue 35: k = 4 under 1.45× a step, and no cliff up to 8
-DEPTH = 8192
+DEPTH, LONG_DEPTH = 8192, 32768             # issue 35: decode at 8K and 32K ≥ 1.3× llama.cpp
 EVERY_DENSE_FFN_ON_CPU = r"\.ffn_(up|gate|down)\.weight$=CPU"
 
 
@@ -170,6 +171,7 @@ ROWS: dict[str, Group] = {g.name: g for g in (
     Group("35b-12g", "35B-A3B @ 12 GiB", "35b", pp=(512,), tg=64),
     Group("27b-cpu", "27B CPU only", "27b", device="cpu", vram=None, tg=32),
     Group("27b-12g-8k", "27B @ 12 GiB, 8K context", "27b", tg=64, depth=DEPTH),
+    Group("27b-12g-32k", "27B @ 12 GiB, 32K context", "27b", tg=64, depth=LONG_DEPTH),
 )}
 ROW_IDS = (*ROWS, "verify")
 
