@@ -26,7 +26,7 @@ from numba import cuda, types, uint32
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cpu import ggml_types as gt  # noqa: E402
-from gpu.attention import gated_attention  # noqa: E402
+from gpu.attention import KV_DTYPE, gated_attention  # noqa: E402
 from gpu.intrinsics import load_u32x4  # noqa: E402
 from gpu.matmul import gemm as gemm_module  # noqa: E402
 from gpu.matmul import matvec_q8  # noqa: E402
@@ -297,7 +297,8 @@ def bench_attention(contexts=(16, 128, 512, 2048, 8192), n_head=16, n_head_kv=2,
     seeing `context` positions (a decode or verify step that far into a sequence)."""
     rng = np.random.default_rng(0)
     cache_shape = (n_head_kv, max(contexts) + max(rows), head_dim)
-    k_cache, v_cache = (memory.upload(rng.standard_normal(cache_shape, np.float32)) for _ in range(2))
+    k_cache, v_cache = (memory.upload(rng.standard_normal(cache_shape, np.float32).astype(KV_DTYPE))
+                        for _ in range(2))
     results = []
     for n in rows:
         q = memory.upload(rng.standard_normal((n, n_head, head_dim), np.float32))
@@ -306,7 +307,7 @@ def bench_attention(contexts=(16, 128, 512, 2048, 8192), n_head=16, n_head_kv=2,
         for context in contexts:
             pos = memory.upload(np.arange(context - 1, context - 1 + n, dtype=np.int64))
             t = time_launches(lambda: gated_attention(q, qg, k_cache, v_cache, pos, out)).seconds
-            kv_bytes = 2 * n_head_kv * (context + n - 1) * head_dim * 4
+            kv_bytes = 2 * n_head_kv * (context + n - 1) * head_dim * np.dtype(KV_DTYPE).itemsize
             results.append((n, context, 1e6 * t, kv_bytes / t / 1e9))
     return results
 

@@ -115,6 +115,7 @@ def op_targets():
     """(name, python function, argument types) of every kernel the op set (gpu/ops.py) adds to
     the matmul family, with the argument types the forward calls them with."""
     from numba import types
+    from numba.np import numpy_support
 
     from gpu import argmax, attention, ffn, gdn, moe, norm, ops, rope
     from gpu import expert_cache as ec
@@ -127,6 +128,7 @@ def op_targets():
         return types.Array(dtype, ndim, layout)
 
     m1, m2, m3, m4 = a(f32, 1), a(f32, 2), a(f32, 3), a(f32, 4)
+    kv3 = a(numpy_support.from_dtype(attention.KV_DTYPE), 3)      # the cache's element type
     kernels = [
         ("argmax parts", argmax._argmax_parts, (m2, i64, m3)),
         ("argmax merge", argmax._argmax_merge, (m3, i64, m2)),
@@ -137,8 +139,8 @@ def op_targets():
         ("gated_rms_norm", norm._gated_rms_norm, (m2, m2, m1, f64, m2)),
         ("l2_norm_heads", norm._l2_norm_heads, (m2, i64, i64, f64)),
         ("rope_neox", rope._rope_neox, (m3, a(i64, 1), a(f64, 1))),
-        ("kv_append", attention._kv_append, (m3, m3, m3, m3, a(i64, 1))),
-        ("attention parts", attention._attention_parts, (m3, m3, m3, a(i64, 1), i64, m3, m3, m4)),
+        ("kv_append", attention._kv_append, (m3, m3, kv3, kv3, a(i64, 1))),
+        ("attention parts", attention._attention_parts, (m3, kv3, kv3, a(i64, 1), i64, m3, m3, m4)),
         ("attention merge", attention._attention_merge, (m3, a(i64, 1), i64, m3, m3, m4, m2)),
         ("conv1d_silu", gdn._conv1d_silu, (m2, m2, m2, m2, m3)),
         ("conv1d_silu tokens", gdn._conv1d_silu_tokens, (m2, m2, m2, m2, m3)),
