@@ -142,6 +142,7 @@ def host_trunk_ops():
 
     keep = {"NAME", "matvec", "matvecs", "swiglu", "moe_ffn", "dequantize_rows", "rope_inv_freq"}
     ops = {name: getattr(gpu.ops, name) if name in keep else twin(name) for name in gpu.ops.__all__}
+    ops["KV_DTYPE"] = cpu.ops.KV_DTYPE      # the cache the CPU twins of the attention ops can read
     return types.SimpleNamespace(**ops)
 
 

@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         return run
 
     for name in ops.__all__:
-        if name not in ("NAME", "rope_inv_freq", "matvec", "swiglu", "moe_ffn"):
+        if name not in ("NAME", "KV_DTYPE", "rope_inv_freq", "matvec", "swiglu", "moe_ffn"):
             setattr(ops, name, device_timed(name, getattr(ops, name)))
     # matrix ops run on the device or through a host call depending on where the weights are
     for name in ("matvec", "swiglu", "moe_ffn"):
