@@ -94,6 +94,13 @@ def _target_has_vnni() -> bool:
     return "avx2" in f and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
 
 
+def _target_has_zmm_vnni() -> bool:
+    """512-bit `vpdpbusd` (AVX512-VNNI with AVX512-BW): the 32-weight block types take two blocks
+    per multiply-add (`_SmallBlocks.emit_span`). A function of its own so tests can switch the
+    256-bit path on where the machine has both."""
+    return {"avx2", "avx512vnni", "avx512bw"} <= _target_features()
+
+
 class _Vec:
     """Emits the vector operations the dot products need, into one IR builder."""
 
@@ -103,6 +110,8 @@ class _Vec:
         self.vnni = self.avx2 and _target_has_vnni()
         # 512-bit weight units (Q4_K): two sub-blocks per multiply, nibbles split in one op
         self.zmm = self.vnni and {"avx512bw", "avx512vl", "gfni"} <= _target_features()
+        # 512-bit `vpdpbusd` for two 32-weight blocks at a time (`dot_u8_i8_512`)
+        self.zmm_vnni = self.avx2 and _target_has_zmm_vnni()
 
     # ---- memory --------------------------------------------------------------------------------
     def prefetch_span(self, ptr, distance, n_bytes: int):
@@ -209,6 +218,13 @@ class _Vec:
                              [ir.Constant(_I32X8, None), self.b.bitcast(u, _I32X8), self.b.bitcast(s, _I32X8)])
         return self.madd(self.maddubs(u, s), self.splat_const(_I16X16, 1))
 
+    def dot_u8_i8_512(self, acc, u, s):
+        """acc + Σ of each 4 adjacent u8·i8 products of 64-byte u, s, as 16 i32 lanes (one
+        `vpdpbusd` on zmm; `zmm_vnni` targets only). No saturation: the sum wraps like an add."""
+        i32x16 = ir.VectorType(_I32, 16)
+        return self._x86("llvm.x86.avx512.vpdpbusd.512", i32x16,
+                         [acc, self.b.bitcast(u, i32x16), self.b.bitcast(s, i32x16)])
+
     def abs8(self, v):
         fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_U8X32, [_U8X32, _I1]), "llvm.abs.v32i8")
         return self.b.call(fn, [v, _I1(0)])
@@ -298,7 +314,8 @@ class _Vec:
         """a·c + acc, rounded once (`vfmadd` where the target has FMA, else a libm-free
         multiply and add: the bits then differ between such machines, not between paths)."""
         if "fma" in _target_features():
-            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_F32X8, [_F32X8] * 3), "llvm.fma.v8f32")
+            ty = a.type
+            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32")
             return self.b.call(fn, [a, c, acc])
         return self.b.fadd(self.b.fmul(a, c), acc)
 
@@ -1007,7 +1024,9 @@ class _SmallBlocks(NamedTuple):
         FMAs per span instead of one of 8 (at N=1 nothing else hides their latency). The same
         operations for every slot, whatever G: slot bits do not depend on the grouping. With a
         min (Q8_1 activations), the blocks' m·s terms (lane i: block i) go onto the lanes by one
-        more FMA after the chains: the lanes are summed at the end, so lane i may hold them."""
+        more FMA after the chains: the lanes are summed at the end, so lane i may hold them.
+        On `zmm_vnni` targets a full span goes two blocks per instruction (`_pairs`): the same
+        integers and the same float operations in the same order, so the same bits."""
         assert n_blk in (1, 8)
         v = _Vec(builder)
         bb = self.block_bytes
@@ -1018,6 +1037,7 @@ class _SmallBlocks(NamedTuple):
         mins = None if self.min_at is None else v.f16s(blk, [bb * i + self.min_at for i in range(n_blk)])
         per_block = 1 if mins is None else 2          # floats of dx per block: d (Q8_1: d, s)
         weights = [self.signed_weights(v, blk, bb * i) for i in range(n_blk)]
+        pairs = self._pairs(v, weights) if v.zmm_vnni and n_blk == 8 else None
         xs, dxs = ops.shape("xq")[1], ops.shape("dx")[1]
         for g in range(g_count):
             n = builder.add(n0, _I64(g))
@@ -1033,18 +1053,56 @@ class _SmallBlocks(NamedTuple):
             xd = raw if mins is None else v.lanes(raw, range(0, 16, 2))
             scales = builder.fmul(ds, xd)
             lanes = slot_lanes(g)
-            chains = [builder.load(lanes, align=4), None]
-            for i, q in enumerate(weights):
-                dot = v.signed_dot32(q, v.load(x, 32 * i, _U8X32)) if mins is None else \
-                    v.dot_u8_i8(q, v.load(x, 32 * i, _U8X32))
-                p = builder.sitofp(dot, _F32X8)
-                s = v.lane_splat(scales, i)
-                c = chains[i % 2]
-                chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
-            total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
+            if pairs is not None:
+                total = pairs(x, scales, builder.load(lanes, align=4))
+            else:
+                chains = [builder.load(lanes, align=4), None]
+                for i, q in enumerate(weights):
+                    dot = v.signed_dot32(q, v.load(x, 32 * i, _U8X32)) if mins is None else \
+                        v.dot_u8_i8(q, v.load(x, 32 * i, _U8X32))
+                    p = builder.sitofp(dot, _F32X8)
+                    s = v.lane_splat(scales, i)
+                    c = chains[i % 2]
+                    chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
+                total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
             if mins is not None:
                 total = v.fma(mins, v.lanes(raw, range(1, 16, 2)), total)
             builder.store(total, lanes, align=4)
+
+    def _pairs(self, v: _Vec, weights):
+        """The 8 blocks' part of a span, two blocks per 512-bit register: returns dot(x, scales,
+        lanes) → lanes + the 8 blocks' products (x the span's 256 activation bytes, scales the 8
+        blocks' d_w·d_x as float lanes). Register j holds blocks 2j (lanes 0..7) and 2j+1 (lanes
+        8..15): one `vpdpbusd`, one `vcvtdq2ps`, one FMA cover both, about half the per-slot
+        instructions of the 256-bit path (which is compute-bound at N > 1).
+        Same bits as the 256-bit path: every i32 lane is the same integer, and the float chain
+        is the same. Lanes 0..7 run the even blocks' chain from `lanes`, lanes 8..15 the odd
+        blocks' chain from −0.0 (fma(s, p, −0.0) is fmul(s, p) bit for bit, the zero's sign
+        included), and the two halves are added at the end as the two chains were.
+        Signed weights meet x through a bias instead of the sign trick (`vpsignb` has no 512-bit
+        form): u = x + 128 (x ^ 0x80, |x| ≤ 127) is unsigned, and per 4-byte group
+        Σ u·w − 128·Σ w = Σ x·w exactly (|Σ u·w| < 2**17). The −128·Σ w lanes depend on the
+        weights alone: computed once per span, they are the accumulator the products add to.
+        Unsigned codes (a min: Q4_1, Q5_1) meet x as they are."""
+        b = v.b
+        i32x16, f32x16 = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+        zero = ir.Constant(i32x16, None)
+        bias = v.splat_const(_U8X64, 0x80)
+        wide = [b.shuffle_vector(weights[i], weights[i + 1], ir.Constant(ir.VectorType(_I32, 64), list(range(64))))
+                for i in range(0, len(weights), 2)]
+        signed = self.min_at is None
+        starts = [b.sub(zero, v.dot_u8_i8_512(zero, bias, w)) if signed else zero for w in wide]
+        odd_start = v.splat_const(_F32X8, -0.0)
+
+        def dot(x, scales, lanes):
+            acc = b.shuffle_vector(lanes, odd_start, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+            for j, w in enumerate(wide):
+                xj = v.load(x, 64 * j, _U8X64)
+                sums = v.dot_u8_i8_512(starts[j], b.xor(xj, bias), w) if signed else v.dot_u8_i8_512(zero, w, xj)
+                s = b.shuffle_vector(scales, scales, ir.Constant(ir.VectorType(_I32, 16), [2 * j] * 8 + [2 * j + 1] * 8))
+                acc = v.fma(s, b.sitofp(sums, f32x16), acc)
+            return b.fadd(v.lanes(acc, range(8)), v.lanes(acc, range(8, 16)))
+        return dot
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n]: spans of 8 blocks (one activation
