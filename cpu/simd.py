@@ -1036,7 +1036,10 @@ class _SmallBlocks(NamedTuple):
         ds = self.scales(v, blk, [bb * i for i in range(n_blk)])
         mins = None if self.min_at is None else v.f16s(blk, [bb * i + self.min_at for i in range(n_blk)])
         per_block = 1 if mins is None else 2          # floats of dx per block: d (Q8_1: d, s)
-        if v.zmm_vnni and n_blk == 8:
+        # One slot with signed weights stays on 256-bit vectors: the pairs' bias and the x bias
+        # cost what the sign trick did, and 512-bit instructions take port 1's vector unit away
+        # (measured slower there, docs/MEASUREMENTS.md). Both paths give the same bits.
+        if v.zmm_vnni and n_blk == 8 and (g_count > 1 or self.min_at is not None):
             weights = None
             pairs = self._pairs(v, [self.signed_weights(v, blk, (bb * i, bb * (i + 1))) for i in range(0, 8, 2)])
         else:
