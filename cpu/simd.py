@@ -16,7 +16,11 @@ on Q8_1's s) where VNNI exists, and
 `vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), and rows of constant grid tables
 in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
-same integers). Elsewhere the
+same integers), and with AVX512-VNNI the 32-element block types go two blocks per 512-bit
+`vpdpbusd` (`_SmallBlocks._pairs`: same lanes, same bits as one block per 256-bit one). LLVM
+keeps such explicit 512-bit IR in zmm registers (Numba sets no "min-legal-vector-width" or
+"prefer-vector-width" attribute, so the host CPU's 256-bit preference only steers the loop
+vectoriser). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
