@@ -318,8 +318,9 @@ class _Vec:
         """a·c + acc, rounded once (`vfmadd` where the target has FMA, else a libm-free
         multiply and add: the bits then differ between such machines, not between paths)."""
         if "fma" in _target_features():
-            ty = a.type
-            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty] * 3), f"llvm.fma.v{ty.count}f32")
+            ty = a.type     # 8 or 16 float lanes
+            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty] * 3),
+                                                f"llvm.fma.v{ty.count}f32")
             return self.b.call(fn, [a, c, acc])
         return self.b.fadd(self.b.fmul(a, c), acc)
 
@@ -1006,8 +1007,9 @@ IQ1_M_BLOCKS = _KQuant(_unpack_iq1m, 56, d_at=None, dmin_at=None, offset_scale=G
 class _SmallBlocks(NamedTuple):
     """A 32-weight block type with one float scale each: its size, how its 32 signed integer
     weights come out of blocks (`signed_weights(v, blk, byte_ats)`: 1 or 2 blocks, their weights
-    end to end) and how the scales of blocks at the given byte offsets come out as float32 lanes (`scales(v, blk, byte_offs)`, lane
-    i the block at byte_offs[i]; default: an fp16 at the block's byte 0). A weight is exactly
+    end to end) and how the scales of blocks at the given byte offsets come out as float32 lanes
+    (`scales(v, blk, byte_offs)`, lane i the block at byte_offs[i]; default: an fp16 at the
+    block's byte 0). A weight is exactly
     scale × integer weight (`cpu.blocks`). Its activations are Q8_0 (`cpu.activations`): an fp16
     scale per 32, slot-major dx (slots, blocks).
     A type with a min (Q4_1, Q5_1: weight = d·q + m) gives min_at, the byte of its fp16 m in a
@@ -1040,12 +1042,12 @@ class _SmallBlocks(NamedTuple):
         ds = self.scales(v, blk, [bb * i for i in range(n_blk)])
         mins = None if self.min_at is None else v.f16s(blk, [bb * i + self.min_at for i in range(n_blk)])
         per_block = 1 if mins is None else 2          # floats of dx per block: d (Q8_1: d, s)
-        # One slot with signed weights stays on 256-bit vectors: the pairs' bias and the x bias
-        # cost what the sign trick did, and 512-bit instructions take port 1's vector unit away
-        # (measured slower there, docs/MEASUREMENTS.md). Both paths give the same bits.
+        # One slot with signed weights stays on 256-bit vectors: there the weights' −128·Σw and
+        # the x xor cost what the sign trick saved (measured slower, docs/MEASUREMENTS.md). Both
+        # paths give the same bits, so the choice may depend on G.
         if v.zmm_vnni and n_blk == 8 and (g_count > 1 or self.min_at is not None):
             weights = None
-            pairs = self._pairs(v, [self.signed_weights(v, blk, (bb * i, bb * (i + 1))) for i in range(0, 8, 2)])
+            pairs = self._pairs(v, [self.signed_weights(v, blk, (bb * i, bb * i + bb)) for i in range(0, 8, 2)])
         else:
             weights = [self.signed_weights(v, blk, (bb * i,)) for i in range(n_blk)]
             pairs = None
@@ -1082,11 +1084,11 @@ class _SmallBlocks(NamedTuple):
 
     def _pairs(self, v: _Vec, wide):
         """The 8 blocks' part of a span, two blocks per 512-bit register (`wide`: the 4 pairs'
-        64 weights, read two blocks at a time): returns dot(x, scales,
-        lanes) → lanes + the 8 blocks' products (x the span's 256 activation bytes, scales the 8
-        blocks' d_w·d_x as float lanes). Register j holds blocks 2j (lanes 0..7) and 2j+1 (lanes
-        8..15): one `vpdpbusd`, one `vcvtdq2ps`, one FMA cover both, about half the per-slot
-        instructions of the 256-bit path (which is compute-bound at N > 1).
+        64 weights each): returns dot(x, scales, lanes) → lanes + the 8 blocks' products (x the
+        span's 256 activation bytes, scales the 8 blocks' d_w·d_x as float lanes). Register j
+        holds blocks 2j (lanes 0..7) and 2j+1 (lanes 8..15): one `vpdpbusd`, one `vcvtdq2ps`,
+        one FMA cover both, half the per-slot instructions of the 256-bit path (which is
+        compute-bound at N > 1).
         Same bits as the 256-bit path: every i32 lane is the same integer, and the float chain
         is the same. Lanes 0..7 run the even blocks' chain from `lanes`, lanes 8..15 the odd
         blocks' chain from −0.0 (fma(s, p, −0.0) is fmul(s, p) bit for bit, the zero's sign
@@ -1109,7 +1111,8 @@ class _SmallBlocks(NamedTuple):
             for j, w in enumerate(wide):
                 xj = v.load(x, 64 * j, _U8X64)
                 sums = v.dot_u8_i8_512(starts[j], b.xor(xj, bias), w) if signed else v.dot_u8_i8_512(zero, w, xj)
-                s = b.shuffle_vector(scales, scales, ir.Constant(ir.VectorType(_I32, 16), [2 * j] * 8 + [2 * j + 1] * 8))
+                s = b.shuffle_vector(scales, scales,
+                                     ir.Constant(ir.VectorType(_I32, 16), [2 * j] * 8 + [2 * j + 1] * 8))
                 acc = v.fma(s, b.sitofp(sums, f32x16), acc)
             return b.fadd(v.lanes(acc, range(8)), v.lanes(acc, range(8, 16)))
         return dot
