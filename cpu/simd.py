@@ -16,7 +16,11 @@ on Q8_1's s) where VNNI exists, and
 `vpshufb` for the 16-entry code tables (IQ4_NL, IQ4_XS, MXFP4), and rows of constant grid tables
 in the module for the grid types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M); with AVX-512 BW and GFNI, Q4_K
 goes two sub-blocks at a time in 512-bit registers (its lanes then fold onto the 256-bit ones,
-same integers). Elsewhere the
+same integers), and with AVX512-VNNI the 32-element block types go two blocks per 512-bit
+`vpdpbusd` (`_SmallBlocks._pairs`: same lanes, same bits as one block per 256-bit one). LLVM
+keeps such explicit 512-bit IR in zmm registers (Numba sets no "min-legal-vector-width" or
+"prefer-vector-width" attribute, so the host CPU's 256-bit preference only steers the loop
+vectoriser). Elsewhere the
 same arithmetic is written as plain vector IR (exact as well: no pair sum here can saturate, see
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
@@ -94,6 +98,13 @@ def _target_has_vnni() -> bool:
     return "avx2" in f and ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f)
 
 
+def _target_has_zmm_vnni() -> bool:
+    """512-bit `vpdpbusd` (AVX512-VNNI with AVX512-BW): the 32-weight block types take two blocks
+    per multiply-add (`_SmallBlocks.emit_span`). A function of its own so tests can switch the
+    256-bit path on where the machine has both."""
+    return {"avx2", "avx512vnni", "avx512bw"} <= _target_features()
+
+
 class _Vec:
     """Emits the vector operations the dot products need, into one IR builder."""
 
@@ -103,6 +114,8 @@ class _Vec:
         self.vnni = self.avx2 and _target_has_vnni()
         # 512-bit weight units (Q4_K): two sub-blocks per multiply, nibbles split in one op
         self.zmm = self.vnni and {"avx512bw", "avx512vl", "gfni"} <= _target_features()
+        # 512-bit `vpdpbusd` for two 32-weight blocks at a time (`dot_u8_i8_512`)
+        self.zmm_vnni = self.avx2 and _target_has_zmm_vnni()
 
     # ---- memory --------------------------------------------------------------------------------
     def prefetch_span(self, ptr, distance, n_bytes: int):
@@ -124,13 +137,13 @@ class _Vec:
         return ir.Constant(ty, [ty.element(value)] * ty.count)
 
     def and8(self, v, mask: int):
-        return self.b.and_(v, self.splat_const(_U8X32, mask))
+        return self.b.and_(v, self.splat_const(v.type, mask))
 
     def shr8(self, v, n: int):
-        return self.b.lshr(v, self.splat_const(_U8X32, n)) if n else v
+        return self.b.lshr(v, self.splat_const(v.type, n)) if n else v
 
     def shl8(self, v, n: int):
-        return self.b.shl(v, self.splat_const(_U8X32, n)) if n else v
+        return self.b.shl(v, self.splat_const(v.type, n)) if n else v
 
     def bits8(self, v, shift: int, mask: int, to: int):
         """((v >> shift) & mask) << to, per byte."""
@@ -208,6 +221,13 @@ class _Vec:
             return self._x86("llvm.x86.avx512.vpdpbusd.256", _I32X8,
                              [ir.Constant(_I32X8, None), self.b.bitcast(u, _I32X8), self.b.bitcast(s, _I32X8)])
         return self.madd(self.maddubs(u, s), self.splat_const(_I16X16, 1))
+
+    def dot_u8_i8_512(self, acc, u, s):
+        """acc + Σ of each 4 adjacent u8·i8 products of 64-byte u, s, as 16 i32 lanes (one
+        `vpdpbusd` on zmm; `zmm_vnni` targets only). No saturation: the sum wraps like an add."""
+        i32x16 = ir.VectorType(_I32, 16)
+        return self._x86("llvm.x86.avx512.vpdpbusd.512", i32x16,
+                         [acc, self.b.bitcast(u, i32x16), self.b.bitcast(s, i32x16)])
 
     def abs8(self, v):
         fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_U8X32, [_U8X32, _I1]), "llvm.abs.v32i8")
@@ -298,7 +318,9 @@ class _Vec:
         """a·c + acc, rounded once (`vfmadd` where the target has FMA, else a libm-free
         multiply and add: the bits then differ between such machines, not between paths)."""
         if "fma" in _target_features():
-            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_F32X8, [_F32X8] * 3), "llvm.fma.v8f32")
+            ty = a.type     # 8 or 16 float lanes
+            fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(ty, [ty] * 3),
+                                                f"llvm.fma.v{ty.count}f32")
             return self.b.call(fn, [a, c, acc])
         return self.b.fadd(self.b.fmul(a, c), acc)
 
@@ -984,9 +1006,10 @@ IQ1_M_BLOCKS = _KQuant(_unpack_iq1m, 56, d_at=None, dmin_at=None, offset_scale=G
 
 class _SmallBlocks(NamedTuple):
     """A 32-weight block type with one float scale each: its size, how its 32 signed integer
-    weights come out of a block (`signed_weights(v, blk, byte_at)`) and how the scales of
-    blocks at the given byte offsets come out as float32 lanes (`scales(v, blk, byte_offs)`, lane
-    i the block at byte_offs[i]; default: an fp16 at the block's byte 0). A weight is exactly
+    weights come out of blocks (`signed_weights(v, blk, byte_ats)`: 1 or 2 blocks, their weights
+    end to end) and how the scales of blocks at the given byte offsets come out as float32 lanes
+    (`scales(v, blk, byte_offs)`, lane i the block at byte_offs[i]; default: an fp16 at the
+    block's byte 0). A weight is exactly
     scale × integer weight (`cpu.blocks`). Its activations are Q8_0 (`cpu.activations`): an fp16
     scale per 32, slot-major dx (slots, blocks).
     A type with a min (Q4_1, Q5_1: weight = d·q + m) gives min_at, the byte of its fp16 m in a
@@ -1007,7 +1030,9 @@ class _SmallBlocks(NamedTuple):
         FMAs per span instead of one of 8 (at N=1 nothing else hides their latency). The same
         operations for every slot, whatever G: slot bits do not depend on the grouping. With a
         min (Q8_1 activations), the blocks' m·s terms (lane i: block i) go onto the lanes by one
-        more FMA after the chains: the lanes are summed at the end, so lane i may hold them."""
+        more FMA after the chains: the lanes are summed at the end, so lane i may hold them.
+        On `zmm_vnni` targets a full span goes two blocks per instruction (`_pairs`): the same
+        integers and the same float operations in the same order, so the same bits."""
         assert n_blk in (1, 8)
         v = _Vec(builder)
         bb = self.block_bytes
@@ -1017,7 +1042,15 @@ class _SmallBlocks(NamedTuple):
         ds = self.scales(v, blk, [bb * i for i in range(n_blk)])
         mins = None if self.min_at is None else v.f16s(blk, [bb * i + self.min_at for i in range(n_blk)])
         per_block = 1 if mins is None else 2          # floats of dx per block: d (Q8_1: d, s)
-        weights = [self.signed_weights(v, blk, bb * i) for i in range(n_blk)]
+        # One slot with signed weights stays on 256-bit vectors: there the weights' −128·Σw and
+        # the x xor cost what the sign trick saved (measured slower, docs/MEASUREMENTS.md). Both
+        # paths give the same bits, so the choice may depend on G.
+        if v.zmm_vnni and n_blk == 8 and (g_count > 1 or self.min_at is not None):
+            weights = None
+            pairs = self._pairs(v, [self.signed_weights(v, blk, (bb * i, bb * i + bb)) for i in range(0, 8, 2)])
+        else:
+            weights = [self.signed_weights(v, blk, (bb * i,)) for i in range(n_blk)]
+            pairs = None
         xs, dxs = ops.shape("xq")[1], ops.shape("dx")[1]
         for g in range(g_count):
             n = builder.add(n0, _I64(g))
@@ -1033,18 +1066,56 @@ class _SmallBlocks(NamedTuple):
             xd = raw if mins is None else v.lanes(raw, range(0, 16, 2))
             scales = builder.fmul(ds, xd)
             lanes = slot_lanes(g)
-            chains = [builder.load(lanes, align=4), None]
-            for i, q in enumerate(weights):
-                dot = v.signed_dot32(q, v.load(x, 32 * i, _U8X32)) if mins is None else \
-                    v.dot_u8_i8(q, v.load(x, 32 * i, _U8X32))
-                p = builder.sitofp(dot, _F32X8)
-                s = v.lane_splat(scales, i)
-                c = chains[i % 2]
-                chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
-            total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
+            if pairs is not None:
+                total = pairs(x, scales, builder.load(lanes, align=4))
+            else:
+                chains = [builder.load(lanes, align=4), None]
+                for i, q in enumerate(weights):
+                    dot = v.signed_dot32(q, v.load(x, 32 * i, _U8X32)) if mins is None else \
+                        v.dot_u8_i8(q, v.load(x, 32 * i, _U8X32))
+                    p = builder.sitofp(dot, _F32X8)
+                    s = v.lane_splat(scales, i)
+                    c = chains[i % 2]
+                    chains[i % 2] = builder.fmul(s, p) if c is None else v.fma(s, p, c)
+                total = chains[0] if chains[1] is None else builder.fadd(chains[0], chains[1])
             if mins is not None:
                 total = v.fma(mins, v.lanes(raw, range(1, 16, 2)), total)
             builder.store(total, lanes, align=4)
+
+    def _pairs(self, v: _Vec, wide):
+        """The 8 blocks' part of a span, two blocks per 512-bit register (`wide`: the 4 pairs'
+        64 weights each): returns dot(x, scales, lanes) → lanes + the 8 blocks' products (x the
+        span's 256 activation bytes, scales the 8 blocks' d_w·d_x as float lanes). Register j
+        holds blocks 2j (lanes 0..7) and 2j+1 (lanes 8..15): one `vpdpbusd`, one `vcvtdq2ps`,
+        one FMA cover both, half the per-slot instructions of the 256-bit path (which is
+        compute-bound at N > 1).
+        Same bits as the 256-bit path: every i32 lane is the same integer, and the float chain
+        is the same. Lanes 0..7 run the even blocks' chain from `lanes`, lanes 8..15 the odd
+        blocks' chain from −0.0 (fma(s, p, −0.0) is fmul(s, p) bit for bit, the zero's sign
+        included), and the two halves are added at the end as the two chains were.
+        Signed weights meet x through a bias instead of the sign trick (`vpsignb` has no 512-bit
+        form): u = x + 128 (x ^ 0x80, |x| ≤ 127) is unsigned, and per 4-byte group
+        Σ u·w − 128·Σ w = Σ x·w exactly (|Σ u·w| < 2**17). The −128·Σ w lanes depend on the
+        weights alone: computed once per span, they are the accumulator the products add to.
+        Unsigned codes (a min: Q4_1, Q5_1) meet x as they are."""
+        b = v.b
+        i32x16, f32x16 = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+        zero = ir.Constant(i32x16, None)
+        bias = v.splat_const(_U8X64, 0x80)
+        signed = self.min_at is None
+        starts = [b.sub(zero, v.dot_u8_i8_512(zero, bias, w)) if signed else zero for w in wide]
+        odd_start = v.splat_const(_F32X8, -0.0)
+
+        def dot(x, scales, lanes):
+            acc = b.shuffle_vector(lanes, odd_start, ir.Constant(ir.VectorType(_I32, 16), list(range(16))))
+            for j, w in enumerate(wide):
+                xj = v.load(x, 64 * j, _U8X64)
+                sums = v.dot_u8_i8_512(starts[j], b.xor(xj, bias), w) if signed else v.dot_u8_i8_512(zero, w, xj)
+                s = b.shuffle_vector(scales, scales,
+                                     ir.Constant(ir.VectorType(_I32, 16), [2 * j] * 8 + [2 * j + 1] * 8))
+                acc = v.fma(s, b.sitofp(sums, f32x16), acc)
+            return b.fadd(v.lanes(acc, range(8)), v.lanes(acc, range(8, 16)))
+        return dot
 
     def emit_row(self, builder, ops: _Operands, row_off, n0, g_count: int, pf):
         """acc[n0 .. n0+G) = the row at byte row_off · x[n]: spans of 8 blocks (one activation
@@ -1101,29 +1172,52 @@ def _span_intrinsic(blocks: _SmallBlocks):
     return typer
 
 
-def _q8_0_weights(v: _Vec, blk, at: int):
-    return v.load(blk, at + 2, _U8X32)
+# A `_SmallBlocks` weight reader takes the byte offsets `ats` of 1 or 2 blocks and gives their
+# 32 weights each, one vector of 32·len(ats) bytes in block order (2: the 512-bit span path).
+
+def _join(v: _Vec, parts):
+    """The vectors of `parts` (equal lengths) end to end, as one vector."""
+    b = v.b
+    while len(parts) > 1:
+        n = 2 * parts[0].type.count
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
-def _nibbles32(v: _Vec, blk, at: int):
-    """The 32 unsigned 4-bit codes of the 16 bytes at blk+at, in element order: the low nibbles
-    are elements 0..15, the high ones 16..31 (Q4_0, Q5_0, IQ4_NL, MXFP4, Q4_1, Q5_1, IQ4_XS). The
-    high nibbles come from one 16-bit shift of the 16 bytes (the mask then drops what crossed
-    from the neighbour byte), the halves joined, then masked: a per-half byte shift of the joined
-    vector has no x86 instruction, and LLVM widened it to words and packed back (8 instructions
-    instead of 4)."""
+def _q8_0_weights(v: _Vec, blk, ats):
+    return _join(v, [v.load(blk, at + 2, _U8X32) for at in ats])
+
+
+def _nibbles(v: _Vec, blk, ats):
+    """The 32 unsigned 4-bit codes of the 16 bytes at blk+at, for each at in ats, in element
+    order: the low nibbles are a block's elements 0..15, the high ones 16..31 (Q4_0, Q5_0,
+    IQ4_NL, MXFP4, Q4_1, Q5_1, IQ4_XS). The high nibbles come from one 16-bit shift of the bytes
+    (the mask then drops what crossed from the neighbour byte), the halves placed, then masked: a
+    per-half byte shift of the placed vector has no x86 instruction, and LLVM widened it to words
+    and packed back (8 instructions instead of 4). Two blocks share the shift and the mask: their
+    bytes are joined first, and one shuffle places the four halves."""
     b = v.b
     x16 = ir.VectorType(_I8, 16)
-    half = v.load(blk, at, x16)
-    words = ir.VectorType(_I16, 8)
-    high = b.bitcast(b.lshr(b.bitcast(half, words), ir.Constant(words, [4] * 8)), x16)
-    both = b.shuffle_vector(half, high, ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+    half = _join(v, [v.load(blk, at, x16) for at in ats])
+    n = half.type.count
+    words = ir.VectorType(_I16, n // 2)
+    high = b.bitcast(b.lshr(b.bitcast(half, words), ir.Constant(words, [4] * (n // 2))), half.type)
+    order = [i for blk_i in range(n // 16) for i in list(range(16 * blk_i, 16 * blk_i + 16))
+             + list(range(n + 16 * blk_i, n + 16 * blk_i + 16))]
+    both = b.shuffle_vector(half, high, ir.Constant(ir.VectorType(_I32, 2 * n), order))
     return v.and8(both, 0x0F)
 
 
-def _q4_0_weights(v: _Vec, blk, at: int):
-    """32 signed weights q − 8."""
-    return v.b.sub(_nibbles32(v, blk, at + 2), v.splat_const(_U8X32, 8))
+def _nibbles32(v: _Vec, blk, at: int):
+    """`_nibbles` of the one block at blk+at: its 32 codes."""
+    return _nibbles(v, blk, (at,))
+
+
+def _q4_0_weights(v: _Vec, blk, ats):
+    """32 signed weights q − 8 per block."""
+    q = _nibbles(v, blk, [at + 2 for at in ats])
+    return v.b.sub(q, v.splat_const(q.type, 8))
 
 
 Q8_0_BLOCKS = _SmallBlocks(34, _q8_0_weights)
@@ -1146,42 +1240,47 @@ MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def _lookup16(v: _Vec, idx, table):
-    """table[idx] per byte, idx a 32 x i8 vector of codes 0..15, table 16 int8 values: one
-    `vpshufb` (it looks up within each 128-bit half, so the table is in both), else a tree of
-    selects on the 4 index bits."""
+    """table[idx] per byte, idx a 32 (or, AVX-512BW only, 64) x i8 vector of codes 0..15, table
+    16 int8 values: one `vpshufb` (it looks up within each 128-bit lane, so the table is in every
+    lane), else a tree of selects on the 4 index bits."""
+    ty = idx.type
     if v.avx2:
-        return v._x86("llvm.x86.avx2.pshuf.b", _U8X32, [ir.Constant(_U8X32, list(table) * 2), idx])
-    b, zero = v.b, ir.Constant(_U8X32, None)
-    level = [v.splat_const(_U8X32, t) for t in table]
+        name = "llvm.x86.avx512.pshuf.b.512" if ty.count == 64 else "llvm.x86.avx2.pshuf.b"
+        return v._x86(name, ty, [ir.Constant(ty, list(table) * (ty.count // 16)), idx])
+    b, zero = v.b, ir.Constant(ty, None)
+    level = [v.splat_const(ty, t) for t in table]
     for bit in range(4):
         on = b.icmp_unsigned("!=", v.and8(idx, 1 << bit), zero)
         level = [b.select(on, level[i + 1], level[i]) for i in range(0, len(level), 2)]
     return level[0]
 
 
-def _fifth_bit_clear(v: _Vec, blk, at: int):
-    """Per element (32 x i1, element order): is its fifth bit clear? Element j's fifth bit is bit
-    j of the little-endian u32 at blk+at: byte j/8, bit j%8 (Q5_0, Q5_1)."""
+def _fifth_bit_clear(v: _Vec, blk, ats):
+    """Per element (32 x i1 per block, element order): is its fifth bit clear? Element j's fifth
+    bit is bit j of the little-endian u32 at blk+at: byte j/8, bit j%8 (Q5_0, Q5_1)."""
     b = v.b
-    qh = v.load(blk, at, ir.VectorType(_I8, 4))
-    spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [j // 8 for j in range(32)]))
-    bit = b.and_(spread, ir.Constant(_U8X32, [1 << (j % 8) for j in range(32)]))
-    return b.icmp_unsigned("==", bit, ir.Constant(_U8X32, None))
+    qh = _join(v, [v.load(blk, at, ir.VectorType(_I8, 4)) for at in ats])
+    n = 32 * len(ats)
+    spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, n), [j // 8 for j in range(n)]))
+    ty = ir.VectorType(_I8, n)
+    bit = b.and_(spread, ir.Constant(ty, [1 << (j % 8) for j in range(n)]))
+    return b.icmp_unsigned("==", bit, ir.Constant(ty, None))
 
 
-def _q5_0_weights(v: _Vec, blk, at: int):
-    """32 signed weights (nibble | fifth bit << 4) − 16: nibble − 16 where the bit is clear."""
-    zero = ir.Constant(_U8X32, None)
-    offset = v.b.select(_fifth_bit_clear(v, blk, at + 2), v.splat_const(_U8X32, 16), zero)
-    return v.b.sub(_nibbles32(v, blk, at + 6), offset)
+def _q5_0_weights(v: _Vec, blk, ats):
+    """32 signed weights (nibble | fifth bit << 4) − 16 per block: nibble − 16 where the bit is clear."""
+    q = _nibbles(v, blk, [at + 6 for at in ats])
+    offset = v.b.select(_fifth_bit_clear(v, blk, [at + 2 for at in ats]), v.splat_const(q.type, 16),
+                        ir.Constant(q.type, None))
+    return v.b.sub(q, offset)
 
 
-def _iq4_nl_weights(v: _Vec, blk, at: int):
-    return _lookup16(v, _nibbles32(v, blk, at + 2), IQ4NL_KVALUES)
+def _iq4_nl_weights(v: _Vec, blk, ats):
+    return _lookup16(v, _nibbles(v, blk, [at + 2 for at in ats]), IQ4NL_KVALUES)
 
 
-def _mxfp4_weights(v: _Vec, blk, at: int):
-    return _lookup16(v, _nibbles32(v, blk, at + 1), MXFP4_KVALUES)
+def _mxfp4_weights(v: _Vec, blk, ats):
+    return _lookup16(v, _nibbles(v, blk, [at + 1 for at in ats]), MXFP4_KVALUES)
 
 
 def _e8m0_half_to_float(builder: ir.IRBuilder, e):
@@ -1218,15 +1317,17 @@ def e8m0_half_at(typingctx, arr, byte_off):
     return types.float32(arr, types.intp), codegen
 
 
-def _q4_1_codes(v: _Vec, blk, at: int):
-    """32 unsigned codes 0..15 (d at byte 0, m at 2, nibbles at 4)."""
-    return _nibbles32(v, blk, at + 4)
+def _q4_1_codes(v: _Vec, blk, ats):
+    """32 unsigned codes 0..15 per block (d at byte 0, m at 2, nibbles at 4)."""
+    return _nibbles(v, blk, [at + 4 for at in ats])
 
 
-def _q5_1_codes(v: _Vec, blk, at: int):
-    """32 unsigned codes nibble | fifth bit << 4 (d at 0, m at 2, qh u32 at 4, nibbles at 8)."""
-    high = v.b.select(_fifth_bit_clear(v, blk, at + 4), ir.Constant(_U8X32, None), v.splat_const(_U8X32, 16))
-    return v.b.or_(_nibbles32(v, blk, at + 8), high)
+def _q5_1_codes(v: _Vec, blk, ats):
+    """32 unsigned codes nibble | fifth bit << 4 per block (d at 0, m at 2, qh u32 at 4, nibbles at 8)."""
+    q = _nibbles(v, blk, [at + 8 for at in ats])
+    high = v.b.select(_fifth_bit_clear(v, blk, [at + 4 for at in ats]), ir.Constant(q.type, None),
+                      v.splat_const(q.type, 16))
+    return v.b.or_(q, high)
 
 
 Q5_0_BLOCKS = _SmallBlocks(22, _q5_0_weights)
