@@ -221,6 +221,13 @@ class _Vec:
         neg = self.b.select(self.b.icmp_signed("<", q, zero), self.b.sub(zero, x), x)
         return self.b.select(self.b.icmp_signed("==", q, zero), zero, neg)
 
+    def negate_where(self, x, bits):
+        """x (32 signed bytes) with byte j negated where bit j of the i32 `bits` is set: on AVX-512
+        targets the bits become a mask register (`kmovd`) and each use one masked subtract, with
+        no vector of ±1 bytes built by shuffles. |x| ≤ 127: no overflow."""
+        mask = self.b.bitcast(bits, ir.VectorType(_I1, 32))
+        return self.b.select(mask, self.b.sub(ir.Constant(_U8X32, None), x), x)
+
     def signed_dot32(self, q, x):
         """Σ q·x over 32 signed bytes as 8 i32 lanes (|q| ≤ 128, |x| ≤ 127: no saturation)."""
         return self.dot_u8_i8(self.abs8(q), self.sign8(x, q))
@@ -522,8 +529,11 @@ def _signed_x_dot(v: _Vec, chunks):
     s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude)."""
     zero = ir.Constant(_I32X8, None)
 
+    def signed(x, s):
+        return v.negate_where(x, s) if s.type == _I32 else v.sign8(x, s)
+
     def dot(x, bs):
-        pairs = [(v.maddubs(g, v.sign8(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
+        pairs = [(v.maddubs(g, signed(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
         return v.madd_sum(pairs), zero
 
     return dot
@@ -764,7 +774,7 @@ def _grid_dot(v: _Vec, weights, scale):
 KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
 
 
-# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`)
+# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`; IQ2_XS)
 _SIGN_ROWS = [int.from_bytes(bytes(0xFF if (k >> j) & 1 else 1 for j in range(8)), "little") for k in KSIGNS]
 _IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _grid_rows(_gguf_quants.IQ2_XS),
                "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S), "iq2_signs": _SIGN_ROWS}
@@ -784,6 +794,41 @@ def _bits_i64(v: _Vec, q, shift: int, mask: int):
     return v.b.and_(v.b.lshr(q, q.type(shift)) if shift else q, q.type(mask))
 
 
+def _spill(v: _Vec, vec):
+    """vec stored in a stack slot, as an i8 pointer to read its parts back with scalar loads. Taking
+    lanes out of a register costs shuffle-port µops (`vpextrd` 2 each), the port the grid rows'
+    inserts already keep busy; a load from a slot just written is forwarded from the store. The
+    slot's address goes into an empty asm that may touch memory, so LLVM keeps the store and the
+    loads (it would otherwise fold them back into lane extracts)."""
+    llvm.initialize_native_asmparser()        # inline asm needs it; Numba does not set it up
+    slot = cgutils.alloca_once(v.b, vec.type)
+    v.b.store(vec, slot, align=1)
+    escape = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [slot.type]), "", "r,~{memory}", side_effect=True)
+    v.b.call(escape, [slot])
+    return v.b.bitcast(slot, _I8.as_pointer())
+
+
+def _ksign_bytes(v: _Vec, aux):
+    """The sign bytes of 8 × 4 groups of 8 weights whose 7-bit sign indices are bits 7l.. of lane c
+    of aux (8 x i32; IQ2_XXS, IQ3_XXS): byte 4c + l = KSIGNS[field l of lane c], the 7 bits and
+    their parity as bit 7 (an even count of minus signs per 8); the i32 at byte 4c is then bit by
+    bit the signs of the 32 weights of lane c's sub-block."""
+    b = v.b
+
+    def c32(x):
+        return v.splat_const(_I32X8, x)
+
+    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
+    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
+    w = c32(0)
+    for l in range(4):
+        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
+    p = w
+    for n in (4, 2, 1):
+        p = b.xor(p, b.lshr(p, c32(n)))
+    return b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)
+
+
 def _iq2_scales16(v: _Vec, blk, at: int):
     """IQ2_XS / IQ2_S: 2s + 1 for the 16 scales (nibble g % 2 of byte at + g // 2) as 16 x i16."""
     b = v.b
@@ -797,15 +842,20 @@ def _iq2_scales16(v: _Vec, blk, at: int):
 
 def _unpack_iq2xxs(v: _Vec, blk):
     """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
-    each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
+    each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s. The sign indices of
+    the block become sign bits in vector registers (`_ksign_bytes`), read back per 32 weights as
+    an i32 (`_Vec.negate_where`); the grid indices are byte loads."""
     b = v.b
+    # the high u32 of each word (lane ib) from two 256-bit loads (one 512-bit load is a zmm
+    # instruction: it lowers the clock of some Intel cores)
+    lo, hi = v.load(blk, 2, _I32X8), v.load(blk, 34, _I32X8)
+    signs = _spill(v, _ksign_bytes(v, b.shuffle_vector(lo, hi, ir.Constant(_I32X8, list(range(1, 16, 2))))))
     chunks = []
     for ib in range(8):
-        q = v.load(blk, 2 + 8 * ib, _I64)       # scalar loads of the index words (`_unpack_iq2xs`)
-        grid = _table_rows(v, "iq2xxs_grid", [_bits_i64(v, q, 8 * l, 255) for l in range(4)])
-        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
-        s = b.trunc(b.lshr(q, _I64(60)), _I16)
-        chunks.append((grid, signs, v.splat(b.add(b.add(s, s), _I16(1)), 16)))
+        idx = [b.zext(v.load(blk, 2 + 8 * ib + l, _I8), _I64) for l in range(4)]
+        s = b.lshr(b.zext(v.load(blk, 9 + 8 * ib, _I8), _I16), _I16(4))     # word ib's top byte: s in bits 4..7
+        chunks.append((_table_rows(v, "iq2xxs_grid", idx), v.load(signs, 4 * ib, _I32),
+                       v.splat(b.add(b.add(s, s), _I16(1)), 16)))
     return _signed_x_dot(v, chunks)
 
 
@@ -859,20 +909,9 @@ def _unpack_iq3xxs(v: _Vec, blk):
     integer scale is 2s + 1 and the reader's d_factor 1/4."""
     b = v.b
     aux = v.load(blk, 66, _I32X8)                  # lane ib
-
-    def c32(x):
-        return v.splat_const(_I32X8, x)
-
-    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
-    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
-    w = c32(0)
-    for l in range(4):
-        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
-    p = w
-    for n in (4, 2, 1):
-        p = b.xor(p, b.lshr(p, c32(n)))
-    signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
-    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
+    signs = _ksign_bytes(v, aux)
+    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, v.splat_const(_I32X8, 28)), v.splat_const(_I32X8, 1)),
+                           v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
     weights = []
