@@ -526,7 +526,8 @@ def _q3k_scales(v: _Vec, blk):
 def _signed_x_dot(v: _Vec, chunks):
     """chunks: 8 × (32 unsigned bytes u, 32 signs s, 16 i16 scale lanes) of the elements
     32c..32c+31 → dot(x, bs) = (Σ scale·u·sign(s)·x, zero aux): the signs go onto x (`sign8`;
-    s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude)."""
+    s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude), or
+    s is an i32 whose bit j is set where element j is negative (`_Vec.negate_where`; IQ2_XXS)."""
     zero = ir.Constant(_I32X8, None)
 
     def signed(x, s):
@@ -940,7 +941,6 @@ def _unpack_iq3s(v: _Vec, blk):
     placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [ib % 8 // 2 for ib in range(16)]))
     s = b.and_(_shr_lanes(v, placed, [4 * (ib % 2) for ib in range(16)]), ir.Constant(x16, [15] * 16))
     scale = b.add(b.shl(b.zext(s, _I16X16), v.splat_const(_I16X16, 1)), v.splat_const(_I16X16, 1))
-    signs = v.load(blk, 74, _U8X32)
     table = _const_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS, _I32)
     bit_of = ir.Constant(_I32X8, list(range(8)))
     codes = []
@@ -949,6 +949,7 @@ def _unpack_iq3s(v: _Vec, blk):
         qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
         high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
         grid = _gather_rows(v, table, b.or_(low, high))
+        # the sign bits of weights 32ib.. are the i32 at 74 + 4ib as they lie (bit j: weight j)
         codes.append(_offset_codes(v, v.negate_where(grid, v.load(blk, 74 + 4 * ib, _I32))))
     return _grid_dot(v, codes, scale)
 
