@@ -241,6 +241,13 @@ class _Vec:
         neg = self.b.select(self.b.icmp_signed("<", q, zero), self.b.sub(zero, x), x)
         return self.b.select(self.b.icmp_signed("==", q, zero), zero, neg)
 
+    def negate_where(self, x, bits):
+        """x (32 signed bytes) with byte j negated where bit j of the i32 `bits` is set: on AVX-512
+        targets the bits become a mask register (`kmovd`) and each use one masked subtract, with
+        no vector of ±1 bytes built by shuffles. |x| ≤ 127: no overflow."""
+        mask = self.b.bitcast(bits, ir.VectorType(_I1, 32))
+        return self.b.select(mask, self.b.sub(ir.Constant(_U8X32, None), x), x)
+
     def signed_dot32(self, q, x):
         """Σ q·x over 32 signed bytes as 8 i32 lanes (|q| ≤ 128, |x| ≤ 127: no saturation)."""
         return self.dot_u8_i8(self.abs8(q), self.sign8(x, q))
@@ -541,11 +548,15 @@ def _q3k_scales(v: _Vec, blk):
 def _signed_x_dot(v: _Vec, chunks):
     """chunks: 8 × (32 unsigned bytes u, 32 signs s, 16 i16 scale lanes) of the elements
     32c..32c+31 → dot(x, bs) = (Σ scale·u·sign(s)·x, zero aux): the signs go onto x (`sign8`;
-    s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude)."""
+    s is ±1 for the IQ2 grids, the signed weight itself for IQ4_XS, whose u is its magnitude), or
+    s is an i32 whose bit j is set where element j is negative (`_Vec.negate_where`; IQ2_XXS)."""
     zero = ir.Constant(_I32X8, None)
 
+    def signed(x, s):
+        return v.negate_where(x, s) if s.type == _I32 else v.sign8(x, s)
+
     def dot(x, bs):
-        pairs = [(v.maddubs(g, v.sign8(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
+        pairs = [(v.maddubs(g, signed(v.load(x, 32 * c, _U8X32), s)), sc) for c, (g, s, sc) in enumerate(chunks)]
         return v.madd_sum(pairs), zero
 
     return dot
@@ -694,18 +705,25 @@ IQ4_XS_BLOCKS = _KQuant(_unpack_iq4xs, 136, d_at=0, dmin_at=None, offset_scale=0
 # (main − GRID_OFFSET · Σ scale · (x sums)); the i16 pair sums meet the scale in `vpmaddwd`.
 
 
-def _grid_rows(cls) -> list[int]:
-    """gguf-py's grid of an IQ type (rows of 4 or 8 small integers, as floats) as one u32 / u64
-    per row, element j in byte j (little-endian: a gathered row bitcasts to bytes in element
-    order; negative values as int8)."""
+GRID_OFFSET = 64
+
+
+def _grid_rows(cls, scale: int = 1, offset: int = 0) -> list[int]:
+    """gguf-py's grid of an IQ type (rows of 4 or 8 small integers, as floats), each value times
+    `scale` plus `offset`, as one u32 / u64 per row, element j in byte j (little-endian: a gathered
+    row bitcasts to bytes in element order; negative values as int8)."""
     cls.init_grid()
-    rows = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32).astype(np.int8)
+    values = np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.float32) * scale + offset
+    assert values.min() >= -128 and values.max() <= 255
+    rows = (values.astype(np.int64) & 0xFF).astype(np.uint8)
     return [int(r) for r in rows.view(np.uint8).view(f"<u{rows.shape[1]}").reshape(-1)]
 
 
 IQ3XXS_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_XXS)     # 256 rows of 4 (u32)
 IQ3S_GRID_ROWS = _grid_rows(_gguf_quants.IQ3_S)         # 512 rows of 4 (u32)
-IQ1S_GRID_ROWS = _grid_rows(_gguf_quants.IQ1_S)         # 2048 rows of 8 (u64)
+# IQ1_S / IQ1_M: the rows as the codes 8·grid + GRID_OFFSET (56, 64, 72 for −1, 0, 1), to which a
+# weight group's delta ±1 is added (1 op per 32 weights instead of a shift and two adds)
+IQ1S_CODE_ROWS = _grid_rows(_gguf_quants.IQ1_S, scale=8, offset=GRID_OFFSET)   # 2048 rows of 8 (u64)
 
 
 def _const_table(v: _Vec, name: str, values, ty):
@@ -756,14 +774,16 @@ def _sign_bytes(v: _Vec, signs, first: int):
                     v.splat_const(_U8X32, -1))
 
 
-GRID_OFFSET = 64
+def _offset_codes(v: _Vec, w):
+    """Signed grid weights (|w| ≤ 62) as the unsigned codes w + GRID_OFFSET that `_grid_dot` takes."""
+    return v.b.add(w, v.splat_const(_U8X32, GRID_OFFSET))
 
 
-def _grid_dot(v: _Vec, weights, scale):
-    """The per-slot dot of a grid type: weights = 8 sub-blocks of 32 signed weights (|w| ≤ 62),
-    scale = their 8 scales in lanes 0..7 of a 16 x i16 vector; (Σ scale · (w + GRID_OFFSET) · x,
-    Σ scale · (x sums per 16)) as 8 i32 lanes each (the reader's offset_scale is GRID_OFFSET)."""
-    codes = [v.b.add(w, v.splat_const(_U8X32, GRID_OFFSET)) for w in weights]
+def _grid_dot(v: _Vec, codes, scale):
+    """The per-slot dot of a grid type: codes = 8 sub-blocks of 32 unsigned codes w + GRID_OFFSET
+    of the signed weights w, scale = their 8 scales in lanes 0..7 of a 16 x i16 vector; (Σ scale ·
+    code · x, Σ scale · (x sums per 16)) as 8 i32 lanes each (the reader's offset_scale is
+    GRID_OFFSET)."""
     scales = [v.pick16(scale, [ib] * 16) for ib in range(8)]
     per16 = v.pick16(scale, [t // 2 for t in range(16)])     # the scale of x sum t (elements 16t..)
 
@@ -786,7 +806,7 @@ def _grid_dot(v: _Vec, weights, scale):
 KSIGNS = tuple(i | ((bin(i).count("1") & 1) << 7) for i in range(128))
 
 
-# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`)
+# byte j of row i: −1 where bit j of KSIGNS[i] is set, else +1 (the multiplier of `sign8`; IQ2_XS)
 _SIGN_ROWS = [int.from_bytes(bytes(0xFF if (k >> j) & 1 else 1 for j in range(8)), "little") for k in KSIGNS]
 _IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _grid_rows(_gguf_quants.IQ2_XS),
                "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S), "iq2_signs": _SIGN_ROWS}
@@ -806,6 +826,41 @@ def _bits_i64(v: _Vec, q, shift: int, mask: int):
     return v.b.and_(v.b.lshr(q, q.type(shift)) if shift else q, q.type(mask))
 
 
+def _spill(v: _Vec, vec):
+    """vec stored in a stack slot, as an i8 pointer to read its parts back with scalar loads. Taking
+    lanes out of a register costs shuffle-port µops (`vpextrd` 2 each), the port the grid rows'
+    inserts already keep busy; a load from a slot just written is forwarded from the store. The
+    slot's address goes into an empty asm that may touch memory, so LLVM keeps the store and the
+    loads (it would otherwise fold them back into lane extracts)."""
+    llvm.initialize_native_asmparser()        # inline asm needs it; Numba does not set it up
+    slot = cgutils.alloca_once(v.b, vec.type)
+    v.b.store(vec, slot, align=1)
+    escape = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [slot.type]), "", "r,~{memory}", side_effect=True)
+    v.b.call(escape, [slot])
+    return v.b.bitcast(slot, _I8.as_pointer())
+
+
+def _ksign_bytes(v: _Vec, aux):
+    """The sign bytes of 8 × 4 groups of 8 weights whose 7-bit sign indices are bits 7l.. of lane c
+    of aux (8 x i32; IQ2_XXS, IQ3_XXS): byte 4c + l = KSIGNS[field l of lane c], the 7 bits and
+    their parity as bit 7 (an even count of minus signs per 8); the i32 at byte 4c is then bit by
+    bit the signs of the 32 weights of lane c's sub-block."""
+    b = v.b
+
+    def c32(x):
+        return v.splat_const(_I32X8, x)
+
+    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
+    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
+    w = c32(0)
+    for l in range(4):
+        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
+    p = w
+    for n in (4, 2, 1):
+        p = b.xor(p, b.lshr(p, c32(n)))
+    return b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)
+
+
 def _iq2_scales16(v: _Vec, blk, at: int):
     """IQ2_XS / IQ2_S: 2s + 1 for the 16 scales (nibble g % 2 of byte at + g // 2) as 16 x i16."""
     b = v.b
@@ -819,15 +874,20 @@ def _iq2_scales16(v: _Vec, blk, at: int):
 
 def _unpack_iq2xxs(v: _Vec, blk):
     """IQ2_XXS: per 32 weights (ib) a u64 at byte 2 + 8·ib: bytes 0..3 grid indices (8 weights
-    each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s."""
+    each), bits 32 + 7l.. the sign index of group l, bits 60..63 the scale s. The sign indices of
+    the block become sign bits in vector registers (`_ksign_bytes`), read back per 32 weights as
+    an i32 (`_Vec.negate_where`); the grid indices are byte loads."""
     b = v.b
+    # the high u32 of each word (lane ib) from two 256-bit loads (one 512-bit load is a zmm
+    # instruction: it lowers the clock of some Intel cores)
+    lo, hi = v.load(blk, 2, _I32X8), v.load(blk, 34, _I32X8)
+    signs = _spill(v, _ksign_bytes(v, b.shuffle_vector(lo, hi, ir.Constant(_I32X8, list(range(1, 16, 2))))))
     chunks = []
     for ib in range(8):
-        q = v.load(blk, 2 + 8 * ib, _I64)       # scalar loads of the index words (`_unpack_iq2xs`)
-        grid = _table_rows(v, "iq2xxs_grid", [_bits_i64(v, q, 8 * l, 255) for l in range(4)])
-        signs = _table_rows(v, "iq2_signs", [_bits_i64(v, q, 32 + 7 * l, 127) for l in range(4)])
-        s = b.trunc(b.lshr(q, _I64(60)), _I16)
-        chunks.append((grid, signs, v.splat(b.add(b.add(s, s), _I16(1)), 16)))
+        idx = [b.zext(v.load(blk, 2 + 8 * ib + l, _I8), _I64) for l in range(4)]
+        s = b.lshr(b.zext(v.load(blk, 9 + 8 * ib, _I8), _I16), _I16(4))     # word ib's top byte: s in bits 4..7
+        chunks.append((_table_rows(v, "iq2xxs_grid", idx), v.load(signs, 4 * ib, _I32),
+                       v.splat(b.add(b.add(s, s), _I16(1)), 16)))
     return _signed_x_dot(v, chunks)
 
 
@@ -881,27 +941,16 @@ def _unpack_iq3xxs(v: _Vec, blk):
     integer scale is 2s + 1 and the reader's d_factor 1/4."""
     b = v.b
     aux = v.load(blk, 66, _I32X8)                  # lane ib
-
-    def c32(x):
-        return v.splat_const(_I32X8, x)
-
-    # the four 7-bit fields into the four bytes of each lane, then each byte's parity into bit 7:
-    # after w ^= w >> 4, >> 2, >> 1, bit 0 of a byte depends on that byte's bits only
-    w = c32(0)
-    for l in range(4):
-        w = b.or_(w, b.shl(b.and_(b.lshr(aux, c32(7 * l)), c32(127)), c32(8 * l)))
-    p = w
-    for n in (4, 2, 1):
-        p = b.xor(p, b.lshr(p, c32(n)))
-    signs = b.bitcast(b.or_(w, b.shl(b.and_(p, c32(0x01010101)), c32(7))), _U8X32)   # byte 4ib + l
-    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, c32(28)), c32(1)), c32(1)), ir.VectorType(_I16, 8))
+    signs = _ksign_bytes(v, aux)
+    scale8 = b.trunc(b.add(b.shl(b.lshr(aux, v.splat_const(_I32X8, 28)), v.splat_const(_I32X8, 1)),
+                           v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
-    weights = []
+    codes = []
     for ib in range(8):
         idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
-        weights.append(v.sign8(_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib)))
-    return _grid_dot(v, weights, scale)
+        codes.append(_offset_codes(v, v.sign8(_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib))))
+    return _grid_dot(v, codes, scale)
 
 
 def _unpack_iq3s(v: _Vec, blk):
@@ -914,16 +963,17 @@ def _unpack_iq3s(v: _Vec, blk):
     placed = b.shuffle_vector(raw, raw, ir.Constant(ir.VectorType(_I32, 16), [ib % 8 // 2 for ib in range(16)]))
     s = b.and_(_shr_lanes(v, placed, [4 * (ib % 2) for ib in range(16)]), ir.Constant(x16, [15] * 16))
     scale = b.add(b.shl(b.zext(s, _I16X16), v.splat_const(_I16X16, 1)), v.splat_const(_I16X16, 1))
-    signs = v.load(blk, 74, _U8X32)
     table = _const_table(v, "iq3s_grid_rows", IQ3S_GRID_ROWS, _I32)
     bit_of = ir.Constant(_I32X8, list(range(8)))
-    weights = []
+    codes = []
     for ib in range(8):
         low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
         qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
         high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
-        weights.append(v.sign8(_gather_rows(v, table, b.or_(low, high)), _sign_bytes(v, signs, 4 * ib)))
-    return _grid_dot(v, weights, scale)
+        grid = _gather_rows(v, table, b.or_(low, high))
+        # the sign bits of weights 32ib.. are the i32 at 74 + 4ib as they lie (bit j: weight j)
+        codes.append(_offset_codes(v, v.negate_where(grid, v.load(blk, 74 + 4 * ib, _I32))))
+    return _grid_dot(v, codes, scale)
 
 
 def _unpack_iq1s(v: _Vec, blk):
@@ -936,20 +986,19 @@ def _unpack_iq1s(v: _Vec, blk):
     scale8 = b.trunc(b.add(b.shl(b.and_(b.lshr(qh, v.splat_const(_I32X8, 12)), v.splat_const(_I32X8, 7)),
                                  v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
-    table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
+    table = _const_table(v, "iq1s_code_rows", IQ1S_CODE_ROWS, _I64)
     x4 = ir.VectorType(_I32, 4)
-    weights = []
+    codes = []
     for ib in range(8):
         h = b.zext(v.load(blk, 34 + 2 * ib, _I16), _I32)
         h4 = v.splat(h, 4)
         high = b.shl(b.and_(b.lshr(h4, ir.Constant(x4, [0, 3, 6, 9])), ir.Constant(x4, [7] * 4)),   # index bits 8..10
                      ir.Constant(x4, [8] * 4))
         idx = b.or_(b.zext(v.load(blk, 2 + 4 * ib, ir.VectorType(_I8, 4)), x4), high)
-        grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
+        grid = _gather_rows(v, table, idx, _I64)                        # 8·grid + GRID_OFFSET
         neg = b.icmp_unsigned("!=", b.and_(h, _I32(0x8000)), _I32(0))
-        delta = v.splat(b.select(neg, _I8(-1), _I8(1)), 32)
-        weights.append(b.add(v.shl8(grid, 3), delta))
-    return _grid_dot(v, weights, scale)
+        codes.append(b.add(grid, v.splat(b.select(neg, _I8(-1), _I8(1)), 32)))
+    return _grid_dot(v, codes, scale)
 
 
 IQ3_XXS_BLOCKS = _KQuant(_unpack_iq3xxs, 98, d_at=0, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.25)
@@ -981,7 +1030,7 @@ def _unpack_iq1m(v: _Vec, blk):
     placed = b.shuffle_vector(words, words, ir.Constant(ir.VectorType(_I32, 16), [h // 4 for h in range(16)]))
     s = b.and_(b.lshr(placed, ir.Constant(_I16X16, [3 * (h % 4) for h in range(16)])), v.splat_const(_I16X16, 7))
     scale = b.add(b.add(s, s), v.splat_const(_I16X16, 1))
-    table = _const_table(v, "iq1s_grid_rows", IQ1S_GRID_ROWS, _I64)
+    table = _const_table(v, "iq1s_code_rows", IQ1S_CODE_ROWS, _I64)
     qh = v.load(blk, 32, ir.VectorType(_I8, 16))
     codes = []
     for c in range(8):                     # 32 weights: groups k = 4c..4c+3, qh bytes 2c, 2c + 1
@@ -989,12 +1038,12 @@ def _unpack_iq1m(v: _Vec, blk):
         high = b.shl(b.and_(b.lshr(b.zext(pair, x4), ir.Constant(x4, [0, 4, 0, 4])), ir.Constant(x4, [7] * 4)),
                      ir.Constant(x4, [8] * 4))
         idx = b.or_(b.zext(v.load(blk, 4 * c, ir.VectorType(_I8, 4)), x4), high)
-        grid = _gather_rows(v, table, idx, _I64)                        # −1, 0, 1 as bytes
+        grid = _gather_rows(v, table, idx, _I64)                        # 8·grid + GRID_OFFSET
         spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [2 * c + j // 16 for j in range(32)]))
         neg = b.and_(spread, ir.Constant(_U8X32, [0x08 if j // 8 % 2 == 0 else 0x80 for j in range(32)]))
-        base = b.select(b.icmp_unsigned("==", neg, ir.Constant(_U8X32, None)),
-                        v.splat_const(_U8X32, GRID_OFFSET + 1), v.splat_const(_U8X32, GRID_OFFSET - 1))
-        codes.append(b.add(v.shl8(grid, 3), base))
+        delta = b.select(b.icmp_unsigned("==", neg, ir.Constant(_U8X32, None)),
+                         v.splat_const(_U8X32, 1), v.splat_const(_U8X32, -1))
+        codes.append(b.add(grid, delta))
     return _per16_dot(v, codes, scale, scale)
 
 

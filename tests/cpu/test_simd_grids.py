@@ -1,6 +1,6 @@
-"""cpu.simd's grid-type row dots (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S) on both code paths:
-the x86 multiply-adds and sign instruction where the target has AVX2, plain vector IR elsewhere.
-test_matvec reaches only the path of the machine it runs on; here a fresh row dot is compiled with
+"""cpu.simd's grid-type row dots (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) on both
+code paths: the x86 multiply-adds and sign instruction where the target has AVX2, plain vector IR
+elsewhere. test_matvec reaches only the path of the machine it runs on; here a fresh row dot is compiled with
 `_Vec` told that the target lacks AVX2 (plain IR runs on any machine). Its integer sums are exact
 and its float operations are the same, so it must give matvec's bits, and both the float64
 reference. The IQ2 readers' block sums are also held against gguf-py's integer codes: their
@@ -36,7 +36,7 @@ def row_dot_kernel(tid):
     return run
 
 
-@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S"])
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
 def test_plain_ir_path_gives_the_bits_of_matvec(name, monkeypatch):
     rng = np.random.default_rng(7)
     w = random_rows(name, 9, COLS, rng)
