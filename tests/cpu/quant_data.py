@@ -11,9 +11,13 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
+from numba import njit
+from numba.core.extending import intrinsic
 
+import cpu.simd as simd
 from cpu.ggml_types import BY_NAME, DECODED
 from cpu.matvec import ROW_READERS
+from cpu.variants import type_mask
 from hybrid.synth.codes import random_blocks
 from tests.reference.llama_cpp_rounding import MIN_TYPES, block_mins, q8_1_min_term, round_activations
 
@@ -172,3 +176,20 @@ def min_term_correction(name: str, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     if type_id(name) not in MIN_TYPES:
         return np.float64(0.0)
     return q8_1_min_term(x, block_mins(w, x.shape[1])).T
+
+
+def row_dot_kernel(tid, group: int = 4):
+    """A fresh (uncached) kernel: out[n, r] = row r · slot n, through a row dot of type tid only
+    with slots in groups of `group`, compiled for whatever cpu.simd believes of the target when
+    it first runs (tests patch that belief to reach the other code paths)."""
+    row_dot = intrinsic(simd.row_dot_intrinsic({tid: ROW_READERS[tid]}, group))
+    mask = type_mask((tid,))
+
+    @njit
+    def run(wtype, w, xq, dx, bs, out):
+        acc = np.empty(xq.shape[0], np.float32)
+        for r in range(w.shape[0]):
+            row_dot(mask, wtype, w, r, xq, dx, bs, acc, 0)
+            for n in range(xq.shape[0]):
+                out[n, r] = acc[n]
+    return run

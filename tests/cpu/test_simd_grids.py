@@ -13,27 +13,11 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 import cpu.simd as simd
-from cpu.matvec import ROW_READERS, matvec, quantize_activations
-from cpu.variants import type_mask
+from cpu.matvec import matvec, quantize_activations
 
-from .quant_data import dequantized, quantized_x, random_rows, type_id
+from .quant_data import dequantized, quantized_x, random_rows, row_dot_kernel, type_id
 
 COLS = 768     # 3 super-blocks
-
-
-def row_dot_kernel(tid):
-    """A fresh (uncached) kernel: out[n, r] = row r · slot n, through a row dot of type tid only."""
-    row_dot = intrinsic(simd.row_dot_intrinsic({tid: ROW_READERS[tid]}))
-    mask = type_mask((tid,))
-
-    @njit
-    def run(wtype, w, xq, dx, bs, out):
-        acc = np.empty(xq.shape[0], np.float32)
-        for r in range(w.shape[0]):
-            row_dot(mask, wtype, w, r, xq, dx, bs, acc, 0)
-            for n in range(xq.shape[0]):
-                out[n, r] = acc[n]
-    return run
 
 
 @pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])

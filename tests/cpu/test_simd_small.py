@@ -7,33 +7,16 @@ lane and the same float operations in the same order, so each must give matvec's
 must match the float64 reference."""
 import numpy as np
 import pytest
-from numba import njit
-from numba.core.extending import intrinsic
 
 import cpu.simd as simd
-from cpu.matvec import ROW_READERS, matvec, quantize_activations
-from cpu.variants import type_mask
+from cpu.matvec import matvec, quantize_activations
 
-from .quant_data import dequantized, extreme_rows, min_term_correction, quantized_x, random_rows, type_id
+from .quant_data import (dequantized, extreme_rows, min_term_correction, quantized_x, random_rows, row_dot_kernel,
+                         type_id)
 
 SMALL = ("Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "MXFP4", "Q4_1", "Q5_1")
 COLS = 2 * 256 + 3 * 32     # two full 8-block spans and a 3-block tail
 SLOTS = 11                  # a group of WIDE_GROUP (8 with AVX-512) and one of the rest
-
-
-def row_dot_kernel(tid):
-    """A fresh (uncached) kernel: out[n, r] = row r · slot n, through a wide row dot of type tid only."""
-    row_dot = intrinsic(simd.row_dot_intrinsic({tid: ROW_READERS[tid]}, simd.WIDE_GROUP))
-    mask = type_mask((tid,))
-
-    @njit
-    def run(wtype, w, xq, dx, bs, out):
-        acc = np.empty(xq.shape[0], np.float32)
-        for r in range(w.shape[0]):
-            row_dot(mask, wtype, w, r, xq, dx, bs, acc, 0)
-            for n in range(xq.shape[0]):
-                out[n, r] = acc[n]
-    return run
 
 
 def on_path(name, w, x, path, monkeypatch):
@@ -46,7 +29,7 @@ def on_path(name, w, x, path, monkeypatch):
         m.setattr(simd, "_target_has_zmm_vnni", lambda: path == "zmm")
         m.setattr(simd, "_target_has_avx2", lambda: path != "plain")
         got = np.full((x.shape[0], w.shape[0]), np.nan, np.float32)
-        row_dot_kernel(type_id(name))(type_id(name), w, *quantize_activations(type_id(name), x), got)
+        row_dot_kernel(type_id(name), simd.WIDE_GROUP)(type_id(name), w, *quantize_activations(type_id(name), x), got)
     return got
 
 
