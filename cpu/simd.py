@@ -25,10 +25,10 @@ same arithmetic is written as plain vector IR (exact as well: no pair sum here c
 `cpu.activations.QMAX`). Offsets are in elements of the array they index; no bounds are checked
 here (the Python entry points validate shapes first).
 
-Numba's on-disk cache does not notice edits to this file in the kernels that inline these
-intrinsics (cpu/matvec.py, cpu/ffn.py, cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py,
-cpu/activations.py): after
-changing it, delete cpu/__pycache__/*.nbi and *.nbc.
+The kernels that inline these intrinsics live in other files (cpu/matvec.py, cpu/ffn.py,
+cpu/quants.py, cpu/matmul.py, cpu/moe_kernel.py, cpu/activations.py), whose Numba cache stamps
+would not see an edit here: the cache folder is per version of all kernel sources
+(cpu/kernel_cache.py), so such an edit recompiles them.
 
 Block layouts: docs/MODEL_FORMAT.md §6.
 """
