@@ -658,7 +658,8 @@ def test_op(op: Op, params: dict, backend: Backend):
 
 def test_the_table_names_every_op_of_both_op_sets():
     """A new op in cpu/ops.py or gpu/ops.py needs a row here (the tables' names, less the
-    non-ops: the module's NAME and rope_inv_freq, which rope_neox's row calls)."""
-    covered = {part for op in OPS for part in op.name.split("+")} | {"NAME", "rope_inv_freq"}
+    non-ops: the module's NAME and KV_DTYPE, which the attention row reads, and rope_inv_freq,
+    which rope_neox's row calls)."""
+    covered = {part for op in OPS for part in op.name.split("+")} | {"NAME", "KV_DTYPE", "rope_inv_freq"}
     for module in (cpu.ops, gpu.ops):
         assert set(module.__all__) == covered, module.__name__
