@@ -50,6 +50,7 @@ from .runtime import memory
 from .runtime.device import simulated
 from .runtime.host_mapping import DeviceViews
 from .runtime.pcie import PCIE_MAX_ROWS, pcie_counts
+from .runtime.weight_stream import Source
 from .intrinsics import bits_to_f32, load_u32x4, store_u32x4, warp_max_u64
 from .matmul.matvec_q8 import UNITS, experts_matvec, quantize
 from .runtime.memory import THREADS, stream
@@ -98,6 +99,10 @@ class ExpertCache:
         self.host_slot_of = np.full(n_expert, -1, np.int32)
         self.slot_of = memory.upload(self.host_slot_of)
         self.experts = np.full(self.n_slots, -1, np.int64)      # the expert in each slot
+        self._hosts = (ffn.gate.data, ffn.up.data, ffn.down.data)
+        self.streamer = None            # a gpu.runtime.weight_stream.WeightStreamer, set by the runtime
+        self._stream_sources = None     # what `stream_sources` returns while the cache holds these experts
+        self.stream_slot_of = None      # device int32 (E,): each uncached expert's index in the streamed stacks
         self.load(ffn, np.arange(self.n_slots))
         self.mapped, self.steps, self.pcie = None, (1, 1, 1), "off"
         if pcie_share > 0:
@@ -138,6 +143,9 @@ class ExpertCache:
                 memory.copy(stack[s], m.data[e])
             self.experts[s], self.host_slot_of[e] = e, s
         memory.copy(self.slot_of, self.host_slot_of)
+        uncached = self.host_slot_of < 0
+        self.stream_slot_of = memory.upload(np.where(uncached, np.cumsum(uncached) - 1, -1).astype(np.int32))
+        self._stream_sources = None
         memory.synchronize()
 
     def set_pcie_share(self, share: float) -> None:
@@ -157,6 +165,27 @@ class ExpertCache:
     def fetches(self, n: int) -> bool:
         """Whether a call of n rows fetches its share over PCIe."""
         return self.per_row > 0 and n <= PCIE_MAX_ROWS
+
+    def streams(self, n: int) -> bool:
+        """Whether a call of n rows (a prompt chunk) runs every pair on the GPU, on this layer's
+        uncached experts streamed in (`stream_sources`) rather than on the CPU."""
+        return self.streamer is not None and n * self.k <= MAX_PAIRS and self.streamer.wants(self, n)
+
+    def streamable(self) -> bool:
+        """Whether the uncached experts' host memory can be streamed: each expert stack
+        C-contiguous (not the halves of a fused gate_up tensor)."""
+        return all(h.flags.c_contiguous for h in self._hosts)
+
+    def stream_sources(self) -> tuple:
+        """The (gate, up, down) stacks of the experts the cache does not hold, in expert order
+        (expert e at `stream_slot_of[e]`), as `weight_stream.Source`s: one piece per run of
+        consecutive uncached experts (one copy each)."""
+        if self._stream_sources is None:
+            uncached = np.flatnonzero(self.host_slot_of < 0)
+            runs = np.split(uncached, np.flatnonzero(np.diff(uncached) != 1) + 1) if uncached.size else []
+            self._stream_sources = tuple(
+                Source(tuple(h[r[0]:r[-1] + 1] for r in runs), (uncached.size, *h.shape[1:])) for h in self._hosts)
+        return self._stream_sources
 
     def tables(self, n: int) -> tuple:
         """(slot_of, pcie_count) for `route` in a call of n rows."""
@@ -400,16 +429,41 @@ def fetch(cache: ExpertCache, where, experts, staged, stream, kinds=(0, 1, 2)) -
         _fetch[(FETCH_BLOCKS, n * k, len(part)), FETCH_THREADS, stream](where, experts, *args)
 
 
-def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
+@cuda.jit(cache=True)
+def _stream_codes(where, experts, stream_slot_of):
+    """The pairs `_route` left to the CPU run on the GPU from the streamed stacks instead: code
+    −2 − s, s the expert's index there, and the expert marked ~e as every GPU pair's."""
+    t = cuda.grid(1)
+    k = where.shape[1]
+    if t < where.shape[0] * k:
+        i = t // k
+        r = t - i * k
+        if where[i, r] == ON_CPU:
+            e = experts[i, r]
+            where[i, r] = -2 - stream_slot_of[e]
+            experts[i, r] = -1 - e
+
+
+def stream_codes(cache: ExpertCache, where, experts) -> None:
+    """After `route`: every pair of the call runs on the GPU, the uncached ones from the stacks
+    `cache.stream_sources` were copied into (`run`'s `staged`)."""
+    _stream_codes[-(-where.size // THREADS), THREADS, stream()](where, experts, cache.stream_slot_of)
+
+
+def run(cache: ExpertCache, x, where, experts, y, meanwhile=None, staged=None) -> None:
     """y[i·k + rank] = the output of row i's rank-th expert, for the pairs `where` gives the GPU
     (other rows of y are left as they were); meanwhile() queues other device work (the shared
-    expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device.
+    expert) that runs beside the fetch over PCIe. x: (n, D) float32 on the device. staged: the
+    (gate, up, down) stacks the codes −2 − s index (streamed experts: `stream_codes`); None:
+    the staging slots of the PCIe share, fetched here.
 
     The fetch goes in two parts on the side stream, gate and up matrices then down: the gate
     and up products (and SiLU, and h's quantisation) run beside the down matrices' fetch, so
     only the down product waits for the whole fetch."""
     n, k = where.shape
-    staged = cache.staging() if cache.fetches(n) else None
+    fetching = staged is None and cache.fetches(n)
+    if fetching:
+        staged = cache.staging()
     gate_t, up_t, down_t = cache.wtypes
     s = stream()
     h_shape = (n * k, cache.stacks[0].shape[1])
@@ -434,7 +488,7 @@ def run(cache: ExpertCache, x, where, experts, y, meanwhile=None) -> None:
         _silu_times_gpu[-(-g.size // THREADS), THREADS, s](g, u, where)
         quantized.append(quantize(g, s, UNITS[down_t].x_layout))
 
-    if staged is None:
+    if not fetching:
         before_gate_up()
         gate_up()
     else:

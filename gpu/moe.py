@@ -117,7 +117,8 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     one hand-off for the routed experts the GPU leaves to the host (`ffn.cache`: the experts
     cached in VRAM, and a share of the others fetched over PCIe; gpu/expert_cache.py); the shared
     expert and the GPU's experts run on the device meanwhile (they only need x and the routing)
-    and are added once the host's sum is back."""
+    and are added once the host's sum is back. A prompt chunk whose layer streams its uncached
+    experts (`ExpertCache.streams`) runs them all on the device instead (`_streamed_experts`)."""
     n, D = x.shape
     if n == 0:
         return
@@ -143,6 +144,9 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
     experts = memory.scratch("moe_experts", (n, ffn.n_used), np.int64)
     weights = memory.scratch("moe_weights", (n, ffn.n_used))
     where = memory.scratch("moe_where", (n, ffn.n_used), np.int32)
+    if ffn.cache is not None and ffn.cache.streams(n):
+        _streamed_experts(ffn, x, out, logits, experts, weights, where, shared, gate_logit, shared_meanwhile)
+        return
     # the hand-off's inputs and output in mapped host memory: the routing kernel writes x and
     # the routing where the host reads them, and `finish` reads the host's sum where it lies
     to_host = (memory.mapped("moe_x", (n, D)), memory.mapped("moe_experts", (n, ffn.n_used), np.int64),
@@ -167,6 +171,23 @@ def hybrid_moe_ffn(ffn, x, out, matvec, swiglu, stats=None) -> None:
                      bind=lambda *host: bind_routed(ffn, *host, stats))
     expert_cache.finish(out, host_sum.device, y, where, weights,
                         *((shared, gate_logit) if ffn.shared is not None else ()))
+
+
+def _streamed_experts(ffn, x, out, logits, experts, weights, where, shared, gate_logit, shared_meanwhile) -> None:
+    """The routed experts of a prompt chunk, all on the device: the cached ones from the cache,
+    the others from their stacks streamed in whole (gpu/runtime/weight_stream.py), with no
+    hand-off: a chunk of many rows touches nearly every expert, and the copy engine brings a
+    layer's uncached experts in faster than the cores read them once."""
+    n, D = x.shape
+    cache = ffn.cache
+    y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D))
+    with cache.streamer.using(cache, n) as staged:
+        expert_cache.route(logits, experts, weights, where, cache.tables(n))
+        expert_cache.stream_codes(cache, where, experts)
+        expert_cache.run(cache, x, where, experts, y, shared_meanwhile, staged)
+    no_host_part = memory.scratch("moe_no_host_part", (n, D))
+    memory.fill_zero(no_host_part)
+    expert_cache.finish(out, no_host_part, y, where, weights, *((shared, gate_logit) if ffn.shared is not None else ()))
 
 
 def shared_expert(ffn, x, shared, gate_logit, matvec, swiglu) -> None:

@@ -68,7 +68,8 @@ class Model:
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
-                                   expert_cache=self.plan.expert_cache, pcie_share=self.plan.pcie_share)
+                                   expert_cache=self.plan.expert_cache, pcie_share=self.plan.pcie_share,
+                                   stream_experts=self.plan.streams_experts)
         else:
             self.forward = Forward(self.file)
         # a small model's decode steps run on one thread unless the user chose a count (cpu/threads.py)

@@ -92,7 +92,8 @@ class CPUBackend:
         """Steps that ran once-only work (none here: steps are never captured)."""
         return 0
 
-    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0,
+                      stream_experts: bool = False):
         if any((expert_cache or {}).values()):
             raise HybridError("an expert cache lives on the GPU, but this forward runs on the CPU backend")
         if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
@@ -216,19 +217,29 @@ class GPUBackend:
         """Steps that ran once-only work: a key's first eager run or its capture."""
         return self.graphs.one_offs
 
-    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0):
+    def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0,
+                      stream_experts: bool = False):
         """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
-        experts of each MoE layer copied to the GPU, and that share of each row's other routed
-        experts fetched by the GPU over PCIe (gpu/expert_cache.py)."""
+        experts of each MoE layer copied to the GPU, that share of each row's other routed
+        experts fetched by the GPU over PCIe (gpu/expert_cache.py), and with `stream_experts`
+        a prompt chunk's uncached experts streamed in (the weight streamer's MoE layers)."""
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
-        if expert_cache or pcie_share > 0:
-            placed = _with_expert_caches(placed, expert_cache or {}, pcie_share)
-        # the FFNs a prompt chunk may stream: the trunk's in the order a forward runs them, the MTP block's
-        def streamable(ffn) -> bool:
-            return streamable_ffn(ffn, self.memory.is_device)
-        self.streamer.set_order([layer.ffn for layer in placed.layers if streamable(layer.ffn)],
-                                [placed.mtp.block.ffn] if placed.mtp and streamable(placed.mtp.block.ffn) else [])
+        if expert_cache or pcie_share > 0 or stream_experts:
+            placed = _with_expert_caches(placed, expert_cache or {}, pcie_share, stream_experts)
+        # what a prompt chunk may stream: the trunk's layers in the order a forward runs them (a
+        # dense FFN, or a MoE layer's expert cache), the MTP block's
+        def streamed(ffn):
+            if streamable_ffn(ffn, self.memory.is_device):
+                return ffn
+            cache = getattr(ffn, "cache", None)
+            if stream_experts and cache is not None and cache.streamable():
+                cache.streamer = self.streamer
+                return cache
+            return None
+        order = [r for r in (streamed(layer.ffn) for layer in placed.layers) if r is not None]
+        mtp = streamed(placed.mtp.block.ffn) if placed.mtp else None
+        self.streamer.set_order(order, [mtp] if mtp is not None else [])
         return placed
 
 
@@ -254,17 +265,18 @@ def step_key(fn, args, address) -> tuple:
     return (fn.__qualname__, None if owner is None else getattr(owner, "identity", None), *map(part, args))
 
 
-def _with_expert_caches(weights, slots, pcie_share: float):
+def _with_expert_caches(weights, slots, pcie_share: float, stream_experts: bool = False):
     """weights with an ExpertCache of slots[i] experts and the PCIe share on each MoE layer i
     (the MTP block is layer n_layer) whose routed experts stayed in host memory and whose router
-    is on the GPU (the routing that splits the pairs runs there)."""
+    is on the GPU (the routing that splits the pairs runs there); with stream_experts every such
+    layer gets one (of no slots, maybe: the streamed experts run through it)."""
     # gpu.expert_cache only once a GPU model places its experts: a CPU run never loads it
     from gpu.expert_cache import ExpertCache, cacheable
     from gpu.runtime.memory import is_device
 
     def cached(layer, index):
         ffn, k = layer.ffn, int(slots.get(index, 0))
-        if ((k <= 0 and pcie_share <= 0) or not isinstance(ffn, MoEFFN) or not cacheable(ffn) or not is_device(ffn.router.data)
+        if ((k <= 0 and pcie_share <= 0 and not stream_experts) or not isinstance(ffn, MoEFFN) or not cacheable(ffn) or not is_device(ffn.router.data)
                 or any(is_device(m.data) for m in (ffn.gate, ffn.up, ffn.down))):
             return layer
         return replace(layer, ffn=replace(ffn, cache=ExpertCache(ffn, k, pcie_share)))

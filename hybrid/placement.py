@@ -15,6 +15,9 @@ The GPU fills up in this order (DESIGN.md §3–4):
    `expert_cache` spends what is left on caching the same number of experts in every MoE layer
    (the runtime picks the most used ones). Of the uncached experts a token picks, the GPU still
    fetches a share (`pcie_share`) from host memory over PCIe, into staging slots reserved first.
+   Prompt chunks run every routed expert on the GPU: each MoE layer's uncached experts are
+   streamed in whole (two slots, one layer's uncached experts each), and the cache and those
+   slots share what is left, as many cached experts as leave room for the slots.
 Embeddings stay on the CPU: a token reads one row, so sending D floats up is free and the VRAM
 goes to whole matrices. When tied, token_embd *is* the lm_head and goes with it. Everything not
 on the GPU stays memory-mapped from the GGUF and is streamed by the CPU kernels. Without drafting
@@ -137,6 +140,11 @@ class Plan:
 
     def side(self, name: str) -> str:
         return self.tensors[name].side
+
+    @property
+    def streams_experts(self) -> bool:
+        """Whether prompt chunks stream each MoE layer's uncached experts to the GPU."""
+        return self.vram.get("expert_streaming", 0) > 0
 
     def on_gpu(self, name: str) -> bool:
         return self.tensors[name].side == GPU
@@ -296,11 +304,12 @@ OTHER_SCRATCH_ROWS = 256
 
 def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
     """Activation buffers, an estimate from hybrid.forward's _Scratch: the forward keeps buffers
-    for a prompt chunk (shorter chunks use its leading rows), each verify width and one token;
-    plus the verify rows' logits and the allowance above."""
+    for a prompt chunk (shorter chunks use its leading rows), each verify width and one token
+    (a MoE layer's GPU experts write k output rows of D per row); plus the verify rows' logits
+    and the allowance above."""
     D, H, dh = c.n_embd, c.n_head, c.head_dim
     ff = max(c.n_ff, c.n_ff_shexp, c.n_ff_exp * max(c.n_expert_used, 1))
-    per_row = (4 * D + 2 * ff + 4 * H * dh + 2 * c.n_head_kv * dh
+    per_row = (4 * D + 2 * ff + c.n_expert_used * D + 4 * H * dh + 2 * c.n_head_kv * dh
                + 2 * c.ssm_conv_channels + 3 * c.ssm_d_inner + 2 * c.ssm_n_v_heads)
     verify = max(n_ring, 1)
     rows = PREFILL_CHUNK + verify + 1
@@ -435,6 +444,10 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
         left -= staging
     else:
         pcie_share = 0.0
+    slots = _expert_streaming(c, per_expert, left, expert_cache)
+    if slots:
+        vram["expert_streaming"] = slots
+        left -= slots
     cache: dict[int, int] = {}
     cache_token_bytes = 0
     if expert_cache and c.is_moe:
@@ -478,6 +491,23 @@ def _expert_bytes_on_cpu(model, groups, side, c: ModelConfig, drafting: bool) ->
         if g == "experts" and side[n] == CPU and (i < c.n_layer or drafting):
             per_expert[i] = per_expert.get(i, 0) + model.tensors[n].nbytes // c.n_expert
     return per_expert
+
+
+def _expert_streaming(c: ModelConfig, per_expert: Mapping[int, int], left: int, cache_experts: bool) -> int:
+    """Bytes of the two slots a prompt chunk streams MoE layers' uncached experts into
+    (gpu/runtime/weight_stream.py: one layer computes from a slot while the next layer's experts
+    arrive in the other), each the uncached experts of the largest layer, given that the cache
+    then takes what is left (`_expert_cache`): the most cached experts that leave room for the
+    slots. 0 when the slots do not fit beside any cache (chunks hand the experts to the CPU)."""
+    if not c.is_moe or not per_expert:
+        return 0
+    one_each, largest = sum(per_expert.values()), max(per_expert.values())
+    most = min(c.n_expert, left // one_each) if cache_experts else 0
+    for k in range(most, -1, -1):
+        slots = 2 * (c.n_expert - k) * largest
+        if k * one_each + slots <= left:
+            return slots
+    return 0
 
 
 def _expert_cache(c: ModelConfig, per_expert: Mapping[int, int], left: int) -> tuple[dict[int, int], int, int]:

@@ -131,11 +131,13 @@ class ModelWeights:
     mtp: MTPBlock | None
 
 
-def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pcie_share: float = 0.0) -> ModelWeights:
+def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pcie_share: float = 0.0,
+                 stream_experts: bool = False) -> ModelWeights:
     """Per-layer records for a qwen35, qwen35moe or qwen3next model, placed by `backend`
     (hybrid.backend) following `placement`, `expert_cache` (layer → routed experts to copy to
-    the GPU: `Plan.expert_cache`) and `pcie_share` (of each row's other routed experts, the share
-    the GPU reads from host memory); host records when backend is None."""
+    the GPU: `Plan.expert_cache`), `pcie_share` (of each row's other routed experts, the share
+    the GPU reads from host memory) and `stream_experts` (prompt chunks stream the uncached
+    experts in); host records when backend is None."""
     cfg: ModelConfig = model_file.config
     t = _Tensors(model_file.tensors, cfg)
     embd = t.matrix("token_embd.weight")
@@ -145,7 +147,8 @@ def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pc
                    for i in range(cfg.n_layer))
     mtp = _mtp_block(t, cfg.n_layer, embd, output, output_norm) if cfg.n_nextn else None
     weights = ModelWeights(cfg, embd, output_norm, output, layers, mtp)
-    return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache, pcie_share)
+    return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache, pcie_share,
+                                                                 stream_experts)
 
 
 def lm_head(weights: ModelWeights, hidden: np.ndarray, out: np.ndarray, ops) -> None:

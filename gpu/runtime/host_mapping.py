@@ -56,6 +56,16 @@ def register_host_ranges(arrays) -> tuple[list[int], str | None]:
     return done, None
 
 
+def is_registered(host: np.ndarray) -> bool:
+    """Whether the driver already holds this array's memory page-locked (both of its ends): a
+    range registered by one owner (the expert cache's mapping) cannot be registered again, and a
+    copy from it is a DMA already."""
+    if simulated() or host.nbytes == 0:
+        return False
+    cu = memory.driver()[0]
+    return all(int(cu.cuMemHostGetFlags(a)[0]) == 0 for a in (host.ctypes.data, host.ctypes.data + host.nbytes - 1))
+
+
 def unregister_host_ranges(bases: list[int]) -> None:
     from cuda.bindings import driver as cu    # cuda-python: only on a real GPU (none under the simulator)
     for base in bases:

@@ -3,9 +3,17 @@
 In hybrid mode most FFN matrices stay in host memory (the mapped GGUF file) and a decode step
 hands its few rows to the CPU. A prompt chunk of n rows would make the CPU read every weight
 byte for n rows; copying the layer's weights to the GPU once and running the chunk's FFN there
-as a GEMM (gpu/matmul/gemm.py) costs one transfer instead. `WeightStreamer.run` does that:
+costs one transfer instead. Two kinds of layer are streamed:
 
-* two device slots, each big enough for one layer's gate, up and down matrices, filled on a
+* a dense FFN (gate, up and down matrices): `WeightStreamer.run` runs it there as a GEMM
+  (gpu/matmul/gemm.py);
+* a MoE layer's routed experts, those its expert cache does not hold (the cache's
+  `stream_sources`): `WeightStreamer.using` lends the caller (gpu/moe.py) the copied expert
+  stacks. A 512-row chunk picks nearly every expert of a layer, so the whole uncached set is
+  what the CPU would read anyway, once per chunk.
+
+How:
+* two device slots, each big enough for the largest layer's streamed matrices, filled on a
   copy stream of their own; layer i computes from one slot while layer i+1's weights copy into
   the other (double buffering). Events order it: a copy into a slot waits for the last FFN
   that read it, and an FFN waits for its slot's copy;
@@ -25,14 +33,16 @@ from __future__ import annotations
 
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, njit, prange
 
 from . import graphs, memory
 from .device import simulated
-from .host_mapping import page_ranges, register_host_ranges, unregister_host_ranges
+from .host_mapping import is_registered, page_ranges, register_host_ranges, unregister_host_ranges
 
 # Stream a host FFN's weights when a call has at least this many rows. Streaming costs the
 # layer's bytes / host→device bandwidth once (overlapped with the previous layer's work by the
@@ -116,6 +126,22 @@ def _flat(host: np.ndarray) -> np.ndarray:
     return host.reshape(host.size)
 
 
+class Source(NamedTuple):
+    """One device matrix (or stack of them) a layer streams: its C-contiguous host pieces,
+    copied one after another, and the shape of the device array they make."""
+    pieces: tuple
+    shape: tuple
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+
+def dense_sources(ffn) -> tuple:
+    """A dense FFN's gate, up and down matrices, each whole."""
+    return tuple(Source((m.data,), m.data.shape) for m in (ffn.gate, ffn.up, ffn.down))
+
+
 # --- the streamer ---------------------------------------------------------------------------------
 
 class _Slot:
@@ -123,7 +149,7 @@ class _Slot:
 
     def __init__(self):
         self.buffer = None
-        self.holds = None            # the FFN record whose weights are (or will be) here
+        self.holds = None            # (record, its sources) whose weights are (or will be) here
         self.last_used = -1
         self.ready = _event()        # recorded on the copy stream after the copy into it
         self.released = _event()     # recorded on the compute stream after the FFN reading it
@@ -131,7 +157,9 @@ class _Slot:
 
 
 class WeightStreamer:
-    """Runs dense FFNs whose weights are in host memory on the GPU, streaming the weights in."""
+    """Runs FFN layers whose weights are in host memory on the GPU, streaming the weights in.
+    A layer is a record: a dense FFN, or any object with `stream_sources()` (a MoE layer's
+    expert cache), which returns the same tuple of `Source`s for as long as its content holds."""
 
     def __init__(self, dense_ffn, min_rows: int = STREAM_MIN_ROWS, register: bool = True,
                  stage_bytes: int = STAGE_BYTES, stats: StreamStats | None = None):
@@ -147,6 +175,7 @@ class WeightStreamer:
         self._order: list = []
         self._others: list = []
         self._streamable: set[int] = set()
+        self._dense: dict[int, tuple] = {}
         self._next: dict[int, object] = {}
         self._previous = None
         self._slots = [_Slot(), _Slot()]
@@ -159,93 +188,109 @@ class WeightStreamer:
 
     # --- which FFNs -----------------------------------------------------------------------------
     def set_order(self, ffns, others=()) -> None:
-        """The host-resident dense FFNs (records with gate, up and down matrices, all in host
-        memory) that calls may stream, in the order a forward runs them (the trunk's layers): the
-        first guess of which one comes next (after the last: the first). `others` may be
-        streamed too (the MTP block's); the mapping of both gets registered."""
+        """The host-resident layers (dense FFNs with gate, up and down matrices all in host
+        memory, or records with `stream_sources`) that calls may stream, in the order a forward
+        runs them (the trunk's layers): the first guess of which one comes next (after the last:
+        the first). `others` may be streamed too (the MTP block's); the mapping of both gets
+        registered."""
         self._order = list(ffns)
         self._others = list(others)
         self._next = {id(f): self._order[(i + 1) % len(self._order)] for i, f in enumerate(self._order)}
         self._streamable = {id(f) for f in self._order + self._others}
+        self._dense = {id(f): dense_sources(f) for f in self._order + self._others if not hasattr(f, "stream_sources")}
 
     @property
     def order(self) -> list:
         return list(self._order)
 
+    def sources(self, record) -> tuple:
+        """The `Source`s a layer streams."""
+        dense = self._dense.get(id(record))
+        return dense if dense is not None else record.stream_sources()
+
     @property
     def host_bytes(self) -> int:
-        """Weight bytes of the FFNs that may be streamed (trunk order and others)."""
-        return sum(m.data.nbytes for f in self._order + self._others for m in (f.gate, f.up, f.down))
+        """Weight bytes of the layers that may be streamed (trunk order and others)."""
+        return sum(src.nbytes for f in self._order + self._others for src in self.sources(f))
 
     @property
     def slot_bytes(self) -> int:
         """Device bytes of one slot (two are allocated, at the first streamed call)."""
-        return max((_layout((f.gate, f.up, f.down))[1] for f in self._order + self._others), default=0)
+        return max((_layout(self.sources(f))[1] for f in self._order + self._others), default=0)
 
-    def wants(self, ffn, n_rows: int) -> bool:
-        """Stream this call: an FFN set_order named, and enough rows (streaming on)."""
-        return self.min_rows is not None and n_rows >= self.min_rows and id(ffn) in self._streamable
+    def wants(self, record, n_rows: int) -> bool:
+        """Stream this call: a layer set_order named, and enough rows (streaming on)."""
+        return self.min_rows is not None and n_rows >= self.min_rows and id(record) in self._streamable
 
     # --- running one --------------------------------------------------------------------------
     def run(self, ffn, x, h, out) -> None:
         """out (n, D) = SwiGLU FFN of device rows x (n, D) on weights copied from the host;
         h (n, n_ff) is its hidden scratch."""
+        with self.using(ffn, x.shape[0]) as (gate, up, down):
+            self.dense_ffn((ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype), (gate, up, down), x, h, out)
+
+    @contextmanager
+    def using(self, record, rows: int):
+        """The device arrays of a layer's streamed matrices (one per `Source`), for kernels the
+        body queues on the compute stream: they run once the copy has landed, and the slot is
+        not refilled before they are done. The next layer's copy is queued after the body."""
         graphs.require_eager("streamed FFN weights are copied from the host per call")
         compute = memory.stream()
-        if self._previous is not None and self._previous is not ffn:
-            self._next[id(self._previous)] = ffn      # learn what really follows
-        self._previous = ffn
-        slot = self._acquire(ffn)
-        gate, up, down = self._views(slot, ffn)
+        if self._previous is not None and self._previous is not record:
+            self._next[id(self._previous)] = record   # learn what really follows
+        self._previous = record
+        slot = self._acquire(record)
 
         stats = self.stats
         before = stats.mark(compute)
         slot.ready.wait(compute)                      # the weights have arrived
         start = stats.mark(compute)
-        self.dense_ffn((ffn.gate.wtype, ffn.up.wtype, ffn.down.wtype), (gate, up, down), x, h, out)
+        yield self._views(slot, record)
         stats.span("wait_seconds", before, start)
         stats.span("ffn_seconds", start, stats.mark(compute))
         slot.released.record(compute)
         self._uses += 1
         slot.last_used = self._uses
         stats.calls += 1
-        stats.rows += x.shape[0]
+        stats.rows += rows
 
-        following = self._next.get(id(ffn))
+        following = self._next.get(id(record))
         if following is not None:
             self._acquire(following)                  # prefetch into the other slot
 
-    def _acquire(self, ffn) -> _Slot:
-        """The slot holding ffn's weights, after queueing their copy if none does."""
+    def _acquire(self, record) -> _Slot:
+        """The slot holding the layer's weights, after queueing their copy if none does."""
+        sources = self.sources(record)
         for slot in self._slots:
-            if slot.holds is ffn:
+            if slot.holds is not None and slot.holds[0] is record and slot.holds[1] is sources:
                 return slot
         slot = min(self._slots, key=lambda s: s.last_used)   # not the one just computed from
-        self._copy_in(slot, ffn)
+        self._copy_in(slot, record, sources)
         return slot
 
     # --- copies ---------------------------------------------------------------------------------
-    def _copy_in(self, slot: _Slot, ffn) -> None:
+    def _copy_in(self, slot: _Slot, record, sources) -> None:
         self._ensure_pinning()
-        matrices = (ffn.gate, ffn.up, ffn.down)
-        offsets, size = _layout(matrices)
+        offsets, size = _layout(sources)
         if slot.buffer is None or slot.buffer.size < size:
             slot.buffer = cuda.device_array(max(size, self.slot_bytes), np.uint8)
-            slot.views.clear()
+        slot.views.clear()
         stream = self._stream()
         slot.released.wait(stream)                    # the FFN that read this slot is done
         start = self.stats.mark(stream)
-        for m, off in zip(matrices, offsets):
-            dst = slot.buffer[off:off + m.data.nbytes]
-            if self._is_pinned(m.data):
-                dst.copy_to_device(_flat(m.data), stream=stream)    # DMA straight from the mapping
-            else:
-                self._copy_staged(dst, _flat(m.data), stream)
+        for src, off in zip(sources, offsets):
+            for piece in src.pieces:
+                dst = slot.buffer[off:off + piece.nbytes]
+                if self._is_pinned(piece):
+                    dst.copy_to_device(_flat(piece), stream=stream)    # DMA straight from the mapping
+                else:
+                    self._copy_staged(dst, _flat(piece), stream)
+                off += piece.nbytes
         self.stats.span("copy_seconds", start, self.stats.mark(stream))
         slot.ready.record(stream)
-        slot.holds = ffn
+        slot.holds = (record, sources)
         self.stats.copies += 1
-        self.stats.bytes_copied += sum(m.data.nbytes for m in matrices)
+        self.stats.bytes_copied += sum(src.nbytes for src in sources)
 
     def _copy_staged(self, dst, src: np.ndarray, stream) -> None:
         """dst (device) = src (pageable host) through two pinned buffers taken in turn: the
@@ -261,15 +306,19 @@ class WeightStreamer:
             self._stage_free[k].record(stream)
 
     def _ensure_pinning(self) -> None:
-        """Register the mapped ranges of every FFN in the order, once (the first copy)."""
+        """Register the mapped ranges of every layer in the order, once (the first copy); those
+        another owner registered already (the expert cache's PCIe mapping) are used as they are."""
         if self._pinned is not None:
             return
-        arrays = [m.data for f in self._order + self._others for m in (f.gate, f.up, f.down)]
+        arrays = [p for f in self._order + self._others for src in self.sources(f) for p in src.pieces]
         t0 = time.perf_counter()
-        bases, why = register_host_ranges(arrays) if self.register else ([], "registration turned off")
+        held = [a for a in arrays if self.register and is_registered(a)]
+        rest = [a for a in arrays if not any(a is h for h in held)]
+        bases, why = register_host_ranges(rest) if self.register and rest else (
+            [], None if self.register else "registration turned off")
         self.stats.pin_seconds = time.perf_counter() - t0
         self.stats.pinning = "registered" if why is None else f"staged: {why}"
-        self._pinned = page_ranges(arrays) if bases else []
+        self._pinned = [(a.ctypes.data, a.nbytes) for a in held] + (page_ranges(rest) if bases else [])
         if bases:
             self._finalizer = weakref.finalize(self, unregister_host_ranges, bases)
 
@@ -282,14 +331,14 @@ class WeightStreamer:
             self._copy_stream = cuda.stream()
         return self._copy_stream
 
-    def _views(self, slot: _Slot, ffn) -> tuple:
-        """The three (rows, row_bytes) device matrices of ffn inside slot (cached per FFN)."""
-        views = slot.views.get(id(ffn))
+    def _views(self, slot: _Slot, record) -> tuple:
+        """The device arrays of the layer's sources inside slot (made once per fill)."""
+        views = slot.views.get(id(record))
         if views is None:
-            offsets, _ = _layout((ffn.gate, ffn.up, ffn.down))
-            views = slot.views[id(ffn)] = tuple(
-                slot.buffer[off:off + m.data.nbytes].reshape(m.data.shape)
-                for m, off in zip((ffn.gate, ffn.up, ffn.down), offsets))
+            sources = slot.holds[1]
+            offsets, _ = _layout(sources)
+            views = slot.views[id(record)] = tuple(
+                slot.buffer[off:off + src.nbytes].reshape(src.shape) for src, off in zip(sources, offsets))
         return views
 
     def close(self) -> None:
@@ -299,10 +348,10 @@ class WeightStreamer:
         self._pinned = []
 
 
-def _layout(matrices) -> tuple[list[int], int]:
-    """Byte offsets of the matrices in a slot, and the bytes the slot needs."""
+def _layout(sources) -> tuple[list[int], int]:
+    """Byte offsets of the sources in a slot, and the bytes the slot needs."""
     offsets, size = [], 0
-    for m in matrices:
+    for src in sources:
         offsets.append(size)
-        size += -(-m.data.nbytes // SLOT_ALIGN) * SLOT_ALIGN
+        size += -(-src.nbytes // SLOT_ALIGN) * SLOT_ALIGN
     return offsets, size

@@ -189,7 +189,8 @@ def _vram_table(p: dict[str, Any]) -> Table:
     names = {"weights": "weights on the GPU", "kv_cache": f"KV cache (n_ctx {p['n_ctx']})",
              "gdn_state": f"GDN + conv state (live + {p['n_ring']} ring slots)", "scratch": "activation scratch",
              "margin": "safety margin", "expert_cache": "expert cache", "pcie_staging": "PCIe share staging",
-             "weight_streaming": "prompt FFN weight streaming (2 layer slots)"}
+             "weight_streaming": "prompt FFN weight streaming (2 layer slots)",
+             "expert_streaming": "prompt expert streaming (2 layer slots)"}
     for key, n in p["vram"].items():
         t.add_row(names.get(key, key), _size(n))
     t.add_row("[bold]total[/]", f"[bold]{_size(p['vram_used'])}[/]")

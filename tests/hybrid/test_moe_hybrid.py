@@ -15,6 +15,7 @@ import gpu.ops
 import hybrid.speculative as speculative
 from gpu.runtime import graphs
 from gpu import simulated
+from hybrid.backend import GPUBackend
 from hybrid.forward import Forward, MoEStats
 from hybrid.generate import generate_tokens
 from hybrid.model_file import open_model
@@ -44,13 +45,14 @@ def model_file(tmp_path_factory):
         yield mf
 
 
-def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None, pcie_share=0.0) -> Forward:
+def hybrid_forward(model_file, cuda_graphs=True, expert_cache=None, pcie_share=0.0, backend="gpu",
+                   stream_experts=False) -> Forward:
     if SIMULATED:
         placement = lambda name: "gpu" if name.endswith(".ffn_gate_inp.weight") else "cpu"  # noqa: E731
     else:
         placement = plan_placement(model_file, 1 << 30, n_ring=3).side
-    fw = Forward(model_file, backend="gpu", placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
-                 pcie_share=pcie_share)
+    fw = Forward(model_file, backend=backend, placement=placement, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
+                 pcie_share=pcie_share, stream_experts=stream_experts)
     for layer in (*fw.weights.layers, fw.weights.mtp.block):
         assert layer.ffn.router.location == "gpu" and layer.ffn.gate.location == "cpu"
     return fw
@@ -148,6 +150,41 @@ def test_with_gpu_experts_the_forward_agrees_and_drafting_stays_lossless(model_f
     events = drafting(fw, cached_plain, fw.new_state(N_CTX, n_ring=3), n_tokens, prompt=[int(t) for t in ids])
     assert [e.id for e in events if hasattr(e, "id")] == cached_plain
     assert events[-1].stats.draft["accepted"] > 0
+
+
+@pytest.mark.parametrize("cached", [[], [2]], ids=["no-cache", "two-runs"])
+def test_a_prompt_chunk_streams_the_uncached_experts_and_agrees_with_the_cpu(model_file, cached):
+    """With expert streaming, a call of enough rows runs every routed expert on the GPU: the
+    cached ones from the cache, the others copied in per layer (one copy per run of consecutive
+    uncached experts); its logits agree with the CPU forward. Fewer rows hand off as before."""
+    n_layer, n_expert = SHAPE["n_layer"], SHAPE["n_expert"]
+    backend = GPUBackend(stream_min_rows=4)
+    fw = hybrid_forward(model_file, expert_cache={i: len(cached) for i in range(n_layer + 1)}, backend=backend,
+                        stream_experts=True)
+    layers = [layer.ffn for layer in (*fw.weights.layers, fw.weights.mtp.block)]
+    for ffn in layers:
+        ffn.cache.load(ffn, cached)
+        assert ffn.cache.streamer is backend.streamer and ffn.cache.streamable()
+    uncached = [e for e in range(n_expert) if e not in cached]
+    sources = layers[0].cache.stream_sources()
+    assert [len(src.pieces) for src in sources] == [len(cached) + 1 if cached == [2] else 1] * 3
+    for src, m in zip(sources, (layers[0].gate, layers[0].up, layers[0].down)):
+        np.testing.assert_array_equal(np.concatenate(src.pieces), m.data[uncached])
+
+    ids = np.array(PROMPT)
+    cpu_fw = Forward(model_file)
+    want, _ = cpu_fw.forward(cpu_fw.new_state(32), ids, logits="all")
+    stats = backend.stream_stats
+    stats.reset()
+    got, _ = fw.forward(fw.new_state(32), ids, logits="all")
+    assert np.abs(got - want).max() < LOGIT_TOL and (got.argmax(1) == want.argmax(1)).all()
+    assert stats.calls == n_layer and stats.rows == n_layer * len(ids) and stats.cpu_ffn_calls == 0
+    per_expert = sum(m.data[0].nbytes for m in (layers[0].gate, layers[0].up, layers[0].down))
+    assert stats.bytes_copied == stats.copies * len(uncached) * per_expert
+
+    stats.reset()
+    fw.forward(fw.new_state(32), ids[:3], logits="all")       # under stream_min_rows: the host's
+    assert stats.calls == 0
 
 
 class Replayer:

@@ -257,9 +257,37 @@ def test_moe_pcie_share_reserves_its_staging_before_the_expert_cache(moe):
 def test_moe_pcie_share_is_off_where_its_staging_does_not_fit(moe):
     without = plan_placement(moe, 12 * GiB, n_ring=5, margin=0)
     staging = plan_placement(moe, 12 * GiB, n_ring=5, pcie_share=1.0, margin=0).vram["pcie_staging"]
-    squeezed = plan_placement(moe, without.vram_used + staging - 1, n_ring=5, pcie_share=1.0, margin=0)
+    before_streaming = without.vram_used - without.vram["expert_streaming"]
+    squeezed = plan_placement(moe, before_streaming + staging - 1, n_ring=5, pcie_share=1.0, margin=0)
     assert squeezed.pcie_share == 0.0 and "pcie_staging" not in squeezed.vram
     assert any("PCIe" in note for note in squeezed.notes)
+
+
+def expert_bytes(m, layer: int = 0) -> int:
+    return sum(t.nbytes for n, t in m.tensors.items() if n.startswith(f"blk.{layer}.") and "_exps." in n) // m.config.n_expert
+
+
+def test_moe_prompt_streaming_slots_hold_each_layers_uncached_experts_beside_the_cache(moe):
+    c = moe.config
+    plain = plan_placement(moe, 12 * GiB, n_ring=5)
+    assert plain.streams_experts and plain.vram["expert_streaming"] == 2 * c.n_expert * expert_bytes(moe)
+    cached = plan_placement(moe, 12 * GiB, n_ring=5, expert_cache=True)
+    k = next(iter(cached.expert_cache.values()))
+    assert 0 < k < c.n_expert and cached.vram_used <= cached.budget
+    assert cached.vram["expert_streaming"] == 2 * (c.n_expert - k) * expert_bytes(moe)
+    # one more cached expert per layer would not leave room for the (smaller) slots
+    one_each = cached.vram["expert_cache"] // k
+    assert cached.vram_left < one_each - 2 * expert_bytes(moe)
+
+
+def test_moe_prompt_streaming_is_off_where_its_slots_do_not_fit(moe):
+    plain = plan_placement(moe, 12 * GiB, n_ring=5, margin=0)
+    squeezed = plan_placement(moe, plain.vram_used - 1, n_ring=5, margin=0)
+    assert not squeezed.streams_experts and "expert_streaming" not in squeezed.vram
+
+
+def test_dense_models_stream_no_experts(m27b):
+    assert not plan_placement(m27b, 12 * GiB, n_ring=5).streams_experts
 
 
 def test_dense_models_get_no_pcie_share(m27b):
