@@ -63,7 +63,9 @@ def is_registered(host: np.ndarray) -> bool:
     if simulated() or host.nbytes == 0:
         return False
     cu = memory.driver()[0]
-    return all(int(cu.cuMemHostGetFlags(a)[0]) == 0 for a in (host.ctypes.data, host.ctypes.data + host.nbytes - 1))
+    # a device pointer exists exactly for page-locked memory mapped for the device (every
+    # registration here is: `register_host_ranges`)
+    return all(int(cu.cuMemHostGetDevicePointer(a, 0)[0]) == 0 for a in (host.ctypes.data, host.ctypes.data + host.nbytes - 1))
 
 
 def unregister_host_ranges(bases: list[int]) -> None:
