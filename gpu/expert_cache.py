@@ -184,7 +184,7 @@ class ExpertCache:
             uncached = np.flatnonzero(self.host_slot_of < 0)
             runs = np.split(uncached, np.flatnonzero(np.diff(uncached) != 1) + 1) if uncached.size else []
             self._stream_sources = tuple(
-                Source(tuple(h[r[0]:r[-1] + 1] for r in runs), (uncached.size, *h.shape[1:])) for h in self._hosts)
+                Source(tuple(h[r[0]:r[-1] + 1] for r in runs), (uncached.size, *h.shape[1:]), h) for h in self._hosts)
         return self._stream_sources
 
     def tables(self, n: int) -> tuple:

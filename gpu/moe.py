@@ -181,10 +181,12 @@ def _streamed_experts(ffn, x, out, logits, experts, weights, where, shared, gate
     n, D = x.shape
     cache = ffn.cache
     y = memory.scratch("moe_gpu_y", (n * ffn.n_used, D))
+    expert_cache.route(logits, experts, weights, where, cache.tables(n))
+    expert_cache.stream_codes(cache, where, experts)
+    if shared_meanwhile is not None:
+        shared_meanwhile()            # needs none of the streamed weights: queued before the wait for them
     with cache.streamer.using(cache, n) as staged:
-        expert_cache.route(logits, experts, weights, where, cache.tables(n))
-        expert_cache.stream_codes(cache, where, experts)
-        expert_cache.run(cache, x, where, experts, y, shared_meanwhile, staged)
+        expert_cache.run(cache, x, where, experts, y, staged=staged)
     no_host_part = memory.scratch("moe_no_host_part", (n, D))
     memory.fill_zero(no_host_part)
     expert_cache.finish(out, no_host_part, y, where, weights, *((shared, gate_logit) if ffn.shared is not None else ()))

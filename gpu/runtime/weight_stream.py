@@ -128,9 +128,12 @@ def _flat(host: np.ndarray) -> np.ndarray:
 
 class Source(NamedTuple):
     """One device matrix (or stack of them) a layer streams: its C-contiguous host pieces,
-    copied one after another, and the shape of the device array they make."""
+    copied one after another, the shape of the device array they make, and the host array they
+    are cut from (page-locked whole: another choice of pieces stays inside it, and no later
+    copy from the mapping straddles the edge of a registered range, which the driver refuses)."""
     pieces: tuple
     shape: tuple
+    whole: np.ndarray
 
     @property
     def nbytes(self) -> int:
@@ -139,7 +142,7 @@ class Source(NamedTuple):
 
 def dense_sources(ffn) -> tuple:
     """A dense FFN's gate, up and down matrices, each whole."""
-    return tuple(Source((m.data,), m.data.shape) for m in (ffn.gate, ffn.up, ffn.down))
+    return tuple(Source((m.data,), m.data.shape, m.data) for m in (ffn.gate, ffn.up, ffn.down))
 
 
 # --- the streamer ---------------------------------------------------------------------------------
@@ -153,7 +156,7 @@ class _Slot:
         self.last_used = -1
         self.ready = _event()        # recorded on the copy stream after the copy into it
         self.released = _event()     # recorded on the compute stream after the FFN reading it
-        self.views: dict[int, tuple] = {}
+        self.views = None            # the device arrays of what it holds (made once per fill)
 
 
 class WeightStreamer:
@@ -245,7 +248,7 @@ class WeightStreamer:
         before = stats.mark(compute)
         slot.ready.wait(compute)                      # the weights have arrived
         start = stats.mark(compute)
-        yield self._views(slot, record)
+        yield self._views(slot)
         stats.span("wait_seconds", before, start)
         stats.span("ffn_seconds", start, stats.mark(compute))
         slot.released.record(compute)
@@ -274,7 +277,7 @@ class WeightStreamer:
         offsets, size = _layout(sources)
         if slot.buffer is None or slot.buffer.size < size:
             slot.buffer = cuda.device_array(max(size, self.slot_bytes), np.uint8)
-        slot.views.clear()
+        slot.views = None
         stream = self._stream()
         slot.released.wait(stream)                    # the FFN that read this slot is done
         start = self.stats.mark(stream)
@@ -310,7 +313,7 @@ class WeightStreamer:
         another owner registered already (the expert cache's PCIe mapping) are used as they are."""
         if self._pinned is not None:
             return
-        arrays = [p for f in self._order + self._others for src in self.sources(f) for p in src.pieces]
+        arrays = [src.whole for f in self._order + self._others for src in self.sources(f)]
         t0 = time.perf_counter()
         held = [a for a in arrays if self.register and is_registered(a)]
         rest = [a for a in arrays if not any(a is h for h in held)]
@@ -331,15 +334,13 @@ class WeightStreamer:
             self._copy_stream = cuda.stream()
         return self._copy_stream
 
-    def _views(self, slot: _Slot, record) -> tuple:
-        """The device arrays of the layer's sources inside slot (made once per fill)."""
-        views = slot.views.get(id(record))
-        if views is None:
+    def _views(self, slot: _Slot) -> tuple:
+        """The device arrays of the sources slot holds."""
+        if slot.views is None:
             sources = slot.holds[1]
             offsets, _ = _layout(sources)
-            views = slot.views[id(record)] = tuple(
-                slot.buffer[off:off + src.nbytes].reshape(src.shape) for src, off in zip(sources, offsets))
-        return views
+            slot.views = tuple(slot.buffer[off:off + src.nbytes].reshape(src.shape) for src, off in zip(sources, offsets))
+        return slot.views
 
     def close(self) -> None:
         """Unregister the pinned mapping (also done when the streamer is collected)."""

@@ -161,6 +161,16 @@ def test_a_prompt_chunk_streams_the_uncached_experts_and_agrees_with_the_cpu(mod
     backend = GPUBackend(stream_min_rows=4)
     fw = hybrid_forward(model_file, expert_cache={i: len(cached) for i in range(n_layer + 1)}, backend=backend,
                         stream_experts=True)
+    try:
+        check_streamed_chunk(fw, backend, model_file, cached)
+    finally:
+        # unpin the mapping now: a later test's uploads from the same mapping must not straddle
+        # pages this one registered
+        backend.streamer.close()
+
+
+def check_streamed_chunk(fw, backend, model_file, cached):
+    n_layer, n_expert = SHAPE["n_layer"], SHAPE["n_expert"]
     layers = [layer.ffn for layer in (*fw.weights.layers, fw.weights.mtp.block)]
     for ffn in layers:
         ffn.cache.load(ffn, cached)
