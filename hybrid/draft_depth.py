@@ -29,7 +29,19 @@ how a draft that got better is found (its acceptance is only seen once the choic
 
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
-keep that depth unused for many probes.
+keep that depth unused for many probes. A neighbour of the choice is therefore explored (every
+_EXPLORE_EVERY steps) until it has _KNOWN_SAMPLES steady samples, not just one. The machine's
+speed also drifts (other work on the cores, a slow first stretch of a process): a sample older
+than _COST_AGE steps leaves its depth's window once _KNOWN_SAMPLES newer ones stand in for it, so
+a depth timed in a slow stretch and only probed since is not priced by that stretch for good.
+
+Acceptance is read per position, and a short run sees few observations of the deeper ones: the
+opening of a text often keeps draft 1 and loses draft 2, and two such misses read literally
+(a_2 = 0) price every depth above 1 as worthless, so the controller never drafts deep enough to
+see them kept later. a_i for i ≥ 2 therefore counts _SHRINK pseudo-observations at a_{i−1}
+(drafts deeper in a chain are kept about as often as the one before, a little less): a few misses
+lower it, a sustained run of misses still drives it toward 0. a_1 has no such pull: it is seen at
+every drafting step, and an optimistic pull on a draft that always fails would keep depth 1 alive.
 
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
@@ -44,12 +56,15 @@ import numpy as np
 
 _DECAY = 0.9          # EMA weight of the past (acceptance counts)
 _COST_WINDOW = 9      # steady steps a depth's cost is the median of
+_COST_AGE = 64        # steps after which a sample leaves its window, once _KNOWN_SAMPLES newer ones are in it
 _PROBE_EVERY = 16     # steps between tries of a neighbouring depth, at first and after a change
 _PROBE_MAX = 128      # the widest spacing probes that change nothing back off to
-_EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with no measured cost
+_EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with fewer than _KNOWN_SAMPLES steady samples
 _HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
 _TIE_MARGIN = 0.03    # a probe's change of choice gaining less than this keeps the probes backing off
 _IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
+_SHRINK = 2.0         # pseudo-observations pulling a_i (i ≥ 2) toward a_{i−1}
+_KNOWN_SAMPLES = 3    # steady samples a neighbour is explored until, and that outlive _COST_AGE
 
 
 class DepthController:
@@ -60,7 +75,8 @@ class DepthController:
         self.kept = np.zeros(max_depth + 1)      # kept[i]: EMA count of draft i kept
         self.tried = np.zeros(max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
         self.cost = {}                           # depth → seconds per step (median of `_times`)
-        self._times: dict[int, deque] = {}       # depth → its last steady step times
+        self._times: dict[int, deque] = {}       # depth → (step, seconds) of its last steady steps
+        self.timed: dict[int, int] = {}          # depth → steady steps ever recorded at it
         self.depth = min(start if start is not None else 1, max_depth)
         self.steps = 0
         self.unsteady = 0                        # steps whose cost was not learnt (record)
@@ -73,10 +89,13 @@ class DepthController:
         self.home = None                         # the choice a probe left, until the next choice
 
     def acceptance(self) -> np.ndarray:
-        """a_i for i = 1..max_depth; an optimistic prior (0.8) where nothing was seen yet."""
+        """a_i for i = 1..max_depth: a_1 as observed (an optimistic prior, 0.8, until seen);
+        a_i for i ≥ 2 counts _SHRINK pseudo-observations at a_{i−1}."""
         a = np.full(self.max_depth, 0.8)
-        seen = self.tried[1:] > 0.5
-        a[seen] = self.kept[1:][seen] / self.tried[1:][seen]
+        if self.tried[1] > 0.5:
+            a[0] = self.kept[1] / self.tried[1]
+        for i in range(1, self.max_depth):
+            a[i] = (self.kept[i + 1] + _SHRINK * a[i - 1]) / (self.tried[i + 1] + _SHRINK)
         return a
 
     def step_cost(self, depth: int) -> float:
@@ -120,10 +139,12 @@ class DepthController:
             tie = rate(best) <= (1.0 + _TIE_MARGIN) * rate(self.home)
             self.spacing = min(2 * self.spacing, _PROBE_MAX) if tie else _PROBE_EVERY
             self.home = None
-        # a neighbour never timed is tried sooner: its cost is only learnt from steady steps
-        # (a GPU step's first run and its capture are not), so a run would otherwise end before
-        # the controller knew whether one draft fewer or more pays
-        untimed = [d for d in (best - 1, best + 1) if 0 <= d <= self.max_depth and d not in self.cost]
+        # a neighbour timed fewer than _KNOWN_SAMPLES times is tried sooner: its cost is only learnt
+        # from steady steps (a GPU step's first run and its capture are not), so a run would
+        # otherwise end before the controller knew whether one draft fewer or more pays, or would
+        # price it by one sample that may be an outlier
+        untimed = [d for d in (best - 1, best + 1)
+                   if 0 <= d <= self.max_depth and self.timed.get(d, 0) < _KNOWN_SAMPLES]
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
         elif self.steps >= self.next_probe and self.max_depth > 0:
@@ -176,6 +197,9 @@ class DepthController:
             self.unsteady += 1
             self.unsteady_seconds += seconds
             return
-        times = self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW))
-        times.append(seconds)
-        self.cost[drafted] = median(times)
+        self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW)).append((self.steps, seconds))
+        self.timed[drafted] = self.timed.get(drafted, 0) + 1
+        for d, times in self._times.items():    # age every depth's window, not just this one's
+            while len(times) > _KNOWN_SAMPLES and times[0][0] < self.steps - _COST_AGE:
+                times.popleft()
+            self.cost[d] = median(t for _, t in times)
