@@ -143,8 +143,11 @@ class DepthController:
         # from steady steps (a GPU step's first run and its capture are not), so a run would
         # otherwise end before the controller knew whether one draft fewer or more pays, or would
         # price it by one sample that may be an outlier
+        # — except depth 1 from depth 0 once it is timed and cannot pay (`draft_may_pay`): each
+        # such try is a slower step bringing nothing, on a model whose drafts die
         untimed = [d for d in (best - 1, best + 1)
-                   if 0 <= d <= self.max_depth and self.timed.get(d, 0) < _KNOWN_SAMPLES]
+                   if 0 <= d <= self.max_depth and self.timed.get(d, 0) < _KNOWN_SAMPLES
+                   and not (best == 0 and d in self.cost and not self.draft_may_pay())]
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
         elif self.steps >= self.next_probe and self.max_depth > 0:
