@@ -40,6 +40,7 @@ from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
 from gpu.matmul.quants import UNITS as GPU_UNITS
 
 from .config import ModelConfig
+from .layout import options_from_names
 from .generate import PREFILL_CHUNK
 from .state import DEFAULT_N_CTX
 from .errors import HybridError
@@ -444,7 +445,9 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
         left -= staging
     else:
         pcie_share = 0.0
-    slots = _expert_streaming(c, per_expert, left, expert_cache)
+    # a fused gate_up stack's halves are no whole matrices a copy can cut (ExpertCache.streamable)
+    fused = options_from_names(model.tensors).fused_gate_up_exps
+    slots = 0 if fused else _expert_streaming(c, per_expert, left, expert_cache)
     if slots:
         vram["expert_streaming"] = slots
         left -= slots

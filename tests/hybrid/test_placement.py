@@ -286,6 +286,12 @@ def test_moe_prompt_streaming_is_off_where_its_slots_do_not_fit(moe):
     assert not squeezed.streams_experts and "expert_streaming" not in squeezed.vram
 
 
+def test_moe_with_fused_gate_up_experts_reserves_no_streaming_slots():
+    fused = fake_model("35b-a3b", "qwen35moe", fused_gate_up_exps=True)
+    assert any(n.endswith(".ffn_gate_up_exps.weight") for n in fused.tensors)
+    assert not plan_placement(fused, 12 * GiB, n_ring=5).streams_experts
+
+
 def test_dense_models_stream_no_experts(m27b):
     assert not plan_placement(m27b, 12 * GiB, n_ring=5).streams_experts
 
