@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,15 +63,21 @@ def depths(args) -> None:
             for d in runs:                        # compile, size and capture each depth's steps
                 tokens_per_second(model, d, 16)
                 tokens_per_second(model, d, 16)
-            best = {d: 0.0 for d in runs}
+            samples = {d: [] for d in runs}
             for _ in range(args.rounds):
                 for d in runs:
-                    best[d] = max(best[d], tokens_per_second(model, d, args.tokens))
-            fixed = max(v for d, v in best.items() if d != "auto")
-            ratio = f"{best['auto'] / fixed:9.2f}" if "auto" in best else "        -"
+                    samples[d].append(tokens_per_second(model, d, args.tokens))
+            best = {d: max(v) for d, v in samples.items()}
+            ratio = f"{best['auto'] / max(v for d, v in best.items() if d != 'auto'):9.2f}" if "auto" in best else "        -"
             print(f"{Path(name).name:28} {model.device:7} "
                   + " ".join(f"{best[d]:8.1f}" if d in best else f"{'-':>8}" for d in DEPTHS) + ratio,
                   flush=True)
+            if "auto" in samples:
+                # the best fixed depth's best round is the best of (depths × rounds) noisy samples,
+                # auto's of `rounds`: medians compare like with like
+                mid = {d: median(v) for d, v in samples.items()}
+                print(f"{'':28} medians: " + ", ".join(f"{d}: {v:.1f}" for d, v in mid.items())
+                      + f"; auto / best median {mid['auto'] / max(v for d, v in mid.items() if d != 'auto'):.2f}")
             if model.has_mtp:
                 c = model.depth_controller
                 costs = ", ".join(f"{d}: {1e3 * s:.2f}" for d, s in sorted(c.cost.items()))
