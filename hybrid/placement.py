@@ -37,6 +37,7 @@ import numpy as np
 from gpu import available
 from gpu.attention import KV_DTYPE as GPU_KV_DTYPE
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
+from gpu.runtime.weight_stream import SLOTS as STREAM_SLOTS
 from gpu.matmul.quants import UNITS as GPU_UNITS
 
 from .config import ModelConfig
@@ -320,16 +321,16 @@ def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
 
 
 def streaming_bytes(c: ModelConfig, groups: Mapping[str, str], size: Mapping[str, int]) -> int:
-    """Two device slots, each the largest dense FFN layer: a prompt chunk runs a host FFN layer
-    on the GPU from one while the next layer's weights arrive in the other (gpu/runtime/weight_stream.py).
-    MoE experts are not streamed."""
+    """The streamer's device slots (STREAM_SLOTS), each the largest dense FFN layer: a prompt
+    chunk runs a host FFN layer on the GPU from one while the next layer's weights arrive in the
+    other (gpu/runtime/weight_stream.py). A MoE model's slots hold experts: `_expert_streaming`."""
     if c.is_moe:
         return 0
     per_layer: dict[int, int] = {}
     for n, g in groups.items():
         if g == "ffn":
             per_layer[layer_of(n)] = per_layer.get(layer_of(n), 0) + size[n]
-    return 2 * max(per_layer.values(), default=0)
+    return STREAM_SLOTS * max(per_layer.values(), default=0)
 
 
 def safety_margin(budget: int) -> int:
@@ -497,7 +498,7 @@ def _expert_bytes_on_cpu(model, groups, side, c: ModelConfig, drafting: bool) ->
 
 
 def _expert_streaming(c: ModelConfig, per_expert: Mapping[int, int], left: int, cache_experts: bool) -> int:
-    """Bytes of the two slots a prompt chunk streams MoE layers' uncached experts into
+    """Bytes of the slots (STREAM_SLOTS) a prompt chunk streams MoE layers' uncached experts into
     (gpu/runtime/weight_stream.py: one layer computes from a slot while the next layer's experts
     arrive in the other), each the uncached experts of the largest layer, given that the cache
     then takes what is left (`_expert_cache`): the most cached experts that leave room for the
@@ -507,7 +508,7 @@ def _expert_streaming(c: ModelConfig, per_expert: Mapping[int, int], left: int, 
     one_each, largest = sum(per_expert.values()), max(per_expert.values())
     most = min(c.n_expert, left // one_each) if cache_experts else 0
     for k in range(most, -1, -1):
-        slots = 2 * (c.n_expert - k) * largest
+        slots = STREAM_SLOTS * (c.n_expert - k) * largest
         if k * one_each + slots <= left:
             return slots
     return 0

@@ -51,6 +51,7 @@ from .host_mapping import is_registered, page_ranges, register_host_ranges, unre
 # GPU's own FFN time and a copy that is not fully hidden, and keeps decode (1 row) and drafting
 # verify steps (≤ 8 rows) on the CPU.
 STREAM_MIN_ROWS = 32
+SLOTS = 2                    # device slots: one layer computes from one while the next layer's copy fills another
 SLOT_ALIGN = 256             # byte offset of each matrix in a slot (Q4_K/Q5_K need 16)
 STAGE_BYTES = 32 << 20       # pinned staging buffer size, when the mapping cannot be registered
 
@@ -181,7 +182,7 @@ class WeightStreamer:
         self._dense: dict[int, tuple] = {}
         self._next: dict[int, object] = {}
         self._previous = None
-        self._slots = [_Slot(), _Slot()]
+        self._slots = [_Slot() for _ in range(SLOTS)]
         self._uses = 0
         self._copy_stream = None
         self._pinned: list[tuple[int, int]] | None = None    # registered (start, size); None: not tried
@@ -218,7 +219,7 @@ class WeightStreamer:
 
     @property
     def slot_bytes(self) -> int:
-        """Device bytes of one slot (two are allocated, at the first streamed call)."""
+        """Device bytes of one slot (SLOTS are allocated, at the first streamed call)."""
         return max((_layout(self.sources(f))[1] for f in self._order + self._others), default=0)
 
     def wants(self, record, n_rows: int) -> bool:

@@ -186,7 +186,7 @@ def test_depth_one_is_not_explored_further_once_it_cannot_pay():
     """Drafts that die from the first step, a drafting step costing 1.5 plain ones, and the
     caller's steadiness rule (the first step after a change of depth is unsteady): depth 1 stops
     being explored for samples once `draft_may_pay` says no, not after _KNOWN_SAMPLES of them
-    (each try a slower step bringing nothing: ~8% of a 24-token run on a MoE model)."""
+    (each try is a slower step bringing nothing)."""
     c, previous, chosen = DepthController(MAX), None, []
     for _ in range(24):
         d = c.choose()
