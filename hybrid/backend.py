@@ -339,7 +339,7 @@ def _rule(placement: Placement, model_file) -> Callable[[str], str]:
 
 def streamable_ffn(ffn, is_device) -> bool:
     """Whether prompt chunks may stream this FFN's weights to the GPU: a dense FFN wholly in host
-    memory (MoE experts are not streamed)."""
+    memory (a MoE layer streams through its expert cache: `ExpertCache.stream_sources`)."""
     return isinstance(ffn, DenseFFN) and not any(is_device(m.data) for m in _ffn_matrices(ffn))
 
 
