@@ -17,6 +17,7 @@ class BenchRow:
     seconds: list[float]
     tokens_per_step: float | None = None     # speculative rows: mean tokens emitted per verify pass
     draft: dict | None = None                # speculative rows: the last run's draft statistics
+    one_offs: int = 0                        # timed steps that compiled, allocated or captured (should be 0)
 
     @property
     def rates(self) -> list[float]:
@@ -66,7 +67,7 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) 
     depth: each repetition first prefills this many random tokens, untimed (llama-bench's -d), so
     the timed steps attend over that much context; the row is then named tgN@dD."""
     rng = np.random.default_rng(seed)
-    times = []
+    times, one_offs = [], 0
     # one state, reset per repetition (as llama-bench reuses its context): steps captured as
     # CUDA graphs replay
     state = model.new_state(depth + n_gen + 2)
@@ -78,12 +79,14 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) 
             prefill_prompt(model, state, _random_tokens(depth, model.config.n_vocab, rng))
         picks, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last",
                                          pick=True)
+        work = model.forward.one_off_work()
         t0 = time.perf_counter()
         for _ in range(n_gen):     # greedy, as `hybrid decode --temp 0`: the pick is made on the device
             tok = np.array([picks.ids[-1]], dtype=np.int32)
             picks, _ = model.forward.forward(state, tok, logits="last", pick=True)
         times.append(time.perf_counter() - t0)
-    return BenchRow(f"tg{n_gen}" + (f"@d{depth}" if depth else ""), n_gen, times)
+        one_offs += model.forward.one_off_work() - work
+    return BenchRow(f"tg{n_gen}" + (f"@d{depth}" if depth else ""), n_gen, times, one_offs=one_offs)
 
 
 BENCH_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"

@@ -299,12 +299,13 @@ def gdn_state_bytes(c: ModelConfig, n_ring: int) -> int:
 
 
 # Device scratch outside the forward's own buffers (the GPU attention's partial results for each
-# call size, the GEMMs' staged inputs): an allowance of this many rows of H × n_ctx floats, kept at
-# the size the plans measured on the GPU machine were made with.
+# call size, the GEMMs' staged inputs): an allowance of this many rows of H × PREFILL_CHUNK floats.
+# None of those buffers grows with the context (the attention keeps a fixed number of partial
+# results per row at any length), so neither does the allowance.
 OTHER_SCRATCH_ROWS = 256
 
 
-def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
+def scratch_bytes(c: ModelConfig, n_ring: int) -> int:
     """Activation buffers, an estimate from hybrid.forward's _Scratch: the forward keeps buffers
     for a prompt chunk (shorter chunks use its leading rows), each verify width and one token
     (a MoE layer's GPU experts write k output rows of D per row); plus the verify rows' logits
@@ -316,7 +317,7 @@ def scratch_bytes(c: ModelConfig, n_ctx: int, n_ring: int) -> int:
     verify = max(n_ring, 1)
     rows = PREFILL_CHUNK + verify + 1
     logits = verify * c.n_vocab
-    other = H * OTHER_SCRATCH_ROWS * min(n_ctx, c.context_length)
+    other = H * OTHER_SCRATCH_ROWS * PREFILL_CHUNK
     return (rows * per_row + logits + other) * F32_BYTES
 
 
@@ -410,7 +411,7 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
     margin = safety_margin(budget) if margin is None else margin
     n_attn = c.n_layer - sum(c.is_recurrent(i) for i in range(c.n_layer))
     vram = {"weights": 0, "kv_cache": kv_bytes(c, n_ctx, n_attn), "gdn_state": gdn_state_bytes(c, n_ring),
-            "scratch": scratch_bytes(c, n_ctx, n_ring), "margin": margin}
+            "scratch": scratch_bytes(c, n_ring), "margin": margin}
     if sum(size.values()) + sum(vram.values()) > budget:     # some FFN will stay on the CPU
         vram["weight_streaming"] = streaming_bytes(c, groups, size)
     must = [unit("trunk", (n for n, g in groups.items() if g == "trunk")),

@@ -17,7 +17,7 @@ import hybrid.placement as placement
 from hybrid.cli import app
 from hybrid.errors import HybridError
 from gpu.runtime.pcie import PCIE_MAX_ROWS, pcie_counts
-from hybrid.placement import (CPU, GPU, cpu_plan, gdn_state_bytes, kv_bytes, parse_overrides,
+from hybrid.placement import (CPU, GPU, gdn_state_bytes, kv_bytes, parse_overrides,
                               plan_for, plan_placement)
 from hybrid.synth import plan_model, preset
 from hybrid.synth.types import synth_layout
@@ -123,8 +123,17 @@ def test_too_small_a_budget_says_what_is_needed(m27b):
 
 def test_a_long_context_can_make_the_must_have_part_too_big(m27b):
     plan_placement(m27b, 12 * GiB, n_ctx=4096, n_ring=5)
-    with pytest.raises(HybridError, match="n_ctx 65536"):
-        plan_placement(m27b, 12 * GiB, n_ctx=65536, n_ring=5)   # 17 layers × 512 MiB of KV
+    with pytest.raises(HybridError, match="n_ctx 131072"):
+        plan_placement(m27b, 12 * GiB, n_ctx=131072, n_ring=5)  # 17 layers × 1 GiB of KV
+
+
+def test_only_the_kv_cache_grows_with_the_context(m27b):
+    """No device buffer but the KV cache is sized by n_ctx (the attention keeps a fixed number of
+    partial results per row), so a longer context takes exactly its KV bytes from the weights."""
+    short, long = (plan_placement(m27b, 12 * GiB, n_ctx=n, n_ring=5) for n in (4096, 32768))
+    assert short.vram["scratch"] == long.vram["scratch"]
+    grown = long.vram["kv_cache"] - short.vram["kv_cache"]
+    assert grown > 0 and short.vram["weights"] - long.vram["weights"] >= grown - 512 * 2**20
 
 
 def test_without_drafting_the_mtp_block_stays_on_the_cpu(m27b):

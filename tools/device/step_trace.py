@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the GPU does, kernel by kernel, during replayed decode steps (CUPTI trace via torch).
 
-    python3 tools/device/step_trace.py MODEL.gguf [--vram 12GiB] [--steps 4] [--k 1] [--context 4]
+    python3 tools/device/step_trace.py MODEL.gguf [--vram 12GiB] [--steps 4] [--k 1] [--context 4] [--n-ctx N]
 
 Runs k-token steps as the engine runs them (CUDA graphs replayed, CPU hand-offs between the
 segments) under torch.profiler, whose CUPTI tracer records every kernel and copy of the process,
@@ -71,20 +71,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-expert-cache", action="store_true")
     p.add_argument("--pcie-share", type=float, default=None, help="default: the engine's")
     p.add_argument("--context", type=int, default=4, help="prompt tokens before the traced steps")
+    p.add_argument("--n-ctx", type=int, default=None,
+                   help="the context the placement is planned for (default: what the run needs)")
     args = p.parse_args(argv)
 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     import hybrid
+    from hybrid.bench import prefill_prompt
     from hybrid.placement import DEFAULT_PCIE_SHARE
     share = DEFAULT_PCIE_SHARE if args.pcie_share is None else args.pcie_share
-    model = hybrid.load(args.model, device="cuda", vram=args.vram, expert_cache=not args.no_expert_cache,
+    n_ctx = args.n_ctx or args.context + args.steps * args.k + 64
+    model = hybrid.load(args.model, device="cuda", vram=args.vram, n_ctx=n_ctx, expert_cache=not args.no_expert_cache,
                         pcie_share=share)
     model.warmup()
     fw = model.forward
-    state = fw.new_state(args.context + args.steps * args.k + 64)
-    fw.forward(state, np.arange(1, args.context + 1, dtype=np.int32) % model.config.n_vocab, logits="last")
+    state = fw.new_state(n_ctx)
+    prefill_prompt(model, state, np.arange(1, args.context + 1, dtype=np.int32) % model.config.n_vocab)
     toks = np.full(args.k, 5, np.int32)
     logits = "last" if args.k == 1 else "all"
     for _ in range(3):                                   # eager, captured, replayed
