@@ -19,7 +19,7 @@ import pytest
 import hybrid
 from hybrid.bench import bench_generate
 from hybrid.errors import HybridError
-from hybrid.placement import CPU, GPU, layer_of
+from hybrid.placement import CPU, layer_of
 from hybrid.synth import preset, write_model
 
 from ..conftest import BUNDLED_MODEL
@@ -279,6 +279,24 @@ def test_bench_generate_depth_prefills_that_context_untimed(monkeypatch):
             pos += n
         assert sum(chunks) == 40
     assert [n for _, n in fed[-4:]] == [1, 1, 1, 1] and fed[-1][0] == 40 + 3
+
+
+def test_bench_generate_counts_one_off_work_inside_the_timed_steps(monkeypatch):
+    """A steady model reports none; work that lands in the timed loop (here: every second
+    one-token step from position 41 on 'compiles') is counted, so a row can say it is no steady
+    rate."""
+    model = hybrid.load(BUNDLED_MODEL, device="cpu", threads=1, n_ctx=128)
+    assert bench_generate(model, 3, 1, depth=40).one_offs == 0
+    original, work, calls = model.forward.forward, model.forward.one_off_work, [0]
+
+    def spy(state, ids, **kw):
+        if len(ids) == 1 and state.n_past > 40:
+            calls[0] += 1
+        return original(state, ids, **kw)
+
+    monkeypatch.setattr(model.forward, "forward", spy)
+    monkeypatch.setattr(model.forward, "one_off_work", lambda: work() + calls[0] // 2)
+    assert bench_generate(model, 4, 2, depth=40).one_offs == 2 * 2
 
 
 def test_worker_times_every_test_of_its_group_on_the_cpu():
