@@ -17,7 +17,7 @@ class BenchRow:
     seconds: list[float]
     tokens_per_step: float | None = None     # speculative rows: mean tokens emitted per verify pass
     draft: dict | None = None                # speculative rows: the last run's draft statistics
-    one_offs: int = 0                        # timed steps that compiled, allocated or captured (should be 0)
+    one_offs: int = 0                        # compilations, allocations, captures in the timed steps (should be 0)
 
     @property
     def rates(self) -> list[float]:
@@ -65,7 +65,9 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) 
     """Generate `n_gen` tokens one at a time (greedy) after a one-token context, as llama-bench
     does, after two untimed steps (the decode step's first run and its CUDA-graph capture).
     depth: each repetition first prefills this many random tokens, untimed (llama-bench's -d), so
-    the timed steps attend over that much context; the row is then named tgN@dD."""
+    the timed steps attend over that much context; the row is then named tgN@dD. row.one_offs
+    counts the one-off work (compilations, allocations, graph captures: `one_off_work`) done
+    during the timed steps: a figure with any is not a steady-state rate."""
     rng = np.random.default_rng(seed)
     times, one_offs = [], 0
     # one state, reset per repetition (as llama-bench reuses its context): steps captured as

@@ -361,7 +361,8 @@ def worker_main(spec: dict) -> None:
             row = bench_generate(model, group.tg, 1, depth=group.depth)
             res[test_key("tg", group.tg, group.depth)] = row.seconds[0]
             if row.one_offs:
-                print(f"warning: {row.one_offs} of the timed {row.test} steps did one-off work", file=sys.stderr)
+                print(f"warning: one-off work ({row.one_offs}: compilations, allocations, captures) in the timed "
+                      f"{row.test} steps", file=sys.stderr)
         for k in group.verify:
             res[f"verify{k}"] = time_verify(model, k, 1)
         print(json.dumps(res), file=proto, flush=True)
