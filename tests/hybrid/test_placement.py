@@ -129,11 +129,13 @@ def test_a_long_context_can_make_the_must_have_part_too_big(m27b):
 
 def test_only_the_kv_cache_grows_with_the_context(m27b):
     """No device buffer but the KV cache is sized by n_ctx (the attention keeps a fixed number of
-    partial results per row), so a longer context takes exactly its KV bytes from the weights."""
+    partial results per row), so a longer context takes its KV bytes from the weights, short of at
+    most one FFN layer (whole layers move)."""
     short, long = (plan_placement(m27b, 12 * GiB, n_ctx=n, n_ring=5) for n in (4096, 32768))
     assert short.vram["scratch"] == long.vram["scratch"]
     grown = long.vram["kv_cache"] - short.vram["kv_cache"]
-    assert grown > 0 and short.vram["weights"] - long.vram["weights"] >= grown - 512 * 2**20
+    ffn_layer = long.vram["weight_streaming"] // placement.STREAM_SLOTS    # the streamer's slot: the largest layer
+    assert grown > 0 and short.vram["weights"] - long.vram["weights"] >= grown - ffn_layer
 
 
 def test_without_drafting_the_mtp_block_stays_on_the_cpu(m27b):
