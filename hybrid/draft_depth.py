@@ -27,6 +27,13 @@ each wobble would hold the probes (two changes of depth each) near their shortes
 The choice still follows the wobble: a tie costs little either way, and a small first gain is
 how a draft that got better is found (its acceptance is only seen once the choice reaches it).
 
+A neighbour priced in a slow stretch (the first steps of a process, a burst of other work on the
+machine) keeps that price until newer samples replace it, and a probe brings one sample every
+_PROBE_MAX steps at most: so a revisit whose sample lies more than _DRIFT off the price starts a
+re-timing. The depth is explored again like an untimed one until _KNOWN_SAMPLES samples since
+stand in for the older ones, which then leave (a single sample never decides: it may be the
+noise, and then the re-timing finds the price as it was).
+
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
 keep that depth unused for many probes. A neighbour of the choice is therefore explored (every
@@ -50,9 +57,6 @@ step costs afterwards, and one such sample would keep its depth unused for the r
 from __future__ import annotations
 
 from collections import deque
-from statistics import median
-
-import numpy as np
 
 _DECAY = 0.9          # EMA weight of the past (acceptance counts)
 _COST_WINDOW = 9      # steady steps a depth's cost is the median of
@@ -65,16 +69,30 @@ _TIE_MARGIN = 0.03    # a probe's change of choice gaining less than this keeps 
 _IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
 _SHRINK = 2.0         # pseudo-observations pulling a_i (i ≥ 2) toward a_{i−1}
 _KNOWN_SAMPLES = 3    # steady samples a neighbour is explored until, and that outlive _COST_AGE
+_DRIFT = 0.10         # a revisited depth's sample this far off its price starts a re-timing
+
+
+def _median(values) -> float:
+    xs = sorted(values)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 class DepthController:
+    """choose() and record() run once per step, in the step's critical path: on a small model a
+    GPU step takes well under a millisecond, so their bookkeeping is plain Python floats and lists
+    (numpy scalars and statistics.median cost tens of microseconds a step, several percent of such
+    a step, which fixed depths do not pay)."""
+
     def __init__(self, max_depth: int, start: int | None = None):
         """start: the first depth tried (1 unless given: one draft is the cheapest to prepare and
         already tells whether the head drafts well)."""
         self.max_depth = max_depth
-        self.kept = np.zeros(max_depth + 1)      # kept[i]: EMA count of draft i kept
-        self.tried = np.zeros(max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
+        self.kept = [0.0] * (max_depth + 1)      # kept[i]: EMA count of draft i kept
+        self.tried = [0.0] * (max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
         self.cost = {}                           # depth → seconds per step (median of `_times`)
+        self._costs = None                       # step_costs() until `cost` changes
+        self._since = {}                         # depth → step its re-timing began (record)
         self._times: dict[int, deque] = {}       # depth → (step, seconds) of its last steady steps
         self.timed: dict[int, int] = {}          # depth → steady steps ever recorded at it
         self.depth = min(start if start is not None else 1, max_depth)
@@ -88,32 +106,42 @@ class DepthController:
         self.probes = 0                          # probes so far (alternates deeper / shallower)
         self.home = None                         # the choice a probe left, until the next choice
 
-    def acceptance(self) -> np.ndarray:
+    def acceptance(self) -> list[float]:
         """a_i for i = 1..max_depth: a_1 as observed (an optimistic prior, 0.8, until seen);
         a_i for i ≥ 2 counts _SHRINK pseudo-observations at a_{i−1}."""
-        a = np.full(self.max_depth, 0.8)
-        if self.tried[1] > 0.5:
-            a[0] = self.kept[1] / self.tried[1]
-        for i in range(1, self.max_depth):
-            a[i] = (self.kept[i + 1] + _SHRINK * a[i - 1]) / (self.tried[i + 1] + _SHRINK)
+        kept, tried = self.kept, self.tried
+        a = [kept[1] / tried[1] if tried[1] > 0.5 else 0.8]
+        for i in range(2, self.max_depth + 1):
+            a.append((kept[i] + _SHRINK * a[-1]) / (tried[i] + _SHRINK))
         return a
 
-    def step_cost(self, depth: int) -> float:
-        if depth in self.cost:
-            return self.cost[depth]
-        known = sorted(self.cost.items())
+    def step_costs(self) -> list[float]:
+        """Seconds per step of each depth 0..max_depth: measured, or priced from the measured."""
+        if self._costs is None:
+            self._costs = self._price()
+        return self._costs
+
+    def _price(self) -> list[float]:
+        cost = self.cost
+        if len(cost) > self.max_depth:
+            return [cost[d] for d in range(self.max_depth + 1)]
+        known = sorted(cost.items())
         if not known:
-            return 1.0 + 0.15 * depth
+            return [1.0 + 0.15 * d for d in range(self.max_depth + 1)]
         if len(known) == 1:
-            d0, c0 = known[0]
-            return c0 * (1.0 + 0.15 * (depth - d0))      # prior: each extra row costs ~15% of a step
-        # least-squares line through the measured depths (a handful of points: plain Python)
+            d0, c0 = known[0]        # prior: each extra row costs ~15% of a step
+            return [c0 * (1.0 + 0.15 * (d - d0)) for d in range(self.max_depth + 1)]
+        # least-squares line through the measured depths (a handful of points)
         n = len(known)
         mean_d = sum(d for d, _ in known) / n
         mean_c = sum(c for _, c in known) / n
         var = sum((d - mean_d) ** 2 for d, _ in known)
         slope = sum((d - mean_d) * (c - mean_c) for d, c in known) / var
-        return max(mean_c + slope * (depth - mean_d), 1e-9)
+        return [cost[d] if d in cost else max(mean_c + slope * (d - mean_d), 1e-9)
+                for d in range(self.max_depth + 1)]
+
+    def step_cost(self, depth: int) -> float:
+        return self.cost[depth] if depth in self.cost else self.step_costs()[depth]
 
     def expected_tokens(self, depth: int, acceptance=None) -> float:
         a = self.acceptance() if acceptance is None else acceptance
@@ -123,6 +151,17 @@ class DepthController:
             total += run
         return total
 
+    def rates(self) -> list[float]:
+        """Expected tokens per second of each depth 0..max_depth."""
+        a, costs = self.acceptance(), self.step_costs()
+        rates, total, run = [], 1.0, 1.0
+        for d in range(self.max_depth + 1):
+            rates.append(total / costs[d])
+            if d < self.max_depth:
+                run *= a[d]
+                total += run
+        return rates
+
     def choose(self) -> int:
         self.steps += 1
         if self.held:               # a probe's second step (see below)
@@ -130,13 +169,10 @@ class DepthController:
             return self.depth
         if not self.cost:           # nothing timed yet: the start depth, not the priors' pick
             return self.depth
-        a = self.acceptance()
-
-        def rate(d):
-            return self.expected_tokens(d, a) / self.step_cost(d)
-        best = max(range(0, self.max_depth + 1), key=rate)
+        rate = self.rates()
+        best = rate.index(max(rate))
         if self.home is not None:   # the first choice after a probe: did it change anything that matters?
-            tie = rate(best) <= (1.0 + _TIE_MARGIN) * rate(self.home)
+            tie = rate[best] <= (1.0 + _TIE_MARGIN) * rate[self.home]
             self.spacing = min(2 * self.spacing, _PROBE_MAX) if tie else _PROBE_EVERY
             self.home = None
         # a neighbour timed fewer than _KNOWN_SAMPLES times is tried sooner: its cost is only learnt
@@ -146,7 +182,7 @@ class DepthController:
         # — except depth 1 from depth 0 once it is timed and cannot pay (`draft_may_pay`): each
         # such try is a slower step bringing nothing, on a model whose drafts die
         untimed = [d for d in (best - 1, best + 1)
-                   if 0 <= d <= self.max_depth and self.timed.get(d, 0) < _KNOWN_SAMPLES
+                   if 0 <= d <= self.max_depth and (self.timed.get(d, 0) < _KNOWN_SAMPLES or d in self._since)
                    and not (best == 0 and d in self.cost and not self.draft_may_pay())]
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
@@ -200,9 +236,26 @@ class DepthController:
             self.unsteady += 1
             self.unsteady_seconds += seconds
             return
-        self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW)).append((self.steps, seconds))
+        old = self.steps - _COST_AGE
+        times = self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW))
+        # a revisit (a probe, an exploration: the depth has not run for a while) that disagrees
+        # with the depth's price: time it afresh, and let the samples before go once enough new
+        # ones stand in
+        if (drafted not in self._since and times and times[-1][0] < self.steps - _EXPLORE_EVERY
+                and abs(seconds - self.cost[drafted]) > _DRIFT * self.cost[drafted]):
+            self._since[drafted] = self.steps
+        times.append((self.steps, seconds))
         self.timed[drafted] = self.timed.get(drafted, 0) + 1
-        for d, times in self._times.items():    # age every depth's window, not just this one's
-            while len(times) > _KNOWN_SAMPLES and times[0][0] < self.steps - _COST_AGE:
+        since = self._since.get(drafted)
+        if since is not None and sum(1 for s, _ in times if s >= since) >= _KNOWN_SAMPLES:
+            while times[0][0] < since:
                 times.popleft()
-            self.cost[d] = median(t for _, t in times)
+            del self._since[drafted]
+        for d, times in self._times.items():    # age every depth's window, not just this one's
+            changed = d == drafted
+            while len(times) > _KNOWN_SAMPLES and times[0][0] < old:
+                times.popleft()
+                changed = True
+            if changed:
+                self.cost[d] = _median([t for _, t in times])
+                self._costs = None

@@ -3,12 +3,15 @@
 cold and warm start. Runs on the dev box and on the GPU machine; prints one table per part.
 
     python3 tools/default_speed.py depths [--model bundled|PATH ...] [--paths cpu,hybrid]
-                                          [--tokens 64] [--rounds 3] [--vram 12GiB]
+                                          [--tokens 64] [--rounds 3] [--vram 12GiB] [--trace PREFIX]
     python3 tools/default_speed.py load [--model PATH] [--busy N] [--tokens 128] [--rounds 3]
     python3 tools/default_speed.py start [--tokens 64] [--devices auto,cpu]
 
 depths: per model and path, the warm tokens/s of greedy generation at each fixed depth 0..4 and
     at auto, rounds alternating the depths in one process (best round each), and auto / best.
+    --trace: per model and path, PREFIX-<model>-<path>.json holds each run (depth, start and end
+    seconds, tokens/s) and every step auto's controller recorded (drafted, kept, seconds,
+    steady), in order: replayed into a fresh DepthController they give its choices and prices.
 load: decode of the bundled model on the CPU with N busy-loop processes beside it (default: two
     per core) and without, at the default threads and at -t 1, each in a fresh process.
 start: `hybrid decode` (the README's main job) in a fresh process with an empty Numba cache,
@@ -18,6 +21,7 @@ start: `hybrid decode` (the README's main job) in a fresh process with an empty 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import subprocess
@@ -37,17 +41,33 @@ PROMPT = "def fibonacci(n):"
 
 # --- depths ------------------------------------------------------------------------------------------
 
-def tokens_per_second(model, depth, n: int) -> float:
+def tokens_per_second(model, depth, n: int, trace: dict | None = None) -> float:
     from hybrid.bench import BENCH_PROMPT
     from hybrid.events import Done
+    t0 = time.perf_counter()
     for ev in model.generate(BENCH_PROMPT, max_tokens=n, temperature=0, draft=depth, ignore_eos=True):
         if isinstance(ev, Done):
+            if trace is not None:
+                trace["runs"].append((depth, t0, time.perf_counter(), ev.stats.decode_tps))
             return ev.stats.decode_tps
     raise RuntimeError("generation ended without a Done event")
 
 
+def traced(controller) -> dict:
+    """Log every step the controller records (one append a step: what a replay needs)."""
+    trace = {"runs": [], "steps": []}
+    record = controller.record
+
+    def logged(drafted, accepted, seconds, steady=True):
+        trace["steps"].append((drafted, accepted, seconds, steady))
+        record(drafted, accepted, seconds, steady)
+    controller.record = logged
+    return trace
+
+
 def depths(args) -> None:
     import hybrid
+    from hybrid.draft_policy import MAX_AUTO_DEPTH
     from hybrid.errors import HybridError
     print(f"{'model':28} {'path':7} " + " ".join(f"{str(d):>8}" for d in DEPTHS) + "  auto/best")
     for name in args.model:
@@ -59,14 +79,20 @@ def depths(args) -> None:
             except HybridError as e:
                 print(f"{Path(name).name:28} {where:7} skipped: {e}")
                 continue
+            # what the CLI does before a run: every call size a drafting run meets, compiled
+            # and captured up front (else auto meets some of them mid-run)
+            model.warmup(draft_depth=MAX_AUTO_DEPTH if model.has_mtp else 0)
             runs = [d for d in DEPTHS if model.has_mtp or d == 0]
+            trace = traced(model.depth_controller) if args.trace and model.has_mtp else None
             for d in runs:                        # compile, size and capture each depth's steps
-                tokens_per_second(model, d, 16)
-                tokens_per_second(model, d, 16)
+                tokens_per_second(model, d, 16, trace)
+                tokens_per_second(model, d, 16, trace)
             samples = {d: [] for d in runs}
             for _ in range(args.rounds):
                 for d in runs:
-                    samples[d].append(tokens_per_second(model, d, args.tokens))
+                    samples[d].append(tokens_per_second(model, d, args.tokens, trace))
+            if trace is not None:
+                Path(f"{args.trace}-{Path(name).stem}-{where}.json").write_text(json.dumps(trace))
             best = {d: max(v) for d, v in samples.items()}
             ratio = f"{best['auto'] / max(v for d, v in best.items() if d != 'auto'):9.2f}" if "auto" in best else "        -"
             print(f"{Path(name).name:28} {model.device:7} "
@@ -200,6 +226,8 @@ def main(argv: list[str]) -> int:
     d.add_argument("--tokens", type=int, default=64)
     d.add_argument("--rounds", type=int, default=3)
     d.add_argument("--vram", default="12GiB")
+    d.add_argument("--trace", default=None, metavar="PREFIX", help="write each model and path's runs and auto's steps "
+                   "to PREFIX-<model>-<path>.json")
     ld = sub.add_parser("load")
     ld.add_argument("--model", default=None, help="GGUF path (default: the bundled model)")
     ld.add_argument("--busy", type=int, default=None, help="busy-loop processes (0: quiet rows only)")

@@ -271,3 +271,21 @@ def test_early_misses_on_a_slow_start_do_not_lock_the_choice():
     accepted, cost = shifting(40, 8)
     tail = settled(DepthController(MAX), 200, accepted=accepted, cost=cost, tail=120)
     assert np.mean(tail == 3) > 0.9
+
+
+def test_a_neighbour_timed_in_a_slow_stretch_is_timed_afresh_when_a_probe_disagrees():
+    """Depth 1 (the start) runs 1.25 times slower for the first 25 steps, so depth 2 looks best;
+    afterwards depth 1 is the best. Its stale price outlived the slow stretch until enough probes
+    had replaced its samples (probes back off, so that took ~70 steps); now the first probe that
+    disagrees re-times it, and the controller is back on depth 1 for most of steps 40-100."""
+    per_depth = (0.443, 0.751, 1.2, 1.6, 2.0)
+    step = 0
+
+    def cost(d):
+        nonlocal step
+        step += 1
+        return per_depth[d] * (1.25 if d == 1 and step <= 25 else 1.0)
+    c = DepthController(MAX)
+    chosen = np.asarray(drive(c, 100, accepted=lambda d: min(d, 2), cost=cost))
+    assert np.mean(chosen[40:] == 1) > 0.8
+    assert c.step_cost(1) == pytest.approx(0.751)
