@@ -78,6 +78,7 @@ class Model:
         self._mtp = None
         self._idle_state = None         # see with_fresh_state
         self._depth_controller = None
+        self._warm_depth = -1           # the deepest draft whose call sizes warmup() built (-1: none)
 
     # --- state ----------------------------------------------------------------------------
     def new_state(self, n_ctx: int | None = None):
@@ -110,6 +111,7 @@ class Model:
             chunk = max(1, min(chunk, max_rows))
         gpu = self.device != "cpu"
         depth = draft_depth if gpu and self.has_mtp else 0
+        self._warm_depth = max(self._warm_depth, depth)
         forward, zeros = self.forward.forward, np.zeros
 
         def run():
@@ -186,7 +188,9 @@ class Model:
 
         draft: MTP draft depth per step (0 = plain decoding, "auto" = chosen from measured
         acceptance and step cost; None, the default, = auto when the model has an MTP head, as
-        the CLI); draft_p_min stops a draft below that confidence.
+        the CLI); draft_p_min stops a draft below that confidence. On a GPU model the first
+        drafting call builds every call size drafting may meet before its prompt (`warmup`),
+        unless warmup() already did.
 
         reasoning (chat only): a thinking model's enable_thinking — True, False, or None for the
         template's default. With chat=True each Token/Done says whether it is reasoning
@@ -222,6 +226,12 @@ class Model:
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
             return tagged(run(state) if state is not None else self.with_fresh_state(run))
         ring = policy.ring
+        if self.device != "cpu" and policy.max_depth > self._warm_depth:
+            # the GPU builds kernels and graphs per call size, and a drafting run meets its verify
+            # and MTP sizes as it goes: one first met mid-run stalls that step for seconds (and
+            # an auto depth's trial then looks slow); so all of them are built before the prompt,
+            # once, as the CLI and the server do at load
+            self.warmup(max_rows=len(ids), draft_depth=policy.max_depth)
         if state is not None and state.n_ring < ring:
             raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
                               f"≥ {ring} slots (Forward.new_state(n_ctx, n_ring={ring})); this one has {state.n_ring}")
