@@ -27,13 +27,6 @@ each wobble would hold the probes (two changes of depth each) near their shortes
 The choice still follows the wobble: a tie costs little either way, and a small first gain is
 how a draft that got better is found (its acceptance is only seen once the choice reaches it).
 
-A neighbour priced in a slow stretch (the first steps of a process, a burst of other work on the
-machine) keeps that price until newer samples replace it, and a probe brings one sample every
-_PROBE_MAX steps at most: so a revisit whose sample lies more than _DRIFT off the price starts a
-re-timing. The depth is explored again like an untimed one until _KNOWN_SAMPLES samples since
-stand in for the older ones, which then leave (a single sample never decides: it may be the
-noise, and then the re-timing finds the price as it was).
-
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
 keep that depth unused for many probes. A neighbour of the choice is therefore explored (every
@@ -41,6 +34,12 @@ _EXPLORE_EVERY steps) until it has _KNOWN_SAMPLES steady samples, not just one. 
 speed also drifts (other work on the cores, a slow first stretch of a process): a sample older
 than _COST_AGE steps leaves its depth's window once _KNOWN_SAMPLES newer ones stand in for it, so
 a depth timed in a slow stretch and only probed since is not priced by that stretch for good.
+Aging alone is slow, though: a probe brings its depth one sample, every other probe goes the
+other way, and the spacing backs off to _PROBE_MAX steps, so replacing three samples can take
+longer than a short run. A revisit (a probe, an exploration) whose sample lies more than _DRIFT
+off the depth's price therefore starts a re-timing: the depth is explored again like an untimed
+one until _KNOWN_SAMPLES samples since stand in, and the older ones leave. One sample never
+decides: if it was noise, the re-timing finds the price as it was.
 
 Acceptance is read per position, and a short run sees few observations of the deeper ones: the
 opening of a text often keeps draft 1 and loses draft 2, and two such misses read literally
