@@ -14,7 +14,10 @@ the cache at a small fraction of its bandwidth. Two launches:
   `part_size(n_kv)` positions (16 up to 1024 positions, then 1/64 of them); the warp keeps an
   online softmax over it (running max, sum and weighted value sum), four positions per step
   (their K and V rows loaded at once, one butterfly for their scores), lanes split d_h.
-* `_attention_merge`: one block per (row, head) merges the parts in order and applies the gate.
+* `_attention_merge`: one warp per (row, head, slice of d_h) weighs the parts (their maxima and
+  sums taken by the lanes in turn, then across the warp) and sums its outputs over the parts in
+  order, then applies the gate (a block per (row, head) whose threads each walk every part
+  would make the merge a serial chain of loads spread over few blocks).
 The parts depend only on how many positions a row sees, and are merged in a fixed order, so each
 row of a k-row verify (or a prompt chunk) keeps the bits of a one-row call.
 """
@@ -29,7 +32,7 @@ from cpu.errors import HybridError
 
 from .runtime import memory
 from .runtime.device import simulated
-from .intrinsics import warp_reduce
+from .intrinsics import warp_max_f32, warp_reduce
 from .runtime.memory import THREADS, stream
 
 MAX_HEAD_DIM = 256                    # qwen35/qwen3next use 256; local arrays need a bound
@@ -38,7 +41,7 @@ POSITIONS = 4                         # cache positions per warp step: one butte
 # parts per row and the shortest part (the simulator's are small, so tests meet several parts)
 PARTS, PART_MIN = (4, 4) if simulated() else (64, 16)
 ROWS_PER_CALL = 17                    # rows per pair of launches: a verify step up to --draft 16
-MERGE_THREADS = 32 if simulated() else 128
+MERGE_THREADS = 32                    # the merge's block: one warp per (row, head, slice of d_h)
 NEG_INF = float32(-math.inf)
 KV_DTYPE = np.float16
 
@@ -154,22 +157,32 @@ def _attention_parts(q, k_cache, v_cache, pos, row0, part_best, part_total, part
 def _attention_merge(qg, pos, row0, part_best, part_total, part_acc, out):
     H = part_best.shape[1]
     d = part_acc.shape[3]
-    r = cuda.blockIdx.x // H
-    h = cuda.blockIdx.x - r * H
+    slices = -(-d // MERGE_THREADS)
+    b = cuda.blockIdx.x
+    c = b % slices                      # this block's slice of the head's d_h outputs
+    b //= slices
+    r = b // H
+    h = b - r * H
     t = row0 + r
+    lane = cuda.threadIdx.x
     n_kv = pos[t] + 1
     used = -(-n_kv // part_size(n_kv))
     weight = cuda.shared.array(PARTS, float32)
-    top = part_best[r, h, 0]
-    for s in range(1, used):
+    # the lanes take the parts in turn; the sums' order depends on `used` alone
+    top = NEG_INF
+    for s in range(lane, used, MERGE_THREADS):
         top = max(top, part_best[r, h, s])
-    norm = float32(0.0)
-    for s in range(used):               # every thread, the same sum in the same order
-        norm += part_total[r, h, s] * math.exp(part_best[r, h, s] - top)
-    if cuda.threadIdx.x < used:
-        weight[cuda.threadIdx.x] = math.exp(part_best[r, h, cuda.threadIdx.x] - top) / norm
+    top = warp_max_f32(top)
+    red = cuda.local.array((1, 1), float32)
+    red[0, 0] = float32(0.0)
+    for s in range(lane, used, MERGE_THREADS):
+        red[0, 0] += part_total[r, h, s] * math.exp(part_best[r, h, s] - top)
+    warp_reduce(red)                    # the same total in every lane
+    for s in range(lane, used, MERGE_THREADS):
+        weight[s] = math.exp(part_best[r, h, s] - top) / red[0, 0]
     cuda.syncthreads()
-    for i in range(cuda.threadIdx.x, d, cuda.blockDim.x):
+    i = c * MERGE_THREADS + lane
+    if i < d:
         o = float32(0.0)
         for s in range(used):
             o += part_acc[r, h, s, i] * weight[s]
@@ -200,4 +213,5 @@ def gated_attention(q, qg, k_cache, v_cache, pos, out):
         m = min(rows, n - row0)
         _attention_parts[m * n_kv_heads * PARTS, 32 * group, stream()](q, k_cache, v_cache, pos, row0,
                                                                        best, total, acc)
-        _attention_merge[m * H, MERGE_THREADS, stream()](qg, pos, row0, best, total, acc, out)
+        _attention_merge[m * H * -(-d // MERGE_THREADS), MERGE_THREADS, stream()](qg, pos, row0, best, total,
+                                                                                  acc, out)

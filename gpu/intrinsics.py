@@ -232,6 +232,15 @@ if not simulated():
             offset >>= 1
         return value
 
+    @cuda.jit(device=True, inline=True)
+    def warp_max_f32(value):
+        """The largest of the warp's 32 float32 values, in every lane."""
+        offset = 16
+        while offset > 0:
+            value = max(value, cuda.shfl_xor_sync(FULL_MASK, value, offset))
+            offset >>= 1
+        return value
+
     # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py) ------------------------------------------------------
 
     @intrinsic
@@ -473,6 +482,16 @@ else:
         scratch[tid] = value
         cuda.syncthreads()
         return np.uint64(scratch[base:base + 32].max())
+
+    @cuda.jit(device=True)
+    def warp_max_f32(value):
+        scratch = cuda.shared.array(1024, np.float32)
+        tid = cuda.threadIdx.x
+        base = tid - (tid & 31)
+        cuda.syncthreads()
+        scratch[tid] = value
+        cuda.syncthreads()
+        return np.float32(scratch[base:base + 32].max())
 
     # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py): plain-Python stand-ins ------------------------------
 
