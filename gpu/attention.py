@@ -10,9 +10,9 @@ Attention is split over the positions (as flash-decoding does), because a decode
 n_head query rows to spread: one block per (query row, head) left most of the GPU idle and read
 the cache at a small fraction of its bandwidth. Two launches:
 * `_attention_parts`: one block per (row, KV head, part); a warp per query head of the KV head's
-  group (they read the same K/V rows, which the cache then serves to the others). A part is a run of
-  `part_size(n_kv)` positions (16 up to 1024 positions, then 1/64 of them); the warp keeps an
-  online softmax over it (running max, sum and weighted value sum), four positions per step
+  group (they read the same K/V rows, which the cache then serves to the others). A part is a
+  run of `part_size(n_kv, parts)` positions (at least PART_MIN; `layout` sets the parts); the
+  warp keeps an online softmax over it (running max, sum and weighted value sum), four positions per step
   (their K and V rows loaded at once, one butterfly for their scores), lanes split d_h.
 * `_attention_merge`: one warp per (row, head, slice of d_h) weighs the parts (their maxima and
   sums taken by the lanes in turn, then across the warp) and sums its outputs over the parts in
@@ -38,19 +38,27 @@ from .runtime.memory import THREADS, stream
 MAX_HEAD_DIM = 256                    # qwen35/qwen3next use 256; local arrays need a bound
 PER_LANE = MAX_HEAD_DIM // 32
 POSITIONS = 4                         # cache positions per warp step: one butterfly for their scores
-# parts per row and the shortest part (the simulator's are small, so tests meet several parts)
-PARTS, PART_MIN = (4, 4) if simulated() else (64, 16)
-ROWS_PER_CALL = 17                    # rows per pair of launches: a verify step up to --draft 16
+# parts per row at most and the shortest part (the simulator's are small, so tests meet several parts)
+PARTS, PART_MIN = (4, 4) if simulated() else (128, 16)
+# A row is cut into as many parts as keep one row's parts launch within one wave of blocks: about
+# what an H200-class GPU keeps resident at once with this kernel's registers (two blocks of up
+# to 8 warps per SM). Fewer parts leave SMs waiting on memory; more run as a second, mostly idle
+# wave. So a model with fewer KV heads gets more parts (`layout`).
+WAVE_BLOCKS = 256
+ROWS_PER_CALL = 17                    # the most rows per pair of launches: a verify step up to --draft 16
+# (row, part) results per head one pair of launches keeps: rows per call shrink as parts grow,
+# so the scratch (and the planner's allowance for it) does not grow with the parts
+PARTIAL_ROWS = ROWS_PER_CALL * min(PARTS, 64)
 MERGE_THREADS = 32                    # the merge's block: one warp per (row, head, slice of d_h)
 NEG_INF = float32(-math.inf)
 KV_DTYPE = np.float16
 
 
 @cuda.jit(device=True, inline=True)
-def part_size(n_kv):
-    """Positions per part for a row that sees n_kv: at least PART_MIN, at most PARTS parts, a
+def part_size(n_kv, parts):
+    """Positions per part for a row that sees n_kv: at least PART_MIN, at most `parts` parts, a
     multiple of POSITIONS."""
-    per = -(-n_kv // PARTS)
+    per = -(-n_kv // parts)
     per = -(-per // POSITIONS) * POSITIONS
     return max(per, PART_MIN)
 
@@ -69,6 +77,14 @@ def _kv_append(k, v, k_cache, v_cache, pos):
     v_cache[g, pos[t], i] = v[t, g, i]
 
 
+def layout(n_head_kv: int) -> tuple[int, int]:
+    """(parts each row is cut into, rows per pair of launches) for a model with n_head_kv KV
+    heads (see WAVE_BLOCKS, PARTIAL_ROWS): fixed per model, so a row's bits depend on its
+    position count alone."""
+    parts = max(1, min(PARTS, WAVE_BLOCKS // n_head_kv))
+    return parts, max(1, min(ROWS_PER_CALL, PARTIAL_ROWS // parts))
+
+
 def kv_append(k, v, k_cache, v_cache, pos):
     """Write row t of k, v (n, n_head_kv, d_h) into cache position pos[t] (pos: int64 (n,)),
     rounded to the cache's type."""
@@ -81,8 +97,9 @@ def _attention_parts(q, k_cache, v_cache, pos, row0, part_best, part_total, part
     n_kv_heads = k_cache.shape[0]
     H, d = q.shape[1], q.shape[2]
     b = cuda.blockIdx.x
-    s = b % PARTS
-    b //= PARTS
+    parts = part_best.shape[2]
+    s = b % parts
+    b //= parts
     g = b % n_kv_heads
     r = b // n_kv_heads                 # row of this call's batch
     t = row0 + r
@@ -90,7 +107,7 @@ def _attention_parts(q, k_cache, v_cache, pos, row0, part_best, part_total, part
     lane = cuda.threadIdx.x & 31
     h = g * (H // n_kv_heads) + warp
     n_kv = pos[t] + 1
-    per = part_size(n_kv)
+    per = part_size(n_kv, parts)
     lo = s * per
     if lo >= n_kv:                      # (the whole block: every warp has the same bounds)
         return
@@ -166,7 +183,7 @@ def _attention_merge(qg, pos, row0, part_best, part_total, part_acc, out):
     t = row0 + r
     lane = cuda.threadIdx.x
     n_kv = pos[t] + 1
-    used = -(-n_kv // part_size(n_kv))
+    used = -(-n_kv // part_size(n_kv, part_best.shape[2]))
     weight = cuda.shared.array(PARTS, float32)
     # the lanes take the parts in turn; the sums' order depends on `used` alone
     top = NEG_INF
@@ -205,13 +222,14 @@ def gated_attention(q, qg, k_cache, v_cache, pos, out):
     if group * n_kv_heads != H or group > 32:
         raise HybridError(f"GPU attention needs n_head a multiple of n_head_kv, at most 32 query heads per KV "
                           f"head; this model has {H} and {n_kv_heads}")
-    rows = min(n, ROWS_PER_CALL)
-    best = memory.scratch("attention_part_best", (rows, H, PARTS))
-    total = memory.scratch("attention_part_total", (rows, H, PARTS))
-    acc = memory.scratch("attention_part_acc", (rows, H, PARTS, d))
+    parts, per_call = layout(n_kv_heads)
+    rows = min(n, per_call)
+    best = memory.scratch("attention_part_best", (rows, H, parts))
+    total = memory.scratch("attention_part_total", (rows, H, parts))
+    acc = memory.scratch("attention_part_acc", (rows, H, parts, d))
     for row0 in range(0, n, rows):
         m = min(rows, n - row0)
-        _attention_parts[m * n_kv_heads * PARTS, 32 * group, stream()](q, k_cache, v_cache, pos, row0,
+        _attention_parts[m * n_kv_heads * parts, 32 * group, stream()](q, k_cache, v_cache, pos, row0,
                                                                        best, total, acc)
         _attention_merge[m * H * -(-d // MERGE_THREADS), MERGE_THREADS, stream()](qg, pos, row0, best, total,
                                                                                   acc, out)
