@@ -80,8 +80,8 @@ def _median(values) -> float:
 class DepthController:
     """choose() and record() run once per step, in the step's critical path: on a small model a
     GPU step takes well under a millisecond, so their bookkeeping is plain Python floats and lists
-    (numpy scalars and statistics.median cost tens of microseconds a step, several percent of such
-    a step, which fixed depths do not pay)."""
+    (numpy scalars and statistics.median cost many times more per call, a share of such a step
+    that fixed depths do not pay), and the prices are kept until a measured cost changes."""
 
     def __init__(self, max_depth: int, start: int | None = None):
         """start: the first depth tried (1 unless given: one draft is the cheapest to prepare and
@@ -122,8 +122,6 @@ class DepthController:
 
     def _price(self) -> list[float]:
         cost = self.cost
-        if len(cost) > self.max_depth:
-            return [cost[d] for d in range(self.max_depth + 1)]
         known = sorted(cost.items())
         if not known:
             return [1.0 + 0.15 * d for d in range(self.max_depth + 1)]
@@ -142,24 +140,22 @@ class DepthController:
     def step_cost(self, depth: int) -> float:
         return self.cost[depth] if depth in self.cost else self.step_costs()[depth]
 
-    def expected_tokens(self, depth: int, acceptance=None) -> float:
+    def expected(self, acceptance=None) -> list[float]:
+        """Expected tokens of a step at each depth 0..max_depth."""
         a = self.acceptance() if acceptance is None else acceptance
-        total, run = 1.0, 1.0
-        for i in range(depth):
+        tokens, total, run = [1.0], 1.0, 1.0
+        for i in range(self.max_depth):
             run *= float(a[i])
             total += run
-        return total
+            tokens.append(total)
+        return tokens
+
+    def expected_tokens(self, depth: int, acceptance=None) -> float:
+        return self.expected(acceptance)[depth]
 
     def rates(self) -> list[float]:
         """Expected tokens per second of each depth 0..max_depth."""
-        a, costs = self.acceptance(), self.step_costs()
-        rates, total, run = [], 1.0, 1.0
-        for d in range(self.max_depth + 1):
-            rates.append(total / costs[d])
-            if d < self.max_depth:
-                run *= a[d]
-                total += run
-        return rates
+        return [t / c for t, c in zip(self.expected(), self.step_costs())]
 
     def choose(self) -> int:
         self.steps += 1
