@@ -79,8 +79,8 @@ def depths(args) -> None:
             except HybridError as e:
                 print(f"{Path(name).name:28} {where:7} skipped: {e}")
                 continue
-            # what the CLI does before a run: every call size a drafting run meets, compiled
-            # and captured up front (else auto meets some of them mid-run)
+            # as the CLI does before a run: the prompt's kernels and every call size a drafting
+            # run meets, built before anything is timed
             model.warmup(draft_depth=MAX_AUTO_DEPTH if model.has_mtp else 0)
             runs = [d for d in DEPTHS if model.has_mtp or d == 0]
             trace = traced(model.depth_controller) if args.trace and model.has_mtp else None
