@@ -12,14 +12,16 @@ the cache at a small fraction of its bandwidth. Two launches:
 * `_attention_parts`: one block per (row, KV head, part); a warp per query head of the KV head's
   group (they read the same K/V rows, which the cache then serves to the others). A part is a
   run of `part_size(n_kv, parts)` positions (at least PART_MIN; `layout` sets the parts); the
-  warp keeps an online softmax over it (running max, sum and weighted value sum), four positions per step
-  (their K and V rows loaded at once, one butterfly for their scores), lanes split d_h.
+  warp keeps an online softmax over it (running max, sum and weighted value sum), four
+  positions per step (their K and V rows loaded at once, one butterfly for their scores), lanes
+  split d_h.
 * `_attention_merge`: one warp per (row, head, slice of d_h) weighs the parts (their maxima and
   sums taken by the lanes in turn, then across the warp) and sums its outputs over the parts in
   order, then applies the gate (a block per (row, head) whose threads each walk every part
   would make the merge a serial chain of loads spread over few blocks).
-The parts depend only on how many positions a row sees, and are merged in a fixed order, so each
-row of a k-row verify (or a prompt chunk) keeps the bits of a one-row call.
+The parts depend only on how many positions a row sees (and on the model, through `layout`), and
+are merged in a fixed order, so each row of a k-row verify (or a prompt chunk) keeps the bits of
+a one-row call.
 """
 from __future__ import annotations
 
@@ -46,9 +48,9 @@ PARTS, PART_MIN = (4, 4) if simulated() else (128, 16)
 # wave. So a model with fewer KV heads gets more parts (`layout`).
 WAVE_BLOCKS = 256
 ROWS_PER_CALL = 17                    # the most rows per pair of launches: a verify step up to --draft 16
-# (row, part) results per head one pair of launches keeps: rows per call shrink as parts grow,
-# so the scratch (and the planner's allowance for it) does not grow with the parts
-PARTIAL_ROWS = ROWS_PER_CALL * min(PARTS, 64)
+# (row, part) results per head one pair of launches keeps (all its rows at 64 parts): rows per
+# call shrink as parts grow, so more parts never make the scratch larger
+PARTIAL_ROWS = ROWS_PER_CALL * 64
 MERGE_THREADS = 32                    # the merge's block: one warp per (row, head, slice of d_h)
 NEG_INF = float32(-math.inf)
 KV_DTYPE = np.float16
