@@ -146,6 +146,15 @@ class Model:
         done = prepare(run, progress, cuda=True, plan_context=backend.planning)
         return done + prepare(run, progress, done_before=done)
 
+    def prepare_drafting(self, depth: int, max_rows: int | None = None) -> None:
+        """Before drafting up to `depth` on a GPU model: build every call size such a run may
+        meet (`warmup`), once. The GPU builds kernels and graphs per call size and a drafting
+        run meets its verify and MTP sizes as it goes: one first met mid-run stalls that step
+        for seconds (and an auto depth's trial then looks slow). The CLI and the server warm up
+        at load; `generate` and `session` call this for library users. Nothing on the CPU."""
+        if self.device != "cpu" and depth > self._warm_depth:
+            self.warmup(max_rows=max_rows, draft_depth=depth)
+
     # --- evaluation -----------------------------------------------------------------------
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Teacher-forced logits of every position, from a fresh session: float32 (len, n_vocab)."""
@@ -189,8 +198,8 @@ class Model:
         draft: MTP draft depth per step (0 = plain decoding, "auto" = chosen from measured
         acceptance and step cost; None, the default, = auto when the model has an MTP head, as
         the CLI); draft_p_min stops a draft below that confidence. On a GPU model the first
-        drafting call builds every call size drafting may meet before its prompt (`warmup`),
-        unless warmup() already did.
+        drafting call builds every call size drafting may meet before its prompt
+        (`prepare_drafting`).
 
         reasoning (chat only): a thinking model's enable_thinking — True, False, or None for the
         template's default. With chat=True each Token/Done says whether it is reasoning
@@ -226,12 +235,7 @@ class Model:
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
             return tagged(run(state) if state is not None else self.with_fresh_state(run))
         ring = policy.ring
-        if self.device != "cpu" and policy.max_depth > self._warm_depth:
-            # the GPU builds kernels and graphs per call size, and a drafting run meets its verify
-            # and MTP sizes as it goes: one first met mid-run stalls that step for seconds (and
-            # an auto depth's trial then looks slow); so all of them are built before the prompt,
-            # once, as the CLI and the server do at load
-            self.warmup(max_rows=len(ids), draft_depth=policy.max_depth)
+        self.prepare_drafting(policy.max_depth, max_rows=len(ids))
         if state is not None and state.n_ring < ring:
             raise HybridError(f"drafting {ring - 1} tokens per step needs a state with a snapshot ring of "
                               f"≥ {ring} slots (Forward.new_state(n_ctx, n_ring={ring})); this one has {state.n_ring}")

@@ -53,6 +53,7 @@ class ChatSession:
         if self.n_ctx < 2:
             raise HybridError(f"context size must be ≥ 2, got {self.n_ctx}")
         self.state = model.forward.new_state(self.n_ctx, n_ring=policy.ring)
+        model.prepare_drafting(policy.max_depth)
         self.messages: list[dict] = []
         self._history: list[int] = []          # every token of the sequence, the last reply's included
         self._consumed: list[int] | None = []  # the ids the state holds, in order; None = not known

@@ -232,3 +232,30 @@ def test_compile_count_sees_cuda_compiler_passes():
     with cuda_event.trigger_event("numba-cuda:run_pass", data={}):
         pass
     assert compiles.count() == before + 1
+
+
+def test_library_drafting_on_a_gpu_model_builds_its_call_sizes_once(monkeypatch):
+    """generate() and session() on a GPU model warm every drafting call size before drafting
+    (a size first met mid-run stalls that step), once per deeper depth; never on the CPU.
+    The warm-up itself is faked here (a real one needs a GPU: tests/gpu/test_kernel_prep_gpu.py)."""
+    from hybrid.draft_policy import MAX_AUTO_DEPTH
+    m = hybrid.load(device="cpu")
+    calls = []
+
+    def warmup(max_rows=None, progress=None, draft_depth=0):
+        calls.append(draft_depth)
+        m._warm_depth = max(m._warm_depth, draft_depth)
+    monkeypatch.setattr(m, "warmup", warmup)
+    m.generate("def f():", draft="auto")
+    m.session(draft="auto")
+    assert calls == []                                  # the CPU builds no kernel per call size
+    monkeypatch.setattr(m, "device", "cuda")
+    m.generate("def f():", draft=0)
+    assert calls == []
+    m.generate("def f():", draft=2)
+    assert calls == [2]
+    m.session(draft="auto")
+    assert calls == [2, MAX_AUTO_DEPTH]
+    m.generate("def f():", draft="auto")
+    m.session(draft=3)
+    assert calls == [2, MAX_AUTO_DEPTH]                 # already built
