@@ -473,25 +473,23 @@ else:
     def warp_reduce(acc):
         group_reduce(acc, 32)
 
-    @cuda.jit(device=True)
-    def warp_max_u64(value):
-        scratch = cuda.shared.array(1024, np.uint64)
+    def _lanes_max(scratch, value):
+        # the simulator keys a shared array by the line that asks for it, so each caller passes
+        # its own (one per dtype)
         tid = cuda.threadIdx.x
         base = tid - (tid & 31)
         cuda.syncthreads()
         scratch[tid] = value
         cuda.syncthreads()
-        return np.uint64(scratch[base:base + 32].max())
+        return scratch.dtype.type(scratch[base:base + 32].max())
+
+    @cuda.jit(device=True)
+    def warp_max_u64(value):
+        return _lanes_max(cuda.shared.array(1024, np.uint64), value)
 
     @cuda.jit(device=True)
     def warp_max_f32(value):
-        scratch = cuda.shared.array(1024, np.float32)
-        tid = cuda.threadIdx.x
-        base = tid - (tid & 31)
-        cuda.syncthreads()
-        scratch[tid] = value
-        cuda.syncthreads()
-        return np.float32(scratch[base:base + 32].max())
+        return _lanes_max(cuda.shared.array(1024, np.float32), value)
 
     # ---- tensor-core GEMM (gpu/matmul/gemm_mma.py): plain-Python stand-ins ------------------------------
 

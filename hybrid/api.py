@@ -111,7 +111,6 @@ class Model:
             chunk = max(1, min(chunk, max_rows))
         gpu = self.device != "cpu"
         depth = draft_depth if gpu and self.has_mtp else 0
-        self._warm_depth = max(self._warm_depth, depth)
         forward, zeros = self.forward.forward, np.zeros
 
         def run():
@@ -144,7 +143,9 @@ class Model:
         # kernels of host calls, which need real device data to run on
         backend = self.forward.backend
         done = prepare(run, progress, cuda=True, plan_context=backend.planning)
-        return done + prepare(run, progress, done_before=done)
+        done += prepare(run, progress, done_before=done)
+        self._warm_depth = max(self._warm_depth, depth)     # only once built: an interrupted warm-up runs again
+        return done
 
     def prepare_drafting(self, depth: int, max_rows: int | None = None) -> None:
         """Before drafting up to `depth` on a GPU model: build every call size such a run may
