@@ -228,6 +228,35 @@ def test_select_groups():
     assert [g.name for g in vs.select_groups(list(vs.ROW_IDS))] == list(vs.ROWS)
     with pytest.raises(HybridError, match="unknown row"):
         vs.select_groups(["27b"])
+    types = vs.select_groups(["cpu-types"])
+    assert [g.name for g in types] == [f"cpu-{t}" for t in vs.CPU_TYPES] and "IQ2_XXS" in vs.CPU_TYPES
+    assert all(g.device == "cpu" and vs.MODELS[g.model].type == g.name[4:] for g in types)
+    assert [g.name for g in vs.select_groups(["27b-cpu", "cpu-IQ1_S"])] == ["27b-cpu", "cpu-IQ1_S"]
+
+
+def test_a_per_type_model_is_written_as_its_spec_says(tmp_path):
+    """make_args (what make_model.py is told) and spec (what a dry run plans from) agree."""
+    m = vs.SynthModel(tmp_path / "m.gguf", "tiny", "qwen35", "IQ2_XXS", layers=2, vocab=300)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_model.py"), *m.make_args()],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from_file = m.table()
+    from_spec = vs.SynthModel(NOWHERE, "tiny", "qwen35", "IQ2_XXS", layers=2, vocab=300).table()
+    assert from_file.config.n_layer == 2 and from_file.config.n_vocab == 300
+    assert {n: (tuple(t.ne), t.nbytes) for n, t in from_file.tensors.items()} == \
+        {n: (tuple(t.ne), t.nbytes) for n, t in from_spec.tensors.items()}
+    assert from_file.tensors["blk.0.ffn_down.weight"].nbytes == 256 * 512 // 256 * 66     # IQ2_XXS: 66 bytes a block
+
+
+def test_a_cpu_rows_note_gives_each_engines_read_rate():
+    group = vs.TYPE_ROWS["cpu-Q4_0"]
+    rec = {"group": vs.asdict(group), "errors": {}, "placement": {"note": "CPU only", "cpu_bytes_per_token": 2e9},
+           "samples": {"llama.cpp": {"tg32": [1.0, 1.0]}, "hybrid": {"tg32": [0.8, 0.8]}}}
+    row, = vs.table_rows([rec], ["llama.cpp", "hybrid"], "median", read_gbs=100.0)
+    assert row[2:5] == ["32.00", "40.00", "1.25×"]
+    assert row[5] == "2.00 GB a token; GB/s llama.cpp 64.0 (64% of read), hybrid 80.0 (80% of read)"
+    row, = vs.table_rows([rec], ["llama.cpp", "hybrid"], "median")
+    assert row[5] == "2.00 GB a token; GB/s llama.cpp 64.0, hybrid 80.0"
 
 
 def test_dry_run_prints_every_command(tmp_path):
@@ -250,6 +279,15 @@ def test_dry_run_prints_every_command(tmp_path):
     builds = [line for line in b.stderr.splitlines() if "would run: bash" in line]
     assert len(builds) == 2 and "ik_llama.cpp-8337e4c-src.tar.xz /tmp/ik-llama-cuda" in builds[1]
     assert "would warm the kernels: 27b on cuda" in b.stderr
+    t = subprocess.run([sys.executable, str(TOOL), "bench", "--dry-run", "--reps", "1", "--rows", "cpu-IQ2_XXS",
+                        "--bench-dir", str(tmp_path), "--model-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert t.returncode == 0, t.stderr
+    runs = [line for line in t.stderr.splitlines() if "would run:" in line]
+    assert any(f"m27b-8l-IQ2_XXS.gguf --preset 27b --arch qwen35 --type IQ2_XXS --layers 8 --vocab 32000" in line
+               for line in runs)
+    assert sum("llama-bench" in line and "-ngl 0" in line and "-n 32" in line for line in runs) == 1
+    assert "| IQ2_XXS, CPU only | tg32 |" in t.stdout
 
 
 # --- our side ---------------------------------------------------------------------------------------
@@ -367,12 +405,11 @@ def test_a_failing_engine_is_a_row_of_the_table(tmp_path, monkeypatch):
 
 def test_warm_loads_each_model_once_at_the_rows_sizes(monkeypatch, capsys):
     monkeypatch.setitem(vs.MODELS, "tiny", vs.SynthModel(BUNDLED_MODEL, "tiny", "qwen35"))
-    rows = {"a": vs.Group("a", "a", "tiny", device="cpu", vram=None, pp=(8,), tg=3),
-            "b": vs.Group("b", "b", "tiny", device="cpu", vram=None, tg=5)}
-    monkeypatch.setattr(vs, "ROWS", rows)
+    groups = [vs.Group("a", "a", "tiny", device="cpu", vram=None, pp=(8,), tg=3),
+              vs.Group("b", "b", "tiny", device="cpu", vram=None, tg=5)]
     args = SimpleNamespace(dry_run=False, threads=1, warm_min=1)
-    vs.warm_kernels(args, time.time() + 600)
+    vs.warm_kernels(args, groups, time.time() + 600)
     err = capsys.readouterr().err
     assert err.count("warming the kernels: tiny on cpu") == 1 and "warm: tiny on cpu in" in err
-    vs.warm_kernels(args, time.time() + 0.5)                  # no time left: skipped, said so
+    vs.warm_kernels(args, groups, time.time() + 0.5)          # no time left: skipped, said so
     assert "skipped: 0 s left" in capsys.readouterr().err

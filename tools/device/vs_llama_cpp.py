@@ -7,10 +7,10 @@
     tools/device/vs_llama_cpp.sh bench --dry-run                # the commands, nothing run
 
 `build` compiles llama-bench (~7 min on 16 cores; an interrupted build resumes in the next call
-while the machine is held), writes the models (~35 s and ~54 s) and, with the time left, warms:
-loads each model once in hybrid at the rows' call sizes, so its Numba kernels are compiled into
-NUMBA_CACHE_DIR (cold, the GPU compiles a matvec per verify width, ~35 s each). `warm` does the
-models and that alone. `bench` never compiles llama-bench (an engine not built is a row saying
+while the machine is held), writes the models of the --rows (~35 s and ~54 s) and, with the time
+left, warms: loads each model once in hybrid at the rows' call sizes, so its Numba kernels are
+compiled into NUMBA_CACHE_DIR (cold, the GPU compiles a matvec per verify width, ~35 s each).
+`warm` does the models and that alone. `bench` never compiles llama-bench (an engine not built is a row saying
 so); it writes a missing model. The machine keeps /tmp only while it is held (30 s after a call):
 chain the calls.
 
@@ -24,7 +24,7 @@ are derived from OUR planner's plan for each row (`llama_placement`), never writ
 llama.cpp does not load the MTP block (ours plans it on the GPU for drafting): the trunk's bytes
 are what match.
 
-Rows (`--rows`, comma-separated ids; default all):
+Rows (`--rows`, comma-separated ids; default all but the per-type ones):
   27b-12g          27B Q4_K_M at --vram 12GiB: pp512, tg64
   27b-ffn-cpu      27B, every dense FFN on the CPU (ours: -ot pinning them): pp512, tg64
   35b-experts-cpu  35B-A3B, every routed expert on the CPU (ours: --no-expert-cache): pp512, tg64
@@ -36,6 +36,10 @@ Rows (`--rows`, comma-separated ids; default all):
   verify           cost of a k-token pass over one plain step, k = 2..8, 27B at 12 GiB (llama.cpp:
                    a `-p k` batch over its tg per-token time; ours: a k-token verify step,
                    bench_27b.time_verify, over its tg per-token time)
+  cpu-types        tg32 CPU only (llama.cpp -ngl 0) for each weight type, a row each (cpu-Q4_0,
+                   cpu-IQ2_XXS, …: any of them alone too): the 27B's layers × 8, every matrix in
+                   that type; the note gives the weight bytes a token reads and each engine's GB/s,
+                   also as a share of the CPU read bandwidth measured in the same call
 Engines alternate within a row: llama.cpp, hybrid, [ik_llama.cpp], repeated --reps times; each
 figure is the --stat (median or best) of its repetitions. llama-bench runs with `-fa 1` (flash
 attention on, as llama.cpp is run on a GPU), `-t THREADS -ngl 99 -r 1`, default batch sizes, load
@@ -104,10 +108,18 @@ class SynthModel:
     preset: str
     arch: str
     type: str = "Q4_K_M"
+    layers: int | None = None           # the preset's unless set (make-model --layers)
+    vocab: int | None = None            # likewise (--vocab)
 
     def make_args(self) -> list[str]:
-        return [str(self.path), "--preset", self.preset, "--arch", self.arch, "--type", self.type,
+        dims = ([] if self.layers is None else ["--layers", str(self.layers)]) + (
+            [] if self.vocab is None else ["--vocab", str(self.vocab)])
+        return [str(self.path), "--preset", self.preset, "--arch", self.arch, "--type", self.type, *dims,
                 "--method", "codes", "--force"]
+
+    def spec(self):
+        dims = {k: v for k, v in (("n_layer", self.layers), ("n_vocab", self.vocab)) if v is not None}
+        return preset(self.preset, self.arch, **dims)
 
     def table(self):
         """What the planner reads (config, tensors: name → name/ne/nbytes/role): from the file when
@@ -116,7 +128,7 @@ class SynthModel:
         if self.path.exists():
             with open_model(self.path) as m:
                 return SimpleNamespace(config=m.config, tensors=dict(m.tensors))
-        spec = preset(self.preset, self.arch)
+        spec = self.spec()
         roles = {s.name: s.role for s in synth_layout(spec)}
         return SimpleNamespace(config=spec.config(), tensors={
             t.name: SimpleNamespace(name=t.name, ne=t.ne, nbytes=t.nbytes, role=roles[t.name])
@@ -126,10 +138,20 @@ class SynthModel:
 MODEL_DIR = Path("/tmp")
 
 
+# issue 31: CPU decode per weight type. Each file is the 27B's layers (D 5120, FFN 17408: every
+# row length a multiple of 256, as the K and IQ types need), eight of them, and a small vocabulary,
+# every matrix in the one type: ~0.3-2.5 GB a token, far past the caches, written in seconds.
+CPU_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+             "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4")
+TYPE_LAYERS, TYPE_VOCAB = 8, 32000
+
+
 def synth_models(folder: Path) -> dict[str, SynthModel]:
     """The models the rows use, by key, as files in `folder`."""
     return {"27b": SynthModel(folder / "m27b.gguf", "27b", "qwen35"),
-            "35b": SynthModel(folder / "m35b-a3b.gguf", "35b-a3b", "qwen35moe")}
+            "35b": SynthModel(folder / "m35b-a3b.gguf", "35b-a3b", "qwen35moe"),
+            **{f"t-{t}": SynthModel(folder / f"m27b-{TYPE_LAYERS}l-{t}.gguf", "27b", "qwen35", t,
+                                    layers=TYPE_LAYERS, vocab=TYPE_VOCAB) for t in CPU_TYPES}}
 
 
 MODELS = synth_models(MODEL_DIR)       # main() points them at --model-dir
@@ -173,16 +195,21 @@ ROWS: dict[str, Group] = {g.name: g for g in (
     Group("27b-12g-8k", "27B @ 12 GiB, 8K context", "27b", tg=64, depth=DEPTH),
     Group("27b-12g-32k", "27B @ 12 GiB, 32K context", "27b", tg=64, depth=LONG_DEPTH),
 )}
-ROW_IDS = (*ROWS, "verify")
+ROW_IDS = (*ROWS, "verify")                 # the default rows
+TYPE_ROWS: dict[str, Group] = {g.name: g for g in (
+    Group(f"cpu-{t}", f"{t}, CPU only", f"t-{t}", device="cpu", vram=None, tg=32) for t in CPU_TYPES)}
+ALL_ROW_IDS = (*ROW_IDS, "cpu-types", *TYPE_ROWS)
 
 
 def select_groups(rows: list[str]) -> list[Group]:
     """The groups that run for the row ids asked for. `verify` joins the 27B 12 GiB group (same
-    placement, one load); alone, that group still times tg64, the verify ratio's denominator."""
-    unknown = [r for r in rows if r not in ROW_IDS]
+    placement, one load); alone, that group still times tg64, the verify ratio's denominator.
+    `cpu-types`: every per-type CPU row."""
+    unknown = [r for r in rows if r not in ALL_ROW_IDS]
     if unknown:
-        raise HybridError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROW_IDS)}")
+        raise HybridError(f"unknown row(s) {', '.join(unknown)}; choose from {', '.join(ALL_ROW_IDS)}")
     groups = [ROWS[r] for r in ROWS if r in rows]
+    groups += [g for r, g in TYPE_ROWS.items() if r in rows or "cpu-types" in rows]
     if "verify" in rows:
         base = ROWS["27b-12g"]
         if base in groups:
@@ -507,12 +534,12 @@ def build(args, engines: list[str], deadline: float, compile_: bool) -> dict[str
     return out
 
 
-def warm_kernels(args, deadline: float) -> None:
-    """Load each model the way the rows do (GPU, and the 27B on the CPU alone) and run a tiny rep,
+def warm_kernels(args, groups: list[Group], deadline: float) -> None:
+    """Load each model the way the groups do (GPU, or the CPU alone) and run a tiny rep,
     so the Numba kernels they need are compiled into NUMBA_CACHE_DIR before the timed call: a
     fresh machine compiles for minutes. Skipped when the call has too little time left."""
     seen = set()
-    for g in ROWS.values():
+    for g in groups:
         if (g.model, g.device) in seen:
             continue
         seen.add((g.model, g.device))
@@ -555,6 +582,19 @@ def machine() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def cpu_read_bandwidth(threads: int) -> float | None:
+    """GB/s a Numba parallel sum over 4 GiB reads at `threads` (cpu.bandwidth), in a process of its
+    own, so this one never starts a thread pool that could spin beside the engines."""
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); import numba; numba.set_num_threads(int(sys.argv[1])); "
+            "from cpu.bandwidth import read_bandwidth; print(read_bandwidth(1 << 32))")
+    done = run_step([sys.executable, "-c", code, str(threads), str(ROOT)], 300, False)
+    try:
+        return float(done.stdout.split()[-1])
+    except (AttributeError, IndexError, ValueError):
+        log("CPU read bandwidth: not measured")
+        return None
+
+
 def stat(samples: list[float] | None, how: str) -> float | None:
     """Seconds: the fastest sample ('best') or the median."""
     if not samples:
@@ -573,7 +613,8 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
     plan = our_plan(group, table)
     place = llama_placement(plan, table)
     rec["placement"] = {"args": place.args(), "note": place.note,
-                        "ours_gpu_weights": plan.weight_bytes(GPU), "ours_cpu_weights": plan.weight_bytes(CPU)}
+                        "ours_gpu_weights": plan.weight_bytes(GPU), "ours_cpu_weights": plan.weight_bytes(CPU),
+                        "cpu_bytes_per_token": plan.per_token(CPU)}
     log(f"== {group.label}: ours {group.device}" + (f" --vram {group.vram}" if group.device != "cpu" else "")
         + (f" -ot {' '.join(group.overrides)}" if group.overrides else "")
         + ("" if group.expert_cache else " --no-expert-cache")
@@ -659,8 +700,10 @@ def ours_tests(group: Group) -> list[str]:
 
 # --- the table -------------------------------------------------------------------------------------
 
-def table_rows(records: list[dict], engines: list[str], how: str) -> list[list[str]]:
-    """Markdown cells: row, test, each engine's t/s (verify rows: the cost ratio), hybrid/llama.cpp."""
+def table_rows(records: list[dict], engines: list[str], how: str, read_gbs: float | None = None) -> list[list[str]]:
+    """Markdown cells: row, test, each engine's t/s (verify rows: the cost ratio), hybrid/llama.cpp,
+    note. A CPU-only row's tg note: the weight bytes a token reads, and what each engine's t/s
+    makes of them in GB/s (and of `read_gbs`, the CPU's read bandwidth, when measured)."""
     out = []
     for rec in records:
         g = rec["group"]
@@ -686,6 +729,11 @@ def table_rows(records: list[dict], engines: list[str], how: str) -> list[list[s
             vals = [rate(e, key, n) for e in engines]
             ratio = vals[1] / vals[0] if vals[0] and vals[1] else None
             cells = [cell(v) if v is not None else ("failed" if err(e) else "—") for e, v in zip(engines, vals)]
+            per_token = rec.get("placement", {}).get("cpu_bytes_per_token")
+            if kind == "tg" and g["device"] == "cpu" and per_token:
+                note = f"{per_token / 1e9:.2f} GB a token; GB/s " + ", ".join(
+                    f"{e} {v * per_token / 1e9:.1f}" + (f" ({v * per_token / 1e9 / read_gbs:.0%} of read)" if read_gbs else "")
+                    for e, v in zip(engines, vals) if v)
             out.append([label, key.replace("@d", " @ depth "), *cells, cell(ratio, "{:.2f}×"), note])
         tg_key = test_key("tg", g["tg"], g["depth"])
         for k in g["verify"]:
@@ -705,11 +753,13 @@ def table_rows(records: list[dict], engines: list[str], how: str) -> list[list[s
 
 def render(records: list[dict], engines: list[str], info: dict, args) -> str:
     head = ["row", "test", *[f"{e} t/s" for e in engines], "hybrid ÷ llama.cpp", "placement"]
+    read = info.get("cpu_read_gbs")
     lines = [f"**{info['gpu']}**, {info['cpus']} CPUs ({info['cpu']}), {info['date']}; threads {args.threads}, "
              f"{args.reps} rep(s), {args.stat}; llama-bench -fa 1 -ngl 99 and placement flags derived from "
-             f"hybrid's plan (-ngl 0 for CPU only; every flag in the JSON)", "",
+             f"hybrid's plan (-ngl 0 for CPU only; every flag in the JSON)"
+             + (f"; CPU read bandwidth {read:.1f} GB/s" if read else ""), "",
              "| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
-    for r in table_rows(records, engines, args.stat):
+    for r in table_rows(records, engines, args.stat, read):
         lines.append("| " + " | ".join(r) + " |")
     return "\n".join(lines)
 
@@ -723,7 +773,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("what", choices=("build", "warm", "bench"),
                    help="build: llama-bench, models, then our kernels as time allows; warm: models and our "
                         "kernels; bench: the rows")
-    p.add_argument("--rows", default=",".join(ROW_IDS), help=f"comma-separated subset of {','.join(ROW_IDS)}")
+    p.add_argument("--rows", default=",".join(ROW_IDS),
+                   help=f"comma-separated, of {','.join(ROW_IDS)}, cpu-types or one cpu-TYPE (default {','.join(ROW_IDS)})")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--stat", choices=("median", "best"), default="median")
     p.add_argument("--threads", "-t", type=int, default=os.cpu_count())
@@ -753,16 +804,18 @@ def main(argv: list[str]) -> int:
     groups = select_groups(rows)
     if args.pcie_share is not None:
         groups = [replace(g, pcie_share=check_pcie_share(args.pcie_share)) for g in groups]
-    args.models = sorted({g.model for g in groups}) if args.what == "bench" else sorted(MODELS)
+    args.models = sorted({g.model for g in groups})
     engines_built = [] if args.what == "warm" else (
         ([] if args.no_llama else ["llama.cpp"]) + (["ik_llama.cpp"] if args.ik else []))
     binaries = build(args, engines_built, deadline, compile_=args.what == "build")
     if args.what in ("build", "warm"):
         if not args.no_warm:
-            warm_kernels(args, deadline)
+            warm_kernels(args, groups, deadline)
         log(f"{args.what} done in {time.time() - start:.0f} s: {binaries}")
         return 0
     info = machine()
+    if any(g.device == "cpu" for g in groups) and not args.dry_run:
+        info["cpu_read_gbs"] = cpu_read_bandwidth(args.threads)
     log(f"machine: {info}")
     engines = ["llama.cpp", "hybrid"] + (["ik_llama.cpp"] if args.ik else [])
     records: list[dict] = []
@@ -785,7 +838,8 @@ def _write(path: Path, info: dict, args, records: list[dict], engines: list[str]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": info, "threads": args.threads, "reps": args.reps, "stat": args.stat,
                                 "flash_attn": 1, "records": records,
-                                "table": table_rows(records, engines, args.stat)}, indent=1, default=str))
+                                "table": table_rows(records, engines, args.stat, info.get("cpu_read_gbs"))},
+                               indent=1, default=str))
 
 
 if __name__ == "__main__":
