@@ -114,7 +114,7 @@ def depths(args) -> None:
             if graphs is not None:      # a GPU model: captures past the first per step signal eviction
                 print(f"{'':28} CUDA graphs: {graphs.captures} captured, {graphs.replays} replays, "
                       f"{graphs.kept} kept")
-            del model
+            del model, graphs           # the graphs hold the GPU model's buffers: both go before the next load
 
 
 # --- load --------------------------------------------------------------------------------------------
