@@ -141,6 +141,9 @@ def shares_x_rounding(gate_type: int, up_type: int) -> bool:
     return act.format_of(gate_type) == act.format_of(up_type)
 
 
+BAD_ROUTING = "routing names an expert the layer does not have"
+
+
 def expert_ids(experts: np.ndarray) -> np.ndarray:
     """The experts of a routing whose entries may be marked ~e (run elsewhere)."""
     return np.where(experts >= 0, experts, ~experts)
@@ -181,6 +184,8 @@ def _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, 
 
 def group_slots(experts: np.ndarray, n_expert: int):
     """`_group_slots_into` with fresh arrays: (slot_row, slot_of, group_start, group_expert)."""
+    if experts.size and expert_ids(experts).max() >= n_expert:
+        raise ValueError(BAD_ROUTING)
     n_slots = experts.size
     first = np.empty(n_expert + 1, np.int64)
     slot_row, slot_of = np.empty(n_slots, np.int64), np.empty(n_slots, np.int64)
@@ -313,6 +318,8 @@ def _routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
     for i in range(n):
         for rank in range(k):
             e = _expert_of(experts[i, rank])
+            if e >= n_expert:                   # never index with it (`_checked`)
+                return -1
             distinct += 1 - seen[e]
             seen[e] = 1
     n_groups = _group_slots_into(experts, n_expert, first, slot_row, slot_of, group_start, group_expert)
@@ -463,8 +470,19 @@ def routed_experts(wtypes, w_gate, w_up, w_down, expert_rows, n_ff: int, x: np.n
     chunks (the thread count; the chunks are sized for it, any count gives the same bits);
     pf: prefetch distance in bytes. stages < 4 stops after that many of the kernel's steps
     (STAGES; out is then not written): for a profiler timing each step (tools/device/moe_split.py)."""
-    return _routed_experts(*_arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts, weights,
-                                       out, n_workers, pf, stages))
+    return _checked(_routed_experts(*_arguments(wtypes, w_gate, w_up, w_down, expert_rows, n_ff, x, experts,
+                                                weights, out, n_workers, pf, stages)))
+
+
+def _checked(distinct: int) -> int:
+    """The kernel's count of distinct experts, or ValueError for routing naming an expert the
+    layer does not have (the kernel returns −1 before indexing with it). Routing comes from
+    `cpu.moe.route` or the device, so this is a garbage input: e.g. a warm-up's plan pass
+    (hybrid/kernel_prep.py) that skipped the router, when this kernel is compiled in memory
+    already, so the pass cannot stop before it; the error ends that pass instead."""
+    if distinct < 0:
+        raise ValueError(BAD_ROUTING)
+    return distinct
 
 
 class BoundCall:
@@ -479,4 +497,4 @@ class BoundCall:
         self.entry = _routed_experts.compile(tuple(_routed_experts.typeof_pyval(a) for a in self.args))
 
     def __call__(self) -> int:
-        return self.entry(*self.args)
+        return _checked(self.entry(*self.args))

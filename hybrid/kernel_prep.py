@@ -34,9 +34,12 @@ compiled kernel back and this process saves it.
 Skipping is safe where a kernel's garbage output can only become another kernel's garbage input
 values, never its indices: in the forward, positions, token and row ids come from Python; the MoE
 router's expert ids come from a kernel a pass may skip, but the expert kernels that index with
-them return values, so a pass stops before them. If a plan pass
-fails anyway (garbage tripped a check), what it found is compiled as above and the warm-up then
-runs as a plain one, compiling whatever is left uncounted.
+them return values, so a pass stops before them. Only a call Numba cannot dispatch by itself
+reaches this module, though: a kernel this process has run before with the same argument types
+runs at once, skip or no skip (a GPU model's warm-up, then a CPU model's, in one process). The
+expert kernels therefore check the ids before they index with any (`cpu.moe_kernel`), and raise.
+If a plan pass fails anyway (garbage tripped a check), what it found is compiled as above and the
+warm-up then runs as a plain one, compiling whatever is left uncounted.
 """
 from __future__ import annotations
 

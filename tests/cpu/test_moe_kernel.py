@@ -166,3 +166,26 @@ def test_a_bound_call_runs_on_whatever_its_arrays_hold_when_called(ffns, case):
         assert bound_stats.expert_bytes_read == want_stats.expert_bytes_read > 0
         assert bound_stats.rows == want_stats.rows and bound_stats.saving == want_stats.saving
         bound_stats.reset()
+
+
+@pytest.mark.parametrize("bad", [lambda e: e, lambda e: ~e, lambda e: 1 << 40])
+def test_routing_naming_an_expert_the_layer_lacks_is_an_error_not_an_index(ffns, bad):
+    """Garbage routing (a warm-up's plan pass that skipped the router, while this kernel, compiled
+    in memory already, still runs: hybrid/kernel_prep.py) raises before any expert is indexed by
+    it, in the kernel, its bound call and the grouping of the decoded path, and writes nothing."""
+    ffn = ffns[0]
+    n_expert = ffn.gate.data.shape[0]
+    x = np.random.default_rng(3).standard_normal((2, D)).astype(np.float32)
+    experts, weights = route(router_logits(ffn, x), K)
+    experts[1, 0] = bad(n_expert)
+    out = np.full(x.shape, 7.0, np.float32)
+    with pytest.raises(ValueError, match="an expert the layer does not have"):
+        cpu.moe.run_routed(ffn, x, experts, weights, out)
+    call = cpu.moe.bind_routed(ffn, x, experts, weights, out)
+    with pytest.raises(ValueError, match="an expert the layer does not have"):
+        call()
+    with pytest.raises(ValueError, match="an expert the layer does not have"):
+        cpu.moe_kernel.group_slots(experts, n_expert)
+    assert (out == 7.0).all()
+    experts[1, 0] = n_expert - 1                    # the last expert is fine
+    assert cpu.moe_kernel.group_slots(experts, n_expert)[3][-1] == n_expert - 1
