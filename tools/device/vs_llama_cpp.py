@@ -10,8 +10,8 @@
 while the machine is held), writes the models of the --rows (~35 s and ~54 s) and, with the time
 left, warms: loads each model once in hybrid at the rows' call sizes, so its Numba kernels are
 compiled into NUMBA_CACHE_DIR (cold, the GPU compiles a matvec per verify width, ~35 s each).
-`warm` does the models and that alone. `bench` never compiles llama-bench (an engine not built is a row saying
-so); it writes a missing model. The machine keeps /tmp only while it is held (30 s after a call):
+`warm` does the models and that alone. `bench` never compiles llama-bench (an engine not built is
+a row saying so); it writes a missing model. The machine keeps /tmp only while it is held (30 s after a call):
 chain the calls.
 
 Every engine holds the same weight bytes on the GPU and on the CPU: llama.cpp's placement flags
@@ -731,9 +731,9 @@ def table_rows(records: list[dict], engines: list[str], how: str, read_gbs: floa
             cells = [cell(v) if v is not None else ("failed" if err(e) else "—") for e, v in zip(engines, vals)]
             per_token = rec.get("placement", {}).get("cpu_bytes_per_token")
             if kind == "tg" and g["device"] == "cpu" and per_token:
+                gbs = {e: v * per_token / 1e9 for e, v in zip(engines, vals) if v}
                 note = f"{per_token / 1e9:.2f} GB a token; GB/s " + ", ".join(
-                    f"{e} {v * per_token / 1e9:.1f}" + (f" ({v * per_token / 1e9 / read_gbs:.0%} of read)" if read_gbs else "")
-                    for e, v in zip(engines, vals) if v)
+                    f"{e} {r:.1f}" + (f" ({r / read_gbs:.0%} of read)" if read_gbs else "") for e, r in gbs.items())
             out.append([label, key.replace("@d", " @ depth "), *cells, cell(ratio, "{:.2f}×"), note])
         tg_key = test_key("tg", g["tg"], g["depth"])
         for k in g["verify"]:
