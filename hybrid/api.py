@@ -45,7 +45,7 @@ class Model:
     def __init__(self, path: str | os.PathLike | None = None, *, device: str = "auto",
                  threads: int | None = None, n_ctx: int | None = None, vram: str | int | None = None,
                  overrides: Sequence[str] = (), cpu_only: bool = False, cuda_graphs: bool = True,
-                 expert_cache: bool = True, pcie_share: float = DEFAULT_PCIE_SHARE):
+                 expert_cache: bool = True, pcie_share: float = DEFAULT_PCIE_SHARE, split_ffn: bool = False):
 
         if device not in DEVICES:
             raise HybridError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
@@ -64,12 +64,12 @@ class Model:
         # the snapshot ring the default draft policy needs: planned for, and what drafting states get
         self.planned_ring = DraftPolicy.parse(None, self.has_mtp).ring
         self.plan = plan_for(self.file, device, vram, cpu_only, overrides, self.n_ctx, self.planned_ring,
-                             expert_cache=expert_cache, pcie_share=pcie_share)
+                             expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn)
         self.device = self.plan.device
         if self.device == "cuda":
             self.forward = Forward(self.file, backend="gpu", placement=self.plan.side, cuda_graphs=cuda_graphs,
                                    expert_cache=self.plan.expert_cache, pcie_share=self.plan.pcie_share,
-                                   stream_experts=self.plan.streams_experts)
+                                   stream_experts=self.plan.streams_experts, ffn_split=self.plan.ffn_split)
         else:
             self.forward = Forward(self.file)
         # a small model's decode steps run on one thread unless the user chose a count (cpu/threads.py)
@@ -329,7 +329,7 @@ class Model:
 def load(path: str | os.PathLike | None = None, device: str = "auto", threads: int | None = None,
          n_ctx: int | None = None, vram: str | int | None = None, overrides: Sequence[str] = (),
          cpu_only: bool = False, cuda_graphs: bool = True, expert_cache: bool = True,
-         pcie_share: float = DEFAULT_PCIE_SHARE) -> Model:
+         pcie_share: float = DEFAULT_PCIE_SHARE, split_ffn: bool = False) -> Model:
     """Open a GGUF model (the bundled tiny model when `path` is None).
 
     device "auto" uses a GPU when one is present (trunk and lm_head there, FFN streamed on the
@@ -339,6 +339,9 @@ def load(path: str | os.PathLike | None = None, device: str = "auto", threads: i
     holds to the GPU, which runs those when a token selects them (False: all stay on the CPU).
     pcie_share: of the routed experts a token picks that are not cached, the share the GPU fetches
     from host memory over PCIe while the CPU runs the rest (0: the CPU runs them all).
+    split_ffn: a dense model's FFN layers that do not all fit the VRAM are cut in two, the GPU
+    computing each one's first hidden rows while the CPU computes the rest (False: whole layers).
     """
     return Model(path, device=device, threads=threads, n_ctx=n_ctx, vram=vram, overrides=overrides,
-                 cpu_only=cpu_only, cuda_graphs=cuda_graphs, expert_cache=expert_cache, pcie_share=pcie_share)
+                 cpu_only=cpu_only, cuda_graphs=cuda_graphs, expert_cache=expert_cache, pcie_share=pcie_share,
+                 split_ffn=split_ffn)

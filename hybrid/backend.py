@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import HybridError
 from .layout import expected_tensors, options_from_names
-from .weights import DenseFFN, MoEFFN, iter_matrices, place_weights
+from .weights import DenseFFN, MoEFFN, SplitFFN, iter_matrices, place_weights, split_dense_ffn
 
 PLACES = ("gpu", "cpu")
 Placement = Callable[[str], str] | Mapping[str, str] | Collection[str] | None
@@ -93,9 +93,11 @@ class CPUBackend:
         return 0
 
     def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0,
-                      stream_experts: bool = False):
+                      stream_experts: bool = False, ffn_split=None):
         if any((expert_cache or {}).values()):
             raise HybridError("an expert cache lives on the GPU, but this forward runs on the CPU backend")
+        if ffn_split:
+            raise HybridError("a split FFN's device half lives on the GPU, but this forward runs on the CPU backend")
         if placement is not None and any(_rule(placement, model_file)(m.name) == "gpu"
                                          for m in _all_matrices(weights)):
             raise HybridError("the placement puts weights on the GPU, but this forward runs on the CPU "
@@ -166,18 +168,44 @@ class GPUBackend:
         where its weights are: gpu.ops); for an FFN wholly in host memory, on streamed weights in
         a call of many rows (a prompt chunk: one transfer beats n rows of CPU work), else with the
         CPU op set on the rows handed down to the host (one round trip). h: the hidden scratch."""
-        if any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn)):
+        if isinstance(ffn, SplitFFN):
+            self._split_ffn(ffn, x, out, math)
+        elif any(self.memory.is_device(m.data) for m in _ffn_matrices(ffn)):
             math(self.ops, ffn, x, h, out)
         elif self.streamer.wants(ffn, x.shape[0]):
             self.streamer.run(ffn, x, h, out)
         else:
-            host_ops, h_shape = self.host_ops, h.shape
-            self._host_call((x,), (out,), lambda x_host, out_host: math(
-                host_ops, ffn, x_host, self.memory.host_buffer("ffn_hidden", tuple(h_shape)), out_host))
+            self._host_ffn(ffn, x, out, math)
 
-    def _host_call(self, inputs, outputs, fn) -> None:
+    def _host_ffn(self, ffn, x, out, math, meanwhile=None) -> None:
+        """out = FFN(x) by the CPU op set on the rows handed down to the host (one round trip);
+        `meanwhile` queues device work that runs while the CPU does (gpu.runtime.memory.host_call)."""
+        host_ops, h_shape = self.host_ops, (x.shape[0], ffn.gate.rows)
+        self._host_call((x,), (out,), lambda x_host, out_host: math(
+            host_ops, ffn, x_host, self.memory.host_buffer("ffn_hidden", h_shape), out_host), meanwhile)
+
+    def _split_ffn(self, ffn, x, out, math) -> None:
+        """out = device half + host half of a SplitFFN: the device half is queued while the CPU
+        computes the host half (or, in a prompt chunk, before the host half runs on streamed
+        weights), then added to it."""
+        n = x.shape[0]
+        part = self.memory.scratch("split_ffn:out", out.shape)
+        hidden = self.memory.scratch("split_ffn:hidden", (n, ffn.device.gate.rows))
+        hidden_host = self.memory.scratch("split_ffn:hidden_host", (n, ffn.host.gate.rows))
+
+        def device_half():
+            math(self.ops, ffn.device, x, hidden, part)
+        if self.streamer.wants(ffn.host, n):
+            device_half()
+            self.streamer.run(ffn.host, x, hidden_host, out)
+        else:
+            self._host_ffn(ffn.host, x, out, math, meanwhile=device_half)
+        self.ops.add_inplace(out, part)
+
+    def _host_call(self, inputs, outputs, fn, meanwhile=None) -> None:
         """fn(*inputs_host, *outputs_host) on pinned host copies of device arrays; the outputs go
-        back up. The FFN hand-off: fn's time counts as CPU FFN time in stream_stats."""
+        back up, after the device work `meanwhile` queues. The FFN hand-off: fn's time counts as
+        CPU FFN time in stream_stats."""
         stats = self.stream_stats
 
         def timed(*arrays):
@@ -185,7 +213,7 @@ class GPUBackend:
             fn(*arrays)
             stats.cpu_ffn_seconds += time.perf_counter() - t0
             stats.cpu_ffn_calls += 1
-        self.memory.host_call(inputs, outputs, timed)
+        self.memory.host_call(inputs, outputs, timed, meanwhile)
 
     def embed_rows(self, table, ids):
         """float32 (n, cols) rows `ids` of the embedding matrix `table`, dequantised where it
@@ -218,18 +246,24 @@ class GPUBackend:
         return self.graphs.one_offs
 
     def place_weights(self, weights, model_file, placement: Placement, expert_cache=None, pcie_share: float = 0.0,
-                      stream_experts: bool = False):
+                      stream_experts: bool = False, ffn_split=None):
         """The records with the GPU's matrices uploaded, `expert_cache` (layer → slots) routed
         experts of each MoE layer copied to the GPU, that share of each row's other routed
-        experts fetched by the GPU over PCIe (gpu/expert_cache.py), and with `stream_experts`
-        a prompt chunk's uncached experts streamed in (the weight streamer's MoE layers)."""
+        experts fetched by the GPU over PCIe (gpu/expert_cache.py), with `stream_experts`
+        a prompt chunk's uncached experts streamed in (the weight streamer's MoE layers), and
+        `ffn_split` (layer → hidden rows) those host dense FFNs cut in two, the first rows'
+        half uploaded (`weights.split_dense_ffn`)."""
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
+        if ffn_split:
+            placed = _with_split_ffns(placed, ffn_split, self.memory.upload)
         if expert_cache or pcie_share > 0 or stream_experts:
             placed = _with_expert_caches(placed, expert_cache or {}, pcie_share, stream_experts)
         # what a prompt chunk may stream: the trunk's layers in the order a forward runs them (a
         # dense FFN, or a MoE layer's expert cache), the MTP block's
         def streamed(ffn):
+            if isinstance(ffn, SplitFFN):
+                ffn = ffn.host
             if streamable_ffn(ffn, self.memory.is_device):
                 return ffn
             cache = getattr(ffn, "cache", None)
@@ -263,6 +297,22 @@ def step_key(fn, args, address) -> tuple:
         raise HybridError(f"a step's arguments are buffers, states, flags and counts; got {type(a).__name__}")
     owner = getattr(fn, "__self__", None)
     return (fn.__qualname__, None if owner is None else getattr(owner, "identity", None), *map(part, args))
+
+
+def _with_split_ffns(weights, ffn_split, upload):
+    """weights with trunk layer i's host dense FFN cut after ffn_split[i] hidden rows, the first
+    half's matrices uploaded."""
+    def split(layer):
+        rows = ffn_split.get(layer.index, 0)
+        if rows <= 0:
+            return layer
+        if not isinstance(layer.ffn, DenseFFN) or layer.ffn.gate.location != "cpu":
+            raise HybridError(f"blk.{layer.index}: only a dense FFN in host memory can be split")
+        halves = split_dense_ffn(layer.ffn, rows)
+        device = DenseFFN(*(replace(m, data=upload(m.data)) for m in (halves.device.gate, halves.device.up,
+                                                                     halves.device.down)))
+        return replace(layer, ffn=replace(halves, device=device))
+    return replace(weights, layers=tuple(split(layer) for layer in weights.layers))
 
 
 def _with_expert_caches(weights, slots, pcie_share: float, stream_experts: bool = False):

@@ -51,20 +51,21 @@ _CHUNK_SIZES_KEPT = 2
 
 class Forward:
     def __init__(self, model_file, ops=None, backend="cpu", placement=None, cuda_graphs: bool = True,
-                 expert_cache=None, pcie_share: float = 0.0, stream_experts: bool = False):
+                 expert_cache=None, pcie_share: float = 0.0, stream_experts: bool = False, ffn_split=None):
         """backend: "cpu" | "gpu" (or a backend object); ops: an op set replacing the backend's
         own (tests); placement: which matrices the GPU backend uploads (hybrid/backend.py);
         cuda_graphs: the GPU backend replays repeated steps as CUDA graphs (gpu/runtime/graphs.py);
         expert_cache: layer → routed experts the GPU backend copies to VRAM; pcie_share: the share
         of each row's other routed experts its kernels read from host memory over PCIe
         (gpu/expert_cache.py); stream_experts: prompt chunks run every routed expert on the GPU,
-        the uncached ones streamed in per layer (`Plan.streams_experts`)."""
+        the uncached ones streamed in per layer (`Plan.streams_experts`); ffn_split: layer → the
+        hidden rows of its host dense FFN that the GPU computes beside the CPU (`Plan.ffn_split`)."""
         self.backend = make_backend(backend, ops, cuda_graphs)
         self.ops = ops = self.backend.ops
         self.model_file = model_file          # keeps the mapped tensors alive
         self.config: ModelConfig = model_file.config
         self.weights: ModelWeights = bind_weights(model_file, self.backend, placement, expert_cache, pcie_share,
-                                                   stream_experts)
+                                                   stream_experts, ffn_split)
         c = self.config
         self.inv_freq = ops.rope_inv_freq(c.n_rot, c.rope_theta)
         self.grouped_heads = c.gdn_head_pairing == "grouped"

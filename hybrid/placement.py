@@ -46,6 +46,7 @@ from .generate import PREFILL_CHUNK
 from .state import DEFAULT_N_CTX
 from .errors import HybridError
 from .units import MiB, format_size, parse_size
+from .weights import split_rows
 
 GPU, CPU = "gpu", "cpu"
 SIDES = (GPU, CPU)
@@ -139,6 +140,8 @@ class Plan:
     expert_cache_token_bytes: int = 0        # per-token expert bytes the cache serves (uniform routing)
     notes: tuple[str, ...] = ()
     pcie_share: float = 0.0                  # of a token's uncached experts, the share the GPU fetches
+    ffn_split: dict[int, int] = field(default_factory=dict)   # layer → hidden rows of its CPU FFN the GPU runs
+    ffn_split_token_bytes: int = 0           # per-token FFN bytes those device halves read
 
     def side(self, name: str) -> str:
         return self.tensors[name].side
@@ -166,7 +169,7 @@ class Plan:
         """Weight bytes one plainly decoded token reads on `side` (a k-token verify step reads the
         same bytes once for all k tokens, plus the drafts' MTP bytes)."""
         n = sum(t.token_bytes for t in self.tensors.values() if t.side == side)
-        return n + (self.expert_cache_token_bytes if side == GPU else -self.expert_cache_token_bytes)
+        return n + self._moved_to_gpu(side)
 
     def per_draft(self, side: str) -> int:
         return sum(t.draft_bytes for t in self.tensors.values() if t.side == side)
@@ -175,7 +178,13 @@ class Plan:
         """FFN share of per_token (dense layers, routers, shared and routed experts; MTP excluded)."""
         n = sum(t.token_bytes for t in self.tensors.values()
                 if t.side == side and t.group in ("ffn", "router+shared", "experts"))
-        return n + (self.expert_cache_token_bytes if side == GPU else -self.expert_cache_token_bytes)
+        return n + self._moved_to_gpu(side)
+
+    def _moved_to_gpu(self, side: str) -> int:
+        """Per-token bytes of CPU-side tensors that the GPU reads instead (cached experts, split
+        FFNs' device halves), signed for `side`."""
+        moved = self.expert_cache_token_bytes + self.ffn_split_token_bytes
+        return moved if side == GPU else -moved
 
     def cpu_seconds_per_token(self, bandwidth: float) -> float:
         """The CPU side's roofline: its per-token bytes at `bandwidth` bytes/s."""
@@ -218,6 +227,8 @@ class Plan:
             "expert_cache": {str(k): v for k, v in self.expert_cache.items()},
             "expert_cache_token_bytes": self.expert_cache_token_bytes,
             "pcie_share": self.pcie_share,
+            "ffn_split": {str(k): v for k, v in self.ffn_split.items()},
+            "ffn_split_token_bytes": self.ffn_split_token_bytes,
             "groups": self.groups(),
             "tensors": {n: t.side for n, t in self.tensors.items()},
             "forced": sorted(n for n, t in self.tensors.items() if t.forced),
@@ -387,12 +398,14 @@ def check_gpu_types(model) -> None:
 
 def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: int = 0,
                    overrides: Sequence[Override] = (), expert_cache: bool = False, pcie_share: float = 0.0,
-                   margin: int | None = None, notes: Sequence[str] = ()) -> Plan:
+                   split_ffn: bool = False, margin: int | None = None, notes: Sequence[str] = ()) -> Plan:
     """Place `model` (anything with .config and .tensors: name → .name/.role/.nbytes/.ne) given
     `budget` bytes of VRAM. HybridError when the must-have part does not fit. A MoE model's
     PCIe share (of each token's uncached experts, fetched by the GPU) reserves its staging
-    slots before the expert cache takes what is left. A tensor type without GPU kernels is a
-    HybridError (`check_gpu_types`)."""
+    slots before the expert cache takes what is left. split_ffn: when the dense FFN layers do
+    not all fit, none is placed whole; the VRAM left holds the same share of each (its first
+    hidden rows: `Plan.ffn_split`), which the GPU computes while the CPU computes the rest.
+    A tensor type without GPU kernels is a HybridError (`check_gpu_types`)."""
     check_gpu_types(model)
     c: ModelConfig = model.config
     n_ctx = _cap_ctx(c, n_ctx)
@@ -429,13 +442,30 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
             side[n] = GPU
     vram["weights"] = sum(u.nbytes for u in must)
     left = budget - need
+    dense = []          # split_ffn: the dense FFN layers, placed once the rest is
+
+    def place(u: _Unit) -> None:
+        nonlocal left
+        for n in u.names:
+            side[n] = GPU
+        vram["weights"] += u.nbytes
+        vram["kv_cache"] += u.extra
+        left -= u.cost
     for u in _optional_units(model, groups, unit, c, n_ctx, drafting):
-        if u.names and u.cost <= left:
-            for n in u.names:
-                side[n] = GPU
-            vram["weights"] += u.nbytes
-            vram["kv_cache"] += u.extra
-            left -= u.cost
+        if split_ffn and u.names and all(groups[n] == "ffn" for n in u.names):
+            dense.append(u)
+        elif u.names and u.cost <= left:
+            place(u)
+    split: dict[int, int] = {}
+    split_bytes = 0
+    if sum(u.cost for u in dense) <= left:
+        for u in dense:
+            place(u)
+    else:
+        split, split_bytes = _ffn_splits(model, dense, left)
+        if split_bytes:
+            vram["ffn_split"] = split_bytes
+            left -= split_bytes
 
     per_expert = _expert_bytes_on_cpu(model, groups, side, c, drafting)
     staging = pcie_staging_bytes(pcie_share, c.n_expert_used, max(per_expert.values(), default=0))
@@ -459,7 +489,25 @@ def plan_placement(model, budget: int, *, n_ctx: int = DEFAULT_N_CTX, n_ring: in
         cache, cache_bytes, cache_token_bytes = _expert_cache(c, per_expert, left)
         vram["expert_cache"] = cache_bytes
     return Plan("cuda", _places(model, side, set(forced)), budget, vram, n_ctx, n_ring,
-                cache, cache_token_bytes, tuple(notes), pcie_share)
+                cache, cache_token_bytes, tuple(notes), pcie_share, split, split_bytes)
+
+
+def _ffn_splits(model, dense: Sequence[_Unit], left: int) -> tuple[dict[int, int], int]:
+    """Spend `left` bytes on the same share of every dense FFN layer of `dense` whose three
+    matrices are free to move (`weights.split_rows`): layer → the hidden rows the GPU computes,
+    and their bytes (each read once per token, so also the per-token bytes)."""
+    whole = [u for u in dense if len(u.names) == 3]
+    share = left / max(sum(u.nbytes for u in whole), 1)
+    split, total = {}, 0
+    for u in whole:
+        i = layer_of(u.names[0])
+        gate, down = model.tensors[f"blk.{i}.ffn_gate.weight"], model.tensors[f"blk.{i}.ffn_down.weight"]
+        n_ff = gate.ne[1]
+        rows = split_rows(down.type.id, n_ff, share)
+        if rows > 0:
+            split[i] = rows
+            total += u.nbytes * rows // n_ff      # whole rows of gate/up, whole blocks of down's rows
+    return split, total
 
 
 def pcie_staging_bytes(share: float, k: int, expert_bytes: int) -> int:
@@ -574,7 +622,8 @@ def gpu_free_memory() -> int | None:
 
 def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cpu_only: bool = False,
              overrides: Sequence[str] | Sequence[Override] = (), n_ctx: int = DEFAULT_N_CTX,
-             n_ring: int = 0, *, expert_cache: bool = False, pcie_share: float = 0.0) -> Plan:
+             n_ring: int = 0, *, expert_cache: bool = False, pcie_share: float = 0.0,
+             split_ffn: bool = False) -> Plan:
     """The plan a run uses. device: cpu, cuda or auto. vram: budget ('12GiB', bytes) or None for
     the GPU's free memory. Without a GPU: a CPU plan for auto, a clear error for cuda."""
     if device not in ("cpu", "cuda", "auto"):
@@ -604,4 +653,4 @@ def plan_for(model_file, device: str = "auto", vram: str | int | None = None, cp
                      f"using {format_size(free)}")
         budget = free
     return plan_placement(model_file, budget, n_ctx=n_ctx, n_ring=n_ring, overrides=rules,
-                          expert_cache=expert_cache, pcie_share=pcie_share, notes=notes)
+                          expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn, notes=notes)

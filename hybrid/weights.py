@@ -23,6 +23,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from cpu.ggml_types import SUPPORTED
+
 from .config import ModelConfig
 from .errors import ModelError
 
@@ -72,7 +74,17 @@ class MoEFFN:
         return self.gate.data[0].nbytes + self.up.data[0].nbytes + self.down.data[0].nbytes
 
 
-FFN = Union[DenseFFN, MoEFFN]
+@dataclass(frozen=True)
+class SplitFFN:
+    """A dense FFN cut along its hidden dimension: `device` holds rows [0, r) of gate and up and
+    columns [0, r) of down, `host` the rest. Each half's SwiGLU needs only its own rows, so
+    FFN(x) = device(x) + host(x) lets both sides of the machine read their share of one layer at
+    once (`split_dense_ffn`; the backend's `ffn` runs it)."""
+    device: DenseFFN
+    host: DenseFFN
+
+
+FFN = Union[DenseFFN, MoEFFN, SplitFFN]
 
 
 @dataclass(frozen=True)
@@ -132,12 +144,13 @@ class ModelWeights:
 
 
 def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pcie_share: float = 0.0,
-                 stream_experts: bool = False) -> ModelWeights:
+                 stream_experts: bool = False, ffn_split=None) -> ModelWeights:
     """Per-layer records for a qwen35, qwen35moe or qwen3next model, placed by `backend`
     (hybrid.backend) following `placement`, `expert_cache` (layer → routed experts to copy to
     the GPU: `Plan.expert_cache`), `pcie_share` (of each row's other routed experts, the share
     the GPU reads from host memory) and `stream_experts` (prompt chunks stream the uncached
-    experts in); host records when backend is None."""
+    experts in) and `ffn_split` (layer → the hidden rows of its host dense FFN the GPU computes:
+    `Plan.ffn_split`); host records when backend is None."""
     cfg: ModelConfig = model_file.config
     t = _Tensors(model_file.tensors, cfg)
     embd = t.matrix("token_embd.weight")
@@ -148,7 +161,7 @@ def bind_weights(model_file, backend=None, placement=None, expert_cache=None, pc
     mtp = _mtp_block(t, cfg.n_layer, embd, output, output_norm) if cfg.n_nextn else None
     weights = ModelWeights(cfg, embd, output_norm, output, layers, mtp)
     return weights if backend is None else backend.place_weights(weights, model_file, placement, expert_cache, pcie_share,
-                                                                 stream_experts)
+                                                                 stream_experts, ffn_split)
 
 
 def lm_head(weights: ModelWeights, hidden: np.ndarray, out: np.ndarray, ops) -> None:
@@ -162,7 +175,7 @@ def _location(data) -> str:
     return "cpu" if isinstance(data, np.ndarray) else "gpu"
 
 
-_RECORDS = (ModelWeights, AttentionLayer, GDNLayer, DenseFFN, MoEFFN, MTPBlock)
+_RECORDS = (ModelWeights, AttentionLayer, GDNLayer, DenseFFN, MoEFFN, SplitFFN, MTPBlock)
 
 
 def place_weights(weights: ModelWeights, on_gpu: Callable[[str], bool], upload) -> ModelWeights:
@@ -187,6 +200,35 @@ def place_weights(weights: ModelWeights, on_gpu: Callable[[str], bool], upload) 
         placed[id(obj)] = new
         return new
     return place(weights)
+
+
+def split_rows(down_type: int, n_ff: int, share: float) -> int:
+    """The hidden rows the device half of a split FFN takes for `share` of its bytes: a multiple
+    of 256 (a whole block of down's columns for every type, and of the host half's activation
+    rounding, which is per 256 at most), at most n_ff."""
+    step = max(256, SUPPORTED[down_type].block_elems)
+    return min(n_ff, int(n_ff * share) // step * step)
+
+
+def split_dense_ffn(ffn: DenseFFN, rows: int) -> SplitFFN:
+    """ffn cut after hidden row `rows` (`split_rows`), both halves host records: gate and up are
+    row views of the file, down's columns are copied, as a column slice is no contiguous matrix."""
+    down_type, n_ff = SUPPORTED[ffn.down.wtype], ffn.gate.rows
+    if not 0 < rows < n_ff or rows % down_type.block_elems:
+        raise ModelError(f"{ffn.down.name}: cannot split {n_ff} hidden rows after row {rows}")
+    cut = down_type.row_bytes(rows)
+
+    def rows_of(m: Matrix, start: int, stop: int) -> Matrix:
+        return Matrix(f"{m.name}[{start}:{stop}]", m.wtype, m.data[start:stop], stop - start, m.cols)
+
+    def columns_of(m: Matrix, start: int, stop: int, byte_slice: slice) -> Matrix:
+        return Matrix(f"{m.name}[:, {start}:{stop}]", m.wtype, np.ascontiguousarray(m.data[:, byte_slice]),
+                      m.rows, stop - start)
+
+    return SplitFFN(
+        DenseFFN(rows_of(ffn.gate, 0, rows), rows_of(ffn.up, 0, rows), columns_of(ffn.down, 0, rows, slice(0, cut))),
+        DenseFFN(rows_of(ffn.gate, rows, n_ff), rows_of(ffn.up, rows, n_ff),
+                 columns_of(ffn.down, rows, n_ff, slice(cut, None))))
 
 
 def iter_matrices(weights: ModelWeights):

@@ -369,7 +369,8 @@ def copy_raw(dst, src, up: bool) -> None:
 capturing = None
 # Set while a warm-up only looks for the kernels it would compile (hybrid/kernel_prep.py): the
 # kernels it skips leave garbage in device buffers, which a host call must not read (the CPU
-# would index with garbage expert ids), so host calls are skipped too.
+# would index with garbage expert ids), so host calls are skipped too; their `meanwhile` device
+# work still runs, for the pass to meet its kernels.
 skip_host_calls = False
 
 
@@ -391,6 +392,8 @@ def host_call(inputs, outputs, fn, meanwhile=None, bind=None) -> None:
     at capture (with the staging buffers a replay's copies fill) and returns what each replay
     calls, with no arguments."""
     if skip_host_calls:
+        if meanwhile is not None:
+            meanwhile()
         return
     recorder = capturing
     if recorder is not None:

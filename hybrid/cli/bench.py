@@ -16,7 +16,7 @@ from ..draft_policy import parse_depth
 from ..errors import HybridError
 from ..model_file import default_model_path, open_model
 from . import app
-from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, PcieShareOpt, ModelArg, ModelOpt, OverrideTensorOpt,
+from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, PcieShareOpt, SplitFfnOpt, ModelArg, ModelOpt, OverrideTensorOpt,
                      ThreadsOpt, VramOpt, load_model, pick_model)
 
 FORMATS = ("md", "csv", "json")
@@ -39,6 +39,7 @@ def bench(
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
+    split_ffn: bool = SplitFfnOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv or json."),
 ) -> None:
     """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over repetitions."""
@@ -61,7 +62,7 @@ def bench(
                           f"context of {model_ctx:,} tokens")
     m = load_model(path, device=device, threads=threads, n_ctx=n_ctx, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache, pcie_share=pcie_share)
+                   expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn)
     rows = []
     for n in n_prompt:
         if n > 0:

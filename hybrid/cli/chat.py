@@ -18,7 +18,7 @@ from . import app
 from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
                      FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
-                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt,
+                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
                      pick_model, sampler_extras, check_sampling)
@@ -184,6 +184,7 @@ def chat(
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
+    split_ffn: bool = SplitFfnOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per reply on stdout (JSON Lines), nothing else."),
 ) -> None:
     """Chat with a model. The conversation stays in the model's state between turns, so each turn
@@ -204,7 +205,7 @@ def chat(
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache, pcie_share=pcie_share, n_gpu_layers=n_gpu_layers,
+                   expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn, n_gpu_layers=n_gpu_layers,
                    n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, quiet=as_json,
                    draft=draft)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,

@@ -75,6 +75,10 @@ PcieShareOpt = typer.Option(DEFAULT_PCIE_SHARE, "--pcie-share", min=0.0, max=1.0
                                  "not cache, the share the GPU reads itself from host memory over PCIe while "
                                  "the CPU runs the rest (0 = the CPU runs them all). The host's memory serves "
                                  "both readers at once.")
+SplitFfnOpt = typer.Option(False, "--split-ffn/--no-split-ffn",
+                           help="Dense models whose FFN layers do not all fit the VRAM: give every FFN layer "
+                                "the same share of the GPU, which computes those hidden rows while the CPU "
+                                "computes the rest of the layer (off: as many whole layers as fit, on the GPU).")
 OverrideTensorOpt = typer.Option(
     [], "-ot", "--override-tensor",
     help="Pin tensors whose name matches REGEX to a side: REGEX=CPU or REGEX=GPU (repeatable, "
@@ -259,7 +263,7 @@ class KernelProgress:
 def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_ctx: int,
                console: Console, quiet: bool = False, vram: Optional[str] = None, cpu_only: bool = False,
                overrides: Sequence[str] = (), cuda_graphs: bool = True, expert_cache: bool = True,
-               pcie_share: float = DEFAULT_PCIE_SHARE, max_rows: Optional[Callable] = None,
+               pcie_share: float = DEFAULT_PCIE_SHARE, split_ffn: bool = False, max_rows: Optional[Callable] = None,
                n_gpu_layers: Optional[str] = None, n_cpu_moe: Optional[int] = None,
                chat_template_file: Optional[Path] = None, draft: Optional[str] = None):
     """Load and warm up a model. max_rows(model) → the most token rows one forward call of the
@@ -276,7 +280,7 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
     device, extra = placement_options(device, vram, cpu_only or ngl_cpu, list(overrides) + rules)
     with status(console, "loading model…", not quiet):
         model = load(path, device=device, threads=threads, n_ctx=n_ctx, cuda_graphs=cuda_graphs,
-                     expert_cache=expert_cache, pcie_share=pcie_share, **extra)
+                     expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn, **extra)
     if template is not None:
         model.chat_template = ChatTemplate(template, bos_token=model.chat_template.bos_token,
                                            eos_token=model.chat_template.eos_token)

@@ -20,7 +20,7 @@ from . import app
 from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
                      FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
-                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, PresencePenaltyOpt, ReasoningOpt,
+                     NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
                      pick_model, sampler_extras, check_sampling)
@@ -162,6 +162,7 @@ def decode(
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
+    split_ffn: bool = SplitFfnOpt,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object at the end and nothing else on stdout."),
     n_probs: int = typer.Option(0, "--n-probs", help="--json: for each generated token, the N most likely tokens "
                                 "there and their probabilities (the model's softmax, before sampling)."),
@@ -192,7 +193,7 @@ def decode(
     err = stderr_console()
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, quiet=as_json,
                    vram=vram, cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs,
-                   expert_cache=expert_cache, pcie_share=pcie_share, n_gpu_layers=n_gpu_layers,
+                   expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn, n_gpu_layers=n_gpu_layers,
                    n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, draft=draft,
                    max_rows=lambda m: max(len(m.encode_prompt(text, chat=chat, system=system, reasoning=think)),
                                           DraftPolicy.parse(draft, m.has_mtp).ring))

@@ -14,7 +14,7 @@ from rich.text import Text
 from gpu import available
 
 from . import app
-from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, VramOpt
+from .common import CpuOnlyOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, VramOpt
 from ..metadata import safe_text
 from ..model_file import default_model_path, open_model
 from ..state import DEFAULT_N_CTX
@@ -47,6 +47,7 @@ def info(
         help="MoE: plan the GPU cache of routed experts in the leftover VRAM, as decoding uses by default "
              "(--no-expert-cache: the plan of a run with --no-expert-cache).")] = True,
     pcie_share: float = PcieShareOpt,
+    split_ffn: bool = SplitFfnOpt,
     cpu_bandwidth: Annotated[str, typer.Option(
         "--cpu-bandwidth", help="CPU read bandwidth for the per-token roofline in the plan.")] = "100GB/s",
 ) -> None:
@@ -58,7 +59,7 @@ def info(
         summary = summarize(m)
         if plan:
             summary["plan"] = describe_plan(
-                _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share), bandwidth)
+                _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share, split_ffn), bandwidth)
             # A --vram plan is computed on any machine: say when no GPU here would run it.
             summary["plan"]["hypothetical"] = _hypothetical(summary["plan"])
     if as_json:
@@ -78,15 +79,15 @@ def _hypothetical(plan: dict) -> bool:
     return not available()
 
 
-def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share):
+def _plan(m, vram, cpu_only, rules, ctx_size, draft, expert_cache, pcie_share, split_ffn):
     """An explicit --vram plans for that budget on any machine (no GPU needed: 'what would fit
     on a 12 GiB card?'); without it, the plan a run here would use (free VRAM, or the CPU)."""
     n_ring = DraftPolicy.parse(draft, m.config.n_nextn > 0).ring
     if vram is not None and not cpu_only:
         return plan_placement(m, parse_size(vram, "VRAM budget (--vram)"), n_ctx=ctx_size, n_ring=n_ring,
-                              overrides=rules, expert_cache=expert_cache, pcie_share=pcie_share)
+                              overrides=rules, expert_cache=expert_cache, pcie_share=pcie_share, split_ffn=split_ffn)
     return plan_for(m, "auto", None, cpu_only, rules, ctx_size, n_ring, expert_cache=expert_cache,
-                    pcie_share=pcie_share)
+                    pcie_share=pcie_share, split_ffn=split_ffn)
 
 
 def render(s: dict[str, Any], out: Console) -> None:
@@ -179,6 +180,10 @@ def _placement_table(p: dict[str, Any]) -> Table:
         k = next(iter(p["expert_cache"].values()))
         t.add_row(f"expert cache ({k} per layer)", "GPU", "", _size(p["vram"].get("expert_cache", 0)),
                   f"{_size(p['expert_cache_token_bytes'])} of the experts'", "")
+    if p["ffn_split"]:
+        rows = sorted(set(p["ffn_split"].values()))
+        t.add_row(f"ffn split (rows 0–{'/'.join(str(r - 1) for r in rows)})",
+                  "GPU", "", _size(p["vram"].get("ffn_split", 0)), _size(p["ffn_split_token_bytes"]), "")
     return t
 
 
@@ -190,7 +195,7 @@ def _vram_table(p: dict[str, Any]) -> Table:
              "gdn_state": f"GDN + conv state (live + {p['n_ring']} ring slots)", "scratch": "activation scratch",
              "margin": "safety margin", "expert_cache": "expert cache", "pcie_staging": "PCIe share staging",
              "weight_streaming": "prompt FFN weight streaming (2 layer slots)",
-             "expert_streaming": "prompt expert streaming (2 layer slots)"}
+             "expert_streaming": "prompt expert streaming (2 layer slots)", "ffn_split": "split FFNs' device halves"}
     for key, n in p["vram"].items():
         t.add_row(names.get(key, key), _size(n))
     t.add_row("[bold]total[/]", f"[bold]{_size(p['vram_used'])}[/]")

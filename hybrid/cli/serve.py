@@ -16,7 +16,7 @@ from ..server.engine import Engine
 from ..units import parse_size
 from . import app
 from .common import (CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt, ExpertCacheOpt,
-                     ModelArg, ModelOpt, NCpuMoeOpt, NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, ThreadsOpt,
+                     ModelArg, ModelOpt, NCpuMoeOpt, NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, ThreadsOpt,
                      VramOpt, load_model, pick_model)
 
 
@@ -50,6 +50,7 @@ def serve(
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,
     pcie_share: float = PcieShareOpt,
+    split_ffn: bool = SplitFfnOpt,
     n_gpu_layers: Optional[str] = NGpuLayersOpt,
     n_cpu_moe: Optional[int] = NCpuMoeOpt,
 ) -> None:
@@ -68,7 +69,7 @@ def serve(
     err = Console(stderr=True)
     m = load_model(path, device=device, threads=threads, n_ctx=ctx_size, console=err, vram=vram,
                    cpu_only=cpu_only, overrides=overrides, cuda_graphs=cuda_graphs, expert_cache=expert_cache,
-                   pcie_share=pcie_share, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe, max_rows=None,
+                   pcie_share=pcie_share, split_ffn=split_ffn, n_gpu_layers=n_gpu_layers, n_cpu_moe=n_cpu_moe, max_rows=None,
                    draft=draft)
     DraftPolicy.parse(draft, m.has_mtp)        # a bad --draft fails before the port opens
     engine = Engine(m, draft=draft, draft_p_min=draft_p_min, cache_bytes=cache_bytes, max_queue=max_queue)

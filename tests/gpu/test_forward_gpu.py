@@ -27,6 +27,7 @@ from hybrid.model_file import open_model
 from hybrid.session import _Checkpoint
 from hybrid.mtp import MTPHead
 from hybrid.speculative import generate_speculative
+from hybrid.weights import SplitFFN, split_dense_ffn
 from hybrid.synth import preset, write_model
 from hybrid.synth.vocab import MIN_VOCAB
 from tests.gpu.test_ops import quick_simulator  # noqa: F401 (autouse fixture)
@@ -242,6 +243,10 @@ def test_host_snapshots_of_device_states_restore_bit_exactly(stepping):
 
 
 def test_greedy_drafting_equals_plain_decoding(stepping):
+    assert_drafting_equals_plain_decoding(stepping)
+
+
+def assert_drafting_equals_plain_decoding(stepping):
     prompt = [int(t) for t in PROMPT]
     n_ctx = len(prompt) + N_TOKENS + 8
     plain = [e.id for e in generate_tokens(stepping, stepping.new_state(n_ctx), LetterTokenizer(), prompt,
@@ -255,6 +260,42 @@ def test_greedy_drafting_equals_plain_decoding(stepping):
     assert drafted == plain and len(plain) == N_TOKENS
     stats = events[-1].stats.draft
     assert stats["accepted"] > 0 and stats["accepted"] < stats["drafted"]   # both outcomes happened
+
+
+SPLIT = {0: 16, 1: 16}      # of n_ff 32: each FFN's first 16 hidden rows on the GPU
+
+
+@pytest.mark.parametrize("stream_rows", [None, 2], ids=["handed-off", "streamed"])
+def test_split_ffn_layers_add_their_halves_as_the_cpu_forward_computes_the_whole(model, stream_rows):
+    """A split FFN's device half runs while the CPU computes its host half (a prompt chunk: on
+    streamed weights); the sum is the whole FFN."""
+    mf = model("F32")
+    want, want_hidden = run(Forward(mf), PROMPT[:3])
+    backend = GPUBackend(stream_min_rows=stream_rows) if stream_rows else "gpu"
+    fw = Forward(mf, backend=backend, ffn_split=SPLIT)
+    for layer in fw.weights.layers:
+        ffn = layer.ffn
+        assert isinstance(ffn, SplitFFN)
+        assert {m.location for m in (ffn.device.gate, ffn.device.up, ffn.device.down)} == {"gpu"}
+        assert {m.location for m in (ffn.host.gate, ffn.host.up, ffn.host.down)} == {"cpu"}
+        assert ffn.device.gate.rows == ffn.device.down.cols == ffn.host.up.rows == ffn.host.down.cols == 16
+    got, hidden = run(fw, PROMPT[:3])
+    assert max_error(got, want) < EXACT_TOL and max_error(hidden, want_hidden) < EXACT_TOL
+    streamed = fw.backend.stream_stats
+    assert (streamed.copies > 0) == (stream_rows is not None)
+
+
+@pytest.mark.skipif(SIMULATED, reason="minutes under the simulator (the trunk's kernels at every verify width); "
+                                       "the handed-off test checks a split FFN's verify rows")
+def test_greedy_drafting_with_split_ffn_layers_equals_plain_decoding(model):
+    assert_drafting_equals_plain_decoding(Forward(model("F32"), backend="gpu", ffn_split=SPLIT))
+
+
+def test_a_split_needs_a_whole_block_of_down_columns_on_each_side(model):
+    ffn = Forward(model("Q8_0")).weights.layers[0].ffn
+    for rows in (0, 16, 32):
+        with pytest.raises(HybridError, match="cannot split 32 hidden rows"):
+            split_dense_ffn(ffn, rows)
 
 
 def test_placement_forms_and_errors(model):

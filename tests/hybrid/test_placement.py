@@ -31,7 +31,7 @@ def fake_model(name: str, arch: str | None = None, **over) -> SimpleNamespace:
     """A ModelFile look-alike (config + name → name/ne/nbytes/role) of a synthetic preset, Q4_K_M."""
     spec = preset(name, arch, **over)
     roles = {s.name: s.role for s in synth_layout(spec)}
-    tensors = {t.name: SimpleNamespace(name=t.name, ne=t.ne, nbytes=t.nbytes, role=roles[t.name])
+    tensors = {t.name: SimpleNamespace(name=t.name, ne=t.ne, nbytes=t.nbytes, role=roles[t.name], type=t.type)
                for t in plan_model(spec, "Q4_K_M")}
     return SimpleNamespace(config=spec.config(), tensors=tensors)
 
@@ -110,6 +110,35 @@ def test_more_vram_moves_more_ffn_layers(m27b):
     huge = plan_placement(m27b, 40 * GiB, n_ring=5)
     assert len(small.ffn_layers(GPU)) < len(big.ffn_layers(GPU)) < len(huge.ffn_layers(GPU)) == 64
     assert huge.per_token(CPU) == m27b.tensors["token_embd.weight"].nbytes // m27b.config.n_vocab
+
+
+def test_split_ffn_spends_the_same_vram_on_a_share_of_every_cpu_layer(m27b):
+    c = m27b.config
+    whole = plan_placement(m27b, 12 * GiB, n_ctx=4096, n_ring=5)
+    split = plan_placement(m27b, 12 * GiB, n_ctx=4096, n_ring=5, split_ffn=True)
+    assert split.ffn_layers(GPU) == [] and sorted(split.ffn_split) == list(range(c.n_layer))
+    layer_bytes = {i: sum(m27b.tensors[n].nbytes for n in ffn_layers(m27b, i)) for i in range(c.n_layer)}
+    share = {i: rows / c.n_ff for i, rows in split.ffn_split.items()}
+    for i, rows in split.ffn_split.items():
+        assert rows % 256 == 0 and 0 < rows < c.n_ff
+        assert share[i] == pytest.approx(share[0], abs=256 / c.n_ff)      # the same share of each layer
+    device_bytes = sum(layer_bytes[i] * rows // c.n_ff for i, rows in split.ffn_split.items())
+    assert split.vram["ffn_split"] == split.ffn_split_token_bytes == device_bytes
+    assert split.vram_used <= split.budget
+    # the VRAM whole layers took, to within a block column of each layer
+    whole_ffn = sum(layer_bytes[i] for i in whole.ffn_layers(GPU))
+    assert whole_ffn - c.n_layer * layer_bytes[0] * 256 // c.n_ff <= device_bytes <= whole_ffn + split.vram_left
+    # the CPU reads what the GPU does not, per token, as before
+    assert split.per_token(CPU) + split.per_token(GPU) == whole.per_token(CPU) + whole.per_token(GPU)
+    assert split.ffn_per_token(GPU) == device_bytes
+    assert split.to_dict()["ffn_split"] == {str(i): r for i, r in split.ffn_split.items()}
+
+
+def test_split_ffn_places_whole_layers_when_they_all_fit_and_leaves_pinned_layers_whole(m27b):
+    assert plan_placement(m27b, 80 * GiB, n_ctx=4096, split_ffn=True).ffn_split == {}
+    p = plan_placement(m27b, 12 * GiB, n_ctx=4096, split_ffn=True, overrides=parse_overrides([r"blk\.3\.ffn_down=GPU"]))
+    assert 3 not in p.ffn_split and len(p.ffn_split) == m27b.config.n_layer - 1
+    assert p.side("blk.3.ffn_down.weight") == GPU
 
 
 def test_too_small_a_budget_says_what_is_needed(m27b):

@@ -30,6 +30,9 @@ Rows (`--rows`, comma-separated ids; default all but the per-type ones):
   35b-experts-cpu  35B-A3B, every routed expert on the CPU (ours: --no-expert-cache): pp512, tg64
   35b-12g          35B-A3B at --vram 12GiB (ours: expert cache; llama.cpp: -ncmoe from its bytes)
   27b-cpu          27B CPU only (llama.cpp -ngl 0): tg32
+  27b-12g-split    27B at 12 GiB with --split-ffn (every FFN layer's first hidden rows on the GPU,
+                   computed beside the CPU's rest): pp512, tg64, verify k = 2..5; llama.cpp cuts no
+                   FFN, so its flags are the whole-layer plan of the same budget (27b-12g's)
   27b-12g-8k       27B at 12 GiB, tg64 after an 8192-token context (llama-bench -d 8192; ours its
                    own plan for that context, and llama.cpp's -ot derived from it)
   27b-12g-32k      the same after a 32768-token context (-d 32768)
@@ -131,7 +134,7 @@ class SynthModel:
         spec = self.spec()
         roles = {s.name: s.role for s in synth_layout(spec)}
         return SimpleNamespace(config=spec.config(), tensors={
-            t.name: SimpleNamespace(name=t.name, ne=t.ne, nbytes=t.nbytes, role=roles[t.name])
+            t.name: SimpleNamespace(name=t.name, ne=t.ne, nbytes=t.nbytes, role=roles[t.name], type=t.type)
             for t in plan_model(spec, self.type)})
 
 
@@ -175,6 +178,7 @@ class Group:
     overrides: tuple[str, ...] = ()
     expert_cache: bool = True
     pcie_share: float = DEFAULT_PCIE_SHARE      # hybrid.load's default (--pcie-share sets every row's)
+    split_ffn: bool = False                     # hybrid.load's split_ffn (llama.cpp: whole layers, same budget)
     pp: tuple[int, ...] = ()
     tg: int = 0
     depth: int = 0
@@ -192,6 +196,8 @@ ROWS: dict[str, Group] = {g.name: g for g in (
     Group("35b-experts-cpu", "35B-A3B all experts on CPU", "35b", expert_cache=False, pp=(512,), tg=64),
     Group("35b-12g", "35B-A3B @ 12 GiB", "35b", pp=(512,), tg=64),
     Group("27b-cpu", "27B CPU only", "27b", device="cpu", vram=None, tg=32),
+    Group("27b-12g-split", "27B @ 12 GiB, FFN split", "27b", split_ffn=True, pp=(512,), tg=64,
+          verify=VERIFY_KS[:4]),
     Group("27b-12g-8k", "27B @ 12 GiB, 8K context", "27b", tg=64, depth=DEPTH),
     Group("27b-12g-32k", "27B @ 12 GiB, 32K context", "27b", tg=64, depth=LONG_DEPTH),
 )}
@@ -232,7 +238,7 @@ def our_plan(group: Group, model_file):
         return cpu_plan(model_file, group.n_ctx, ring, rules, "device cpu")
     return plan_placement(model_file, parse_size(group.vram, "VRAM budget"), n_ctx=group.n_ctx, n_ring=ring,
                           overrides=rules, expert_cache=group.expert_cache,
-                          pcie_share=check_pcie_share(group.pcie_share))
+                          pcie_share=check_pcie_share(group.pcie_share), split_ffn=group.split_ffn)
 
 
 @dataclass
@@ -373,11 +379,11 @@ def worker_main(spec: dict) -> None:
     group = Group(**{k: tuple(v) if isinstance(v, list) else v for k, v in spec["group"].items()})
     model = hybrid.load(spec["path"], device=group.device, threads=spec["threads"], n_ctx=group.n_ctx,
                         vram=group.vram if group.device != "cpu" else None, overrides=group.overrides,
-                        expert_cache=group.expert_cache, pcie_share=group.pcie_share)
+                        expert_cache=group.expert_cache, pcie_share=group.pcie_share, split_ffn=group.split_ffn)
     model.warmup()
     mine = our_plan(group, model.file)
     same = {n: t.side for n, t in model.plan.tensors.items()} == {n: t.side for n, t in mine.tensors.items()}
-    same = same and model.plan.expert_cache == mine.expert_cache
+    same = same and model.plan.expert_cache == mine.expert_cache and model.plan.ffn_split == mine.ffn_split
     print(json.dumps({"ready": True, "device": model.device, "threads": model.threads, "plan_matches": same,
                       "vram_used": model.plan.vram_used if model.plan.budget else 0}), file=proto, flush=True)
     while sys.stdin.readline().strip() == "rep":
@@ -611,7 +617,8 @@ def run_group(group: Group, args, binaries: dict, deadline: float) -> dict:
         return rec
     table = MODELS[group.model].table()
     plan = our_plan(group, table)
-    place = llama_placement(plan, table)
+    # llama.cpp cuts no FFN: a split row gives it the whole layers the same budget holds
+    place = llama_placement(our_plan(replace(group, split_ffn=False), table), table)
     rec["placement"] = {"args": place.args(), "note": place.note,
                         "ours_gpu_weights": plan.weight_bytes(GPU), "ours_cpu_weights": plan.weight_bytes(CPU),
                         "cpu_bytes_per_token": plan.per_token(CPU)}
