@@ -220,6 +220,11 @@ def test_table_rates_ratios_and_verify_costs():
     assert "ik_llama.cpp error" in rows
     best = {r[1]: r for r in vs.table_rows([rec], engines, "best")}
     assert best["pp512"][2] == "1024.00"
+    # a column of hybrid ÷ each other engine
+    rec = {**rec, "errors": {}, "samples": {**rec["samples"], "ik_llama.cpp": {"pp512": [0.5], "tg64": [8.0]}}}
+    rows = {r[1]: r for r in vs.table_rows([rec], engines, "median")}
+    assert rows["pp512"][2:7] == ["682.67", "2048.00", "1024.00", "3.00×", "2.00×"]
+    assert rows["tg64"][5:7] == ["1.60×", "2.00×"] and len(rows["verify k=3 (÷ one tg step)"]) == 8
 
 
 def test_select_groups():

@@ -708,10 +708,12 @@ def ours_tests(group: Group) -> list[str]:
 # --- the table -------------------------------------------------------------------------------------
 
 def table_rows(records: list[dict], engines: list[str], how: str, read_gbs: float | None = None) -> list[list[str]]:
-    """Markdown cells: row, test, each engine's t/s (verify rows: the cost ratio), hybrid/llama.cpp,
-    note. A CPU-only row's tg note: the weight bytes a token reads, and what each engine's t/s
+    """Markdown cells: row, test, each engine's t/s (verify rows: the cost ratio), hybrid ÷ each
+    other engine, note. A CPU-only row's tg note: the weight bytes a token reads, and what each engine's t/s
     makes of them in GB/s (and of `read_gbs`, the CPU's read bandwidth, when measured)."""
     out = []
+    hybrid, others = engines.index("hybrid"), [i for i, e in enumerate(engines) if e != "hybrid"]
+    blank = [""] * len(others)
     for rec in records:
         g = rec["group"]
         sm = rec["samples"]
@@ -734,14 +736,14 @@ def table_rows(records: list[dict], engines: list[str], how: str, read_gbs: floa
         for kind, n in tests:
             key = test_key(kind, n, g["depth"] if kind == "tg" else 0)
             vals = [rate(e, key, n) for e in engines]
-            ratio = vals[1] / vals[0] if vals[0] and vals[1] else None
+            ratios = [vals[hybrid] / vals[i] if vals[i] and vals[hybrid] else None for i in others]
             cells = [cell(v) if v is not None else ("failed" if err(e) else "—") for e, v in zip(engines, vals)]
             per_token = rec.get("placement", {}).get("cpu_bytes_per_token")
             if kind == "tg" and g["device"] == "cpu" and per_token:
                 gbs = {e: v * per_token / 1e9 for e, v in zip(engines, vals) if v}
                 note = f"{per_token / 1e9:.2f} GB a token; GB/s " + ", ".join(
                     f"{e} {r:.1f}" + (f" ({r / read_gbs:.0%} of read)" if read_gbs else "") for e, r in gbs.items())
-            out.append([label, key.replace("@d", " @ depth "), *cells, cell(ratio, "{:.2f}×"), note])
+            out.append([label, key.replace("@d", " @ depth "), *cells, *(cell(r, "{:.2f}×") for r in ratios), note])
         tg_key = test_key("tg", g["tg"], g["depth"])
         for k in g["verify"]:
             ratios = []
@@ -749,17 +751,18 @@ def table_rows(records: list[dict], engines: list[str], how: str, read_gbs: floa
                 tg = stat(sm.get(e, {}).get(tg_key), how)
                 step = stat(sm.get(e, {}).get(f"verify{k}" if e == "hybrid" else test_key("pp", k)), how)
                 ratios.append(step / (tg / g["tg"]) if tg and step else None)
-            out.append([label, f"verify k={k} (÷ one tg step)", *[cell(r, "{:.2f}") for r in ratios], "", ""])
+            out.append([label, f"verify k={k} (÷ one tg step)", *[cell(r, "{:.2f}") for r in ratios], *blank, ""])
         if rec["errors"].get("all"):
-            out.append([label, "error", *["" for _ in engines], "", rec["errors"]["all"][:200]])
+            out.append([label, "error", *["" for _ in engines], *blank, rec["errors"]["all"][:200]])
         for e in engines:
             if rec["errors"].get(e):
-                out.append([label, f"{e} error", *["" for _ in engines], "", rec["errors"][e][:200]])
+                out.append([label, f"{e} error", *["" for _ in engines], *blank, rec["errors"][e][:200]])
     return out
 
 
 def render(records: list[dict], engines: list[str], info: dict, args) -> str:
-    head = ["row", "test", *[f"{e} t/s" for e in engines], "hybrid ÷ llama.cpp", "placement"]
+    head = ["row", "test", *[f"{e} t/s" for e in engines], *[f"hybrid ÷ {e}" for e in engines if e != "hybrid"],
+            "placement"]
     read = info.get("cpu_read_gbs")
     lines = [f"**{info['gpu']}**, {info['cpus']} CPUs ({info['cpu']}), {info['date']}; threads {args.threads}, "
              f"{args.reps} rep(s), {args.stat}; llama-bench -fa 1 -ngl 99 and placement flags derived from "
