@@ -404,6 +404,16 @@ def test_info_plan_tables():
         assert text in r.stdout, text
 
 
+def test_info_plan_split_ffn():
+    """The bundled model's FFN at a budget that holds a share of it: every layer split the same."""
+    args = ["info", str(BUNDLED_MODEL), "--vram", "305MiB", "--split-ffn"]
+    p = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["plan"]
+    assert p["ffn_split"] == {str(i): 256 for i in range(8)} and p["ffn_layers_on_gpu"] == []
+    assert p["vram"]["ffn_split"] == p["ffn_split_token_bytes"] == p["ffn_per_token"]["gpu"] > 0
+    r = runner.invoke(app, args, env={"COLUMNS": "160"})
+    assert r.exit_code == 0 and "ffn split (rows 0–255)" in r.stdout and "split FFNs' device halves" in r.stdout
+
+
 def test_info_plan_too_small_is_a_clean_error():
     r = runner.invoke(app, ["info", str(BUNDLED_MODEL), "--vram", "10MiB"])
     assert r.exit_code != 0 and isinstance(r.exception, HybridError)
