@@ -107,8 +107,9 @@ def swiglu(wtype_gate: int, w_gate: np.ndarray, wtype_up: int, w_up: np.ndarray,
         # gate and up each meet x rounded for their own type (the same arrays when that agrees)
         same = act.format_of(wtype_gate) == act.format_of(wtype_up)
         act_up = act_gate if same else quantize_activations(wtype_up, x)
+        threads = numba.get_num_threads()
         _swiglu_quant(wtype_gate, wtype_up)(wtype_gate, frozen(w_gate), wtype_up, frozen(w_up), act_gate, act_up, h_out,
-                                            n_tiles_for(rows), numba.get_num_threads(), _matvec.PREFETCH_BYTES)
+                                            n_tiles_for(rows, threads), threads, _matvec.PREFETCH_BYTES)
         return
     # float weights (not what a quantised FFN holds): two passes, same arithmetic per slot
     up = np.empty_like(h_out)

@@ -155,11 +155,12 @@ def _matvec_half(is_bf16, w, x, out, n_tiles):
 
 # ---- public entry point ----------------------------------------------------------------------
 
-def n_tiles_for(rows: int) -> int:
-    """Row tiles for a quantised kernel's threads to claim one at a time (`cpu.atomics`): a few
+def n_tiles_for(rows: int, threads: int) -> int:
+    """Row tiles for a quantised kernel's `threads` to claim one at a time (`cpu.atomics`): a few
     per thread, so a thread slowed down (on a shared or virtualised machine one thread of a region
-    often runs well behind the others) claims fewer, and the region does not wait for it."""
-    return max(1, min(rows, 8 * numba.get_num_threads()))
+    often runs well behind the others) claims fewer, and the region does not wait for it. (Callers
+    ask numba.get_num_threads() once per op: it takes a lock, microseconds a call.)"""
+    return max(1, min(rows, 8 * threads))
 
 
 def check_weights(wtype: int, w: np.ndarray, cols: int, what: str = "w") -> None:
@@ -233,11 +234,12 @@ def run_matvec(wtype: int, w: np.ndarray, x: np.ndarray, out: np.ndarray, quanti
     rows = w.shape[0]
     if rows == 0:
         return
-    tiles = n_tiles_for(rows)
+    threads = numba.get_num_threads()
+    tiles = n_tiles_for(rows, threads)
     w = frozen(w)
     if wtype in QUANT_TYPES:
         xq, dx, bs = quantized if quantized is not None else quantize_activations(wtype, x)
-        _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, numba.get_num_threads(), PREFETCH_BYTES)
+        _matvec_quant(wtype)(wtype, w, xq, dx, bs, out, tiles, threads, PREFETCH_BYTES)
         return
     if wtype in DECODED_IDS:      # (a quantised type without a row dot)
         matvec_decoded(wtype, w, x, out)

@@ -1,5 +1,6 @@
 """cpu.ffn.swiglu: a float64 reference (test_matmul uses it), validation, and the SiLU passes of long
 row tiles. Type pairs × slot counts against numpy, with per-slot bit identity: tests/test_backend_ops.py."""
+import numba
 import numpy as np
 import pytest
 
@@ -45,7 +46,7 @@ def test_row_tiles_longer_than_one_silu_pass(n):
     """Tiles of more than SILU_ROWS rows: their SiLU·up runs in passes, the last one partial."""
     from cpu.ffn import SILU_ROWS
     from cpu.matvec import n_tiles_for
-    rows = (SILU_ROWS + 7) * n_tiles_for(10**6)
+    rows = (SILU_ROWS + 7) * n_tiles_for(10**6, numba.get_num_threads())
     rng = np.random.default_rng(5)
     wg, wu = random_rows("Q4_K", rows, 256, rng), random_rows("Q6_K", rows, 256, rng)
     x = rng.standard_normal((n, 256)).astype(np.float32)
