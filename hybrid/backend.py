@@ -12,6 +12,8 @@ each step (`run_step`: a GPU backend captures it as a CUDA graph and replays it)
   calls of many rows (prompt chunks): there the layer's weights are copied to the device and
   the FFN runs there (`gpu.runtime.weight_stream`), one transfer instead of n rows of CPU work.
   A matrix op whose weight an -ot rule left in host memory hands off on its own (`gpu.ops`).
+  A split FFN (`weights.SplitFFN`, `--split-ffn`) runs its device half during its host half's
+  hand-off and adds the two.
 
 Placement: which matrices a GPU backend uploads. `placement` is a function tensor name →
 "gpu" | "cpu" (e.g. `hybrid.placement.Plan.side`), a mapping name → side (missing: "cpu"), a
@@ -191,13 +193,12 @@ class GPUBackend:
         n = x.shape[0]
         part = self.memory.scratch("split_ffn:out", out.shape)
         hidden = self.memory.scratch("split_ffn:hidden", (n, ffn.device.gate.rows))
-        hidden_host = self.memory.scratch("split_ffn:hidden_host", (n, ffn.host.gate.rows))
 
         def device_half():
             math(self.ops, ffn.device, x, hidden, part)
         if self.streamer.wants(ffn.host, n):
             device_half()
-            self.streamer.run(ffn.host, x, hidden_host, out)
+            self.streamer.run(ffn.host, x, self.memory.scratch("split_ffn:hidden_host", (n, ffn.host.gate.rows)), out)
         else:
             self._host_ffn(ffn.host, x, out, math, meanwhile=device_half)
         self.ops.add_inplace(out, part)

@@ -11,6 +11,8 @@ The GPU fills up in this order (DESIGN.md §3–4):
 5. the FFN: every MoE layer's router + shared expert first (small, read every token), then the
    MTP block's FFN when drafting (read k−1 times per verify step), then whole dense FFN layers,
    smallest first, as many as fit (each is read once per token, so the count is what matters);
+   with `split_ffn`, when not all of them fit, the same share of every one instead (its first
+   hidden rows: the GPU computes them while the CPU computes the rest of the layer);
    routed experts stay on the CPU: a token reads only top-k of them, which CPU RAM serves well.
    `expert_cache` spends what is left on caching the same number of experts in every MoE layer
    (the runtime picks the most used ones). Of the uncached experts a token picks, the GPU still
