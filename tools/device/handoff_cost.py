@@ -91,11 +91,13 @@ def main(argv: list[str]) -> int:
         for vram in args.vram.split(","):
             done = subprocess.run([sys.executable, __file__, "_one", args.model, vram, str(args.tokens)],
                                   capture_output=True, text=True, env={**os.environ, **env})
-            if done.returncode != 0:
-                print(f"{label} --vram {vram}: exit {done.returncode}: {done.stderr.strip()[-400:]}", file=sys.stderr)
+            if done.returncode != 0:      # the error's own line, the traceback's last
+                why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                print(f"{label} --vram {vram}: exit {done.returncode}: {why}", file=sys.stderr)
                 continue
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(report(label, rows), flush=True)
+        if rows:
+            print(report(label, rows), flush=True)
     return 0
 
 
