@@ -257,7 +257,7 @@ class GPUBackend:
         rule = _rule(placement, model_file)
         placed = place_weights(weights, lambda name: rule(name) == "gpu", self.memory.upload)
         if ffn_split:
-            placed = _with_split_ffns(placed, ffn_split, self.memory.upload)
+            placed = _with_split_ffns(placed, ffn_split, self.memory.upload, self.memory.is_device)
         if expert_cache or pcie_share > 0 or stream_experts:
             placed = _with_expert_caches(placed, expert_cache or {}, pcie_share, stream_experts)
         # what a prompt chunk may stream: the trunk's layers in the order a forward runs them (a
@@ -300,14 +300,14 @@ def step_key(fn, args, address) -> tuple:
     return (fn.__qualname__, None if owner is None else getattr(owner, "identity", None), *map(part, args))
 
 
-def _with_split_ffns(weights, ffn_split, upload):
+def _with_split_ffns(weights, ffn_split, upload, is_device):
     """weights with trunk layer i's host dense FFN cut after ffn_split[i] hidden rows, the first
     half's matrices uploaded."""
     def split(layer):
         rows = ffn_split.get(layer.index, 0)
         if rows <= 0:
             return layer
-        if not isinstance(layer.ffn, DenseFFN) or layer.ffn.gate.location != "cpu":
+        if not streamable_ffn(layer.ffn, is_device):    # (the same test: a dense FFN wholly in host memory)
             raise HybridError(f"blk.{layer.index}: only a dense FFN in host memory can be split")
         halves = split_dense_ffn(layer.ffn, rows)
         device = DenseFFN(*(replace(m, data=upload(m.data)) for m in (halves.device.gate, halves.device.up,

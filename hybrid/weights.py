@@ -216,19 +216,17 @@ def split_dense_ffn(ffn: DenseFFN, rows: int) -> SplitFFN:
     down_type, n_ff = SUPPORTED[ffn.down.wtype], ffn.gate.rows
     if not 0 < rows < n_ff or rows % down_type.block_elems:
         raise ModelError(f"{ffn.down.name}: cannot split {n_ff} hidden rows after row {rows}")
-    cut = down_type.row_bytes(rows)
 
     def rows_of(m: Matrix, start: int, stop: int) -> Matrix:
         return Matrix(f"{m.name}[{start}:{stop}]", m.wtype, m.data[start:stop], stop - start, m.cols)
 
-    def columns_of(m: Matrix, start: int, stop: int, byte_slice: slice) -> Matrix:
-        return Matrix(f"{m.name}[:, {start}:{stop}]", m.wtype, np.ascontiguousarray(m.data[:, byte_slice]),
-                      m.rows, stop - start)
+    def columns_of(m: Matrix, start: int, stop: int) -> Matrix:
+        data = m.data[:, down_type.row_bytes(start):down_type.row_bytes(stop)]
+        return Matrix(f"{m.name}[:, {start}:{stop}]", m.wtype, np.ascontiguousarray(data), m.rows, stop - start)
 
-    return SplitFFN(
-        DenseFFN(rows_of(ffn.gate, 0, rows), rows_of(ffn.up, 0, rows), columns_of(ffn.down, 0, rows, slice(0, cut))),
-        DenseFFN(rows_of(ffn.gate, rows, n_ff), rows_of(ffn.up, rows, n_ff),
-                 columns_of(ffn.down, rows, n_ff, slice(cut, None))))
+    def half(start: int, stop: int) -> DenseFFN:
+        return DenseFFN(rows_of(ffn.gate, start, stop), rows_of(ffn.up, start, stop), columns_of(ffn.down, start, stop))
+    return SplitFFN(half(0, rows), half(rows, n_ff))
 
 
 def iter_matrices(weights: ModelWeights):

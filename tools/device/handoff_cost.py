@@ -8,9 +8,10 @@ Each configuration loads MODEL (a dense model with a GPU) with --split-ffn at on
 every FFN layer's host half reads the same bytes, fewer as the budget grows; it decodes, and reads
 the host time of the CPU FFN hand-offs (`GPUBackend.stream_stats`). A line through (bytes a call,
 seconds a call) gives the fixed cost of a call (the intercept: the threads' wake-up after the GPU's
-part, the parallel regions' ramp and tail) and the rate its bytes stream at (1 / slope). On the
-H200 box a split FFN's half-size calls ran at ~93 GB/s against whole layers' ~102, which a fixed
-cost per call explains; whole layers pay it too, once per CPU layer and token.
+part, the parallel regions' ramp and tail) and the rate its bytes stream at (1 / slope). Why it
+matters: docs/MEASUREMENTS.md, "2026-11-29 (stop 48)": a split FFN's half-size calls streamed
+slower than whole layers', which a fixed cost per call explains; whole layers pay it too, once per
+CPU layer and token.
 
 Each configuration runs in a process of its own, so an `--env` setting read when the process
 starts (OpenMP's wait policy) applies to it; settings are crossed with the budgets (none: the
