@@ -23,6 +23,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from cpu.activations import CHUNK as ACT_CHUNK
 from cpu.ggml_types import SUPPORTED
 
 from .config import ModelConfig
@@ -204,9 +205,9 @@ def place_weights(weights: ModelWeights, on_gpu: Callable[[str], bool], upload) 
 
 def split_rows(down_type: int, n_ff: int, share: float) -> int:
     """The hidden rows the device half of a split FFN takes for `share` of its bytes: a multiple
-    of 256 (a whole block of down's columns for every type, and of the host half's activation
-    rounding, which is per 256 at most), at most n_ff."""
-    step = max(256, SUPPORTED[down_type].block_elems)
+    of the activations' chunk (`cpu.activations.CHUNK`, 256: a whole block of down's columns for
+    every type, and a whole unit of the host half's activation rounding), at most n_ff."""
+    step = max(ACT_CHUNK, SUPPORTED[down_type].block_elems)
     return min(n_ff, int(n_ff * share) // step * step)
 
 
