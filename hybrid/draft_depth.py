@@ -122,6 +122,8 @@ class DepthController:
 
     def _price(self) -> list[float]:
         cost = self.cost
+        if len(cost) > self.max_depth:      # every depth measured (a settled run): no fit to make
+            return [cost[d] for d in range(self.max_depth + 1)]
         known = sorted(cost.items())
         if not known:
             return [1.0 + 0.15 * d for d in range(self.max_depth + 1)]
@@ -143,11 +145,10 @@ class DepthController:
     def expected(self, acceptance=None) -> list[float]:
         """Expected tokens of a step at each depth 0..max_depth."""
         a = self.acceptance() if acceptance is None else acceptance
-        tokens, total, run = [1.0], 1.0, 1.0
+        tokens, run = [1.0], 1.0
         for i in range(self.max_depth):
             run *= float(a[i])
-            total += run
-            tokens.append(total)
+            tokens.append(tokens[-1] + run)
         return tokens
 
     def expected_tokens(self, depth: int, acceptance=None) -> float:
@@ -252,5 +253,7 @@ class DepthController:
                 times.popleft()
                 changed = True
             if changed:
-                self.cost[d] = _median([t for _, t in times])
-                self._costs = None
+                price = _median([t for _, t in times])
+                if self.cost.get(d) != price:   # the prices are refitted only when one moves
+                    self.cost[d] = price
+                    self._costs = None
