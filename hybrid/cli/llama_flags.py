@@ -22,7 +22,22 @@ RENAMES = {
     "-r": "--stop", "--reverse-prompt": "--stop",
     "-e": "--escape",
     "-ot": "--override-tensor",        # ours already; listed so its value is never rewritten
+    "--draft-max": "--draft", "--draft-n": "--draft",
+    "--draft-p-min": "--spec-draft-p-min",
+    "-dev": "--device",
 }
+
+# llama.cpp's --device names (`none`, `CUDA0`, a comma list) → ours. One GPU is used, the first the
+# process sees (CUDA_VISIBLE_DEVICES picks which).
+CPU_DEVICE = "none"
+FIRST_GPU = "cuda0"
+
+# llama.cpp's -cmoe: every layer's routed experts stay in host memory (its own rule, as an -ot).
+CPU_MOE = {"-cmoe", "--cpu-moe"}
+CPU_MOE_RULE = r"\.ffn_(up|down|gate)_exps=CPU"
+
+# A separate draft model: none here, the model's own MTP head drafts.
+DRAFT_MODEL = {"-md", "--model-draft", "--spec-draft-model", "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"}
 
 # Options whose value is the next token: that token is left alone even if it looks like a flag
 # (`-p -fa` prompts with the text "-fa").
@@ -40,6 +55,7 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
 # llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
 # Values in ON_OFF are optional (older llama.cpp took -fa without one).
 ON_OFF = {"on", "off", "auto", "true", "false", "1", "0"}
+_ONE_GPU = "one GPU is used, the first CUDA device (CUDA_VISIBLE_DEVICES picks it)"
 _CHUNKS = f"prompts are fed in chunks of {PREFILL_CHUNK} tokens here (llama.cpp's default micro-batch)"
 IGNORED = {
     "-fa": ("on_off", "hybrid always runs its own fused attention"),
@@ -57,6 +73,16 @@ IGNORED = {
     "--ubatch-size": ("value", _CHUNKS),
     "--no-mmap": (None, "the GGUF is always memory-mapped"),
     "--mlock": (None, "the GGUF is always memory-mapped"),
+    "-sm": ("value", _ONE_GPU), "--split-mode": ("value", _ONE_GPU),
+    "-mg": ("value", _ONE_GPU), "--main-gpu": ("value", _ONE_GPU),
+    "--no-warmup": (None, "the warm-up builds the kernels a run needs; without it the first tokens would wait for them"),
+    "--warmup": (None, "the warm-up always runs"),
+    "--numa": ("value", "threads follow the OS's placement (pin them with numactl or taskset)"),
+    "--log-disable": (None, "the text goes to stdout, the status line to stderr (2>/dev/null hides it)"),
+    "-co": ("on_off", "the status line is drawn when stderr is a terminal"),
+    "--color": ("on_off", "the status line is drawn when stderr is a terminal"),
+    "--perf": (None, "the timings are always printed"),
+    "--no-perf": (None, "the timings are always printed"),
 }
 
 # llama-server's options that mean nothing here (serve only).
@@ -107,6 +133,18 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
         if name in RENAMES:
             name = RENAMES[name]
             a = name + eq + value
+        if name == "--device":
+            device = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            out += ["--device", _our_device(device, note)]
+            continue
+        if name in DRAFT_MODEL:
+            raise HybridError(f"{name}: there is no separate draft model here: the model's own MTP head drafts "
+                              "(--draft N or auto; a GGUF without one decodes without drafting)")
+        if name in CPU_MOE:
+            out += ["--override-tensor", CPU_MOE_RULE]
+            i += 1
+            continue
         if name in TAKES_VALUE:
             out.append(a)
             if not eq and i + 1 < len(args):
@@ -158,6 +196,24 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
         out.append(a)
         i += 1
     return out
+
+
+def _our_device(value: str, note: Callable[[str], None]) -> str:
+    """--device VALUE as ours: our own names pass; llama.cpp's `none` is the CPU, `CUDA0` the GPU
+    (a list keeps its first GPU, with a note); another GPU is an error naming the way to pick it."""
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    if len(names) == 1 and names[0] in ("auto", "cpu", "cuda"):
+        return names[0]
+    if names == [CPU_DEVICE]:
+        return "cpu"
+    if names and names[0] == FIRST_GPU:
+        if len(names) > 1:
+            note(f"--device {value}: one GPU is used here, CUDA0")
+        return "cuda"
+    if names and names[0].startswith("cuda") and names[0][4:].isdigit():
+        raise HybridError(f"--device {value}: the first GPU the process sees is used; run on "
+                          f"{names[0].upper()} with CUDA_VISIBLE_DEVICES={names[0][4:]} --device cuda")
+    return value        # (the command's own check names the choices)
 
 
 def version_requested(argv: Sequence[str]) -> bool:

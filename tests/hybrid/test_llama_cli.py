@@ -49,6 +49,8 @@ def model():
     (["-tb", "2"], "-tb is ignored"),                # was: Invalid value for '-t'
     (["--jinja"], "--jinja is ignored"),
     (["-no-cnv"], None),                             # was: Invalid value for '-n'
+    (["-sm", "none"], "-sm is ignored"),             # was: Invalid value for '-s' / '--seed'
+    (["--no-warmup"], "--no-warmup is ignored"),     # was: No such option
 ])
 def test_llama_flags_without_a_meaning_here_run_with_a_note(flags, note):
     r = run("decode", "-p", "hi", "-n", "2", "--temp", "0", "-t", "1", *flags)
@@ -169,6 +171,41 @@ def test_rewrite_leaves_other_commands_alone():
     assert rewrite(["chat", "--reasoning-budget", "0"], notes.append) == ["chat", "--reasoning", "off"]
     assert rewrite(["chat", "--reasoning-budget=-1"], notes.append) == ["chat", "--reasoning", "auto"]
     assert rewrite(["chat", "--reasoning-budget", "100"], notes.append) == ["chat"] and len(notes) == 1
+
+
+def test_llama_cpp_drafting_and_device_spellings():
+    notes = []
+    assert rewrite(["decode", "--draft-max", "3", "--draft-p-min=0.5"], notes.append) == \
+        ["decode", "--draft", "3", "--spec-draft-p-min=0.5"]
+    assert rewrite(["decode", "--draft-n", "2"], notes.append) == ["decode", "--draft", "2"]
+    assert rewrite(["decode", "-dev", "none"], notes.append) == ["decode", "--device", "cpu"]
+    assert rewrite(["serve", "--device=CUDA0"], notes.append) == ["serve", "--device", "cuda"]
+    assert rewrite(["chat", "--device", "cuda"], notes.append) == ["chat", "--device", "cuda"]
+    assert notes == []
+    assert rewrite(["decode", "-dev", "CUDA0,CUDA1"], notes.append) == ["decode", "--device", "cuda"]
+    assert len(notes) == 1 and "CUDA0" in notes[0]
+    with pytest.raises(HybridError, match="CUDA_VISIBLE_DEVICES=1"):
+        rewrite(["decode", "-dev", "CUDA1"], notes.append)
+    for flag in ("-md", "--model-draft", "--spec-draft-model"):       # was: "-m d", two models
+        with pytest.raises(HybridError, match="MTP head"):
+            rewrite(["decode", flag, "small.gguf"], notes.append)
+    for flags in (["-mg", "1"], ["--numa", "distribute"], ["-co", "on"], ["--color"], ["--log-disable"]):
+        notes.clear()
+        assert rewrite(["decode", *flags, "-n", "2"], notes.append) == ["decode", "-n", "2"], flags
+        assert len(notes) == 1 and "ignored" in notes[0], flags
+
+
+def test_cpu_moe_keeps_only_the_routed_experts_in_host_memory():
+    from hybrid.cli.llama_flags import CPU_MOE_RULE
+    from hybrid.placement import CPU, _forced_side, parse_overrides
+    for flag in ("-cmoe", "--cpu-moe"):                 # was: No such option
+        assert rewrite(["decode", flag], print) == ["decode", "--override-tensor", CPU_MOE_RULE]
+    rule = parse_overrides([CPU_MOE_RULE])
+    for name in ("blk.0.ffn_up_exps.weight", "blk.39.ffn_gate_exps.weight", "blk.7.ffn_down_exps.weight"):
+        assert _forced_side(name, rule) == CPU, name
+    for name in ("blk.0.ffn_up_shexp.weight", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_down.weight",
+                 "blk.0.attn_qkv.weight"):
+        assert _forced_side(name, rule) is None, name
 
 
 def test_events_are_exported_from_the_package():
