@@ -36,29 +36,65 @@ def _random_tokens(n: int, n_vocab: int, rng: np.random.Generator) -> np.ndarray
     return rng.integers(0, n_vocab, size=n, dtype=np.int32)
 
 
-def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0) -> BenchRow:
-    """Prefill `n_prompt` random tokens into a fresh state, in the engine's prefill chunks,
-    after one untimed chunk (as llama-bench warms up): the first prompt-sized call compiles or
+def _named(test: str, depth: int) -> str:
+    """A row's test name, with llama-bench's context depth when there is one: tg128@d4096."""
+    return test + (f"@d{depth}" if depth else "")
+
+
+def _fresh(model, state, depth: int, rng: np.random.Generator) -> None:
+    """Empty `state`, then `depth` random tokens of context in it, untimed (llama-bench's -d)."""
+    state.reset()
+    if depth:
+        prefill_prompt(model, state, _random_tokens(depth, model.config.n_vocab, rng))
+
+
+def _warm_prompt(model, state, n_prompt: int, rng: np.random.Generator) -> None:
+    """One untimed prompt chunk, as llama-bench warms up: the first prompt-sized call compiles or
     loads the prompt kernels (on the GPU the chunk GEMMs and weight streaming), which would
     otherwise land in the first repetition."""
-    rng = np.random.default_rng(seed)
-    times = []
-    state = model.new_state(n_prompt + 1)
     model.forward.forward(state, _random_tokens(min(n_prompt, PREFILL_CHUNK), model.config.n_vocab, rng),
                           logits="last")
+
+
+def _warm_steps(model, state, rng: np.random.Generator) -> None:
+    """Two untimed decode steps: a step's first run and its CUDA-graph capture."""
+    for _ in range(2):
+        model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last", pick=True)
+
+
+def _greedy_steps(model, state, picks, n_gen: int):
+    """`n_gen` decode steps, each feeding the last one's greedy pick (made on the device, as
+    `hybrid decode --temp 0` does); returns the last picks."""
+    for _ in range(n_gen):
+        tok = np.array([picks.ids[-1]], dtype=np.int32)
+        picks, _ = model.forward.forward(state, tok, logits="last", pick=True)
+    return picks
+
+
+def bench_prompt(model, n_prompt: int, reps: int, seed: int = 0, depth: int = 0) -> BenchRow:
+    """Prefill `n_prompt` random tokens into a fresh state (after `depth` untimed tokens of
+    context), in the engine's prefill chunks, after one untimed chunk."""
+    rng = np.random.default_rng(seed)
+    times = []
+    state = model.new_state(depth + n_prompt + 1)
+    _warm_prompt(model, state, n_prompt, rng)
     for _ in range(reps):
+        _fresh(model, state, depth, rng)
         ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
-        state.reset()
         t0 = time.perf_counter()
         prefill_prompt(model, state, ids)
         times.append(time.perf_counter() - t0)
-    return BenchRow(f"pp{n_prompt}", n_prompt, times)
+    return BenchRow(_named(f"pp{n_prompt}", depth), n_prompt, times)
 
 
-def prefill_prompt(model, state, ids: np.ndarray) -> None:
-    """Append `ids` to `state` in the engine's prefill chunks, logits of the last token only."""
+def prefill_prompt(model, state, ids: np.ndarray, pick: bool = False):
+    """Append `ids` to `state` in the engine's prefill chunks, logits of the last token only;
+    returns the last chunk's forward result (with pick: its greedy pick too)."""
+    out = None
     for start, stop in prompt_chunks(len(ids), model.forward.min_prompt_rows):
-        model.forward.forward(state, ids[start:stop], logits="last" if stop == len(ids) else "none")
+        last = stop == len(ids)
+        out = model.forward.forward(state, ids[start:stop], logits="last" if last else "none", pick=pick and last)
+    return out
 
 
 def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) -> BenchRow:
@@ -73,22 +109,39 @@ def bench_generate(model, n_gen: int, reps: int, seed: int = 0, depth: int = 0) 
     # one state, reset per repetition (as llama-bench reuses its context): steps captured as
     # CUDA graphs replay
     state = model.new_state(depth + n_gen + 2)
-    for _ in range(2):
-        model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last", pick=True)
+    _warm_steps(model, state, rng)
     for _ in range(reps):
-        state.reset()
-        if depth:
-            prefill_prompt(model, state, _random_tokens(depth, model.config.n_vocab, rng))
+        _fresh(model, state, depth, rng)
         picks, _ = model.forward.forward(state, _random_tokens(1, model.config.n_vocab, rng), logits="last",
                                          pick=True)
         work = model.forward.one_off_work()
         t0 = time.perf_counter()
-        for _ in range(n_gen):     # greedy, as `hybrid decode --temp 0`: the pick is made on the device
-            tok = np.array([picks.ids[-1]], dtype=np.int32)
-            picks, _ = model.forward.forward(state, tok, logits="last", pick=True)
+        _greedy_steps(model, state, picks, n_gen)
         times.append(time.perf_counter() - t0)
         one_offs += model.forward.one_off_work() - work
-    return BenchRow(f"tg{n_gen}" + (f"@d{depth}" if depth else ""), n_gen, times, one_offs=one_offs)
+    return BenchRow(_named(f"tg{n_gen}", depth), n_gen, times, one_offs=one_offs)
+
+
+def bench_prompt_generate(model, n_prompt: int, n_gen: int, reps: int, seed: int = 0, depth: int = 0) -> BenchRow:
+    """llama-bench's -pg test: prefill `n_prompt` random tokens, then generate `n_gen` (greedy),
+    timed together; the rate counts both (ppP+tgG, in tokens a second). Warmed up as the pp and
+    tg rows are."""
+    rng = np.random.default_rng(seed)
+    times, one_offs = [], 0
+    state = model.new_state(depth + n_prompt + n_gen + 1)
+    _warm_prompt(model, state, n_prompt, rng)
+    state.reset()
+    _warm_steps(model, state, rng)
+    for _ in range(reps):
+        _fresh(model, state, depth, rng)
+        ids = _random_tokens(n_prompt, model.config.n_vocab, rng)
+        work = model.forward.one_off_work()
+        t0 = time.perf_counter()
+        picks, _ = prefill_prompt(model, state, ids, pick=True)
+        _greedy_steps(model, state, picks, n_gen)
+        times.append(time.perf_counter() - t0)
+        one_offs += model.forward.one_off_work() - work
+    return BenchRow(_named(f"pp{n_prompt}+tg{n_gen}", depth), n_prompt + n_gen, times, one_offs=one_offs)
 
 
 BENCH_PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"

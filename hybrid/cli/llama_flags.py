@@ -93,12 +93,36 @@ SERVER_IGNORED = {"-np": ("value", _ONE_AT_A_TIME), "--parallel": ("value", _ONE
 CACHE_RAM = {"-cram", "--cache-ram"}
 NO_LIMIT = str(1 << 62)        # bytes: more host memory than any machine has
 
+# llama-bench's options that mean nothing here (bench only; its -p, -n, -pg, -d, -r, -t, -ngl,
+# -ncmoe, -ot, -o, -m are bench's own).
+_BENCH_FIXED = "fixed here (fused attention, one KV type, 512-token prompt chunks, the mapped file)"
+BENCH_IGNORED = {
+    **{f: ("value", _BENCH_FIXED) for f in ("-b", "--batch-size", "-ub", "--ubatch-size", "-ctk", "--cache-type-k",
+                                           "-ctv", "--cache-type-v", "-fa", "--flash-attn", "-mmp", "--mmap",
+                                           "-lm", "--load-mode", "-nkvo", "--no-kv-offload", "-nopo",
+                                           "--no-op-offload", "--no-host", "--repack", "-embd", "--embeddings",
+                                           "-lzm", "--lazy-mode")},
+    **{f: ("value", _ONE_GPU) for f in ("-sm", "--split-mode", "-mg", "--main-gpu", "-ts", "--tensor-split")},
+    **{f: ("value", "threads follow the OS's placement") for f in ("--numa", "--prio", "-C", "--cpu-mask",
+                                                                   "--cpu-strict", "--poll")},
+    "--delay": ("value", "tests run back to back"),
+    "-oe": ("value", "the table goes to stdout only"), "--output-err": ("value", "the table goes to stdout only"),
+    "-fitt": ("value", "--vram sets the GPU budget"), "--fit-target": ("value", "--vram sets the GPU budget"),
+    "-fitc": ("value", "--vram sets the GPU budget"), "--fit-ctx": ("value", "--vram sets the GPU budget"),
+    "--progress": (None, "the test running is shown on stderr"), "-v": (None, "nothing more to print"),
+    "--verbose": (None, "nothing more to print"),
+    "--no-warmup": (None, "each test's untimed warm-up builds what it times"),
+}
+
 # Conversation mode is a command of its own here.
 CONVERSATION = {"-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"}
 NO_CONVERSATION = {"-no-cnv", "--no-conversation"}
 
 GENERATION_COMMANDS = ("decode", "chat")
 LLAMA_COMMANDS = (*GENERATION_COMMANDS, "serve")      # commands that take llama.cpp's spellings
+BENCH_VALUES = {"-m", "--model", "-p", "--n-prompt", "-n", "--n-gen", "-pg", "-d", "--n-depth", "-r",
+                "--repetitions", "-t", "--threads", "-ngl", "--n-gpu-layers", "-ncmoe", "--n-cpu-moe", "-ot",
+                "--override-tensor", "-o", "--output", "--vram", "--draft", "--pcie-share"}
 
 
 def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
@@ -109,6 +133,8 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
     out: list[str] = []
     # -h is --help everywhere (no command uses -h for anything else).
     command = next((a for a in args if not a.startswith("-")), None)
+    if command == "bench":
+        return _rewrite_bench(args, note)
     generation = command in LLAMA_COMMANDS
     ignored = {**IGNORED, **SERVER_IGNORED} if command == "serve" else IGNORED
     i = 0
@@ -194,6 +220,36 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             i += 1          # decode never converses
             continue
         out.append(a)
+        i += 1
+    return out
+
+
+def _rewrite_bench(args: list[str], note: Callable[[str], None]) -> list[str]:
+    """rewrite() for `bench`, whose options are llama-bench's: only -dev and the options that mean
+    nothing here need rewriting (notes); a value that looks like a flag is left alone."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=") if a.startswith("--") else (a, "", "")
+        if a == "--":
+            return out + args[i:]
+        if a == "-h":
+            out.append("--help")
+        elif name in ("-dev", "--device"):
+            device = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 0 if eq else 1
+            out += ["--device", _our_device(device, note)]
+        elif name in BENCH_IGNORED:
+            kind, why = BENCH_IGNORED[name]
+            if kind == "value" and not eq and i + 1 < len(args):
+                i += 1
+            note(f"{name} is ignored: {why}")
+        elif name in BENCH_VALUES and not eq and i + 1 < len(args):
+            out += [a, args[i + 1]]
+            i += 1
+        else:
+            out.append(a)
         i += 1
     return out
 

@@ -104,8 +104,54 @@ def test_decode_rejects_bad_draft_depth():
 
 
 def test_bench_draft_row():
-    r = run_cli("bench", "-p", "0", "-n", "4", "-r", "1", "-d", "2", "-o", "json")
+    r = run_cli("bench", "-p", "0", "-n", "4", "-r", "1", "--draft", "2", "-o", "json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["test"] for row in rows] == ["tg4", "tg4 draft=2"]
     assert rows[1]["t_s"] > 0 and 1 <= rows[1]["tokens_per_step"] <= 3
+
+
+def test_bench_reads_llama_benchs_options():
+    """llama-bench's comma lists, -pg, -d (context depth: it was our draft depth) and its options
+    that mean nothing here, as a llama-bench user types them."""
+    r = run_cli("bench", "-p", "16,8", "-n", "4", "-pg", "8,4", "-d", "0,16", "-r", "2", "-o", "jsonl",
+                "-ngl", "99", "-fa", "1", "-b", "512", "-ctk", "q8_0")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["test"] for row in rows] == ["pp16", "pp8", "tg4", "pp8+tg4",
+                                             "pp16@d16", "pp8@d16", "tg4@d16", "pp8+tg4@d16"]
+    assert all(row["t_s"] > 0 for row in rows)
+    for flag in ("-fa", "-b", "-ctk"):
+        assert f"{flag} is ignored" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-d", "auto"], "--draft"),                     # -d was the draft depth; now llama-bench's context depth
+    (["-p", "-5"], "≥ 0"),
+    (["-pg", "512"], "a prompt and a generation length"),
+    (["-t", "8,16"], "one value a run"),
+    (["-ngl", "0,99"], "one value a run"),
+])
+def test_bench_refuses_what_it_cannot_run(args, message):
+    r = run_cli("bench", *args)
+    assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bench_depth_and_pg_time_what_they_name():
+    """pp8@d16 times 8 tokens after 16 of untimed context; pp8+tg4 times a prefill and 4 steps."""
+    from hybrid.bench import bench_prompt, bench_prompt_generate
+    m = hybrid.load(threads=1)
+    calls = []
+    forward = m.forward.forward
+
+    def spy(state, ids, **kw):
+        calls.append((state.n_past, len(ids)))
+        return forward(state, ids, **kw)
+    m.forward.forward = spy
+    row = bench_prompt(m, 8, 1, depth=16)
+    assert row.test == "pp8@d16" and row.n_tokens == 8 and len(row.seconds) == 1
+    assert calls[-1] == (16, 8)                     # the timed chunk, after the 16-token context
+    calls.clear()
+    row = bench_prompt_generate(m, 8, 4, 2)
+    assert row.test == "pp8+tg4" and row.n_tokens == 12 and len(row.seconds) == 2
+    assert calls[-5:] == [(0, 8), (8, 1), (9, 1), (10, 1), (11, 1)]

@@ -275,8 +275,7 @@ def test_sampling_options_fail_before_the_model_loads(monkeypatch, args, message
 
 
 @pytest.mark.parametrize("args", [["decode", "-p", "x", "--seed", "-7"],
-                                  ["decode", "-p", "x", "--spec-draft-p-min", "7"],
-                                  ["bench", "-p", "-5"], ["bench", "-n", "-1"]])
+                                  ["decode", "-p", "x", "--spec-draft-p-min", "7"], ["bench", "-r", "x"]])
 def test_out_of_range_options_are_usage_errors(args):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2, r.output

@@ -195,6 +195,15 @@ def test_llama_cpp_drafting_and_device_spellings():
         assert len(notes) == 1 and "ignored" in notes[0], flags
 
 
+def test_bench_takes_llama_bench_spellings():
+    notes = []
+    assert rewrite(["bench", "-m", "x.gguf", "-p", "512", "-fa", "1", "-ub", "512", "-dev", "none", "--progress",
+                    "-ngl", "99"], notes.append) == \
+        ["bench", "-m", "x.gguf", "-p", "512", "--device", "cpu", "-ngl", "99"]
+    assert [n.split()[0] for n in notes] == ["-fa", "-ub", "--progress"]
+    assert rewrite(["bench", "-o", "-fa"], notes.append) == ["bench", "-o", "-fa"]     # a value is left alone
+
+
 def test_cpu_moe_keeps_only_the_routed_experts_in_host_memory():
     from hybrid.cli.llama_flags import CPU_MOE_RULE
     from hybrid.placement import CPU, _forced_side, parse_overrides
