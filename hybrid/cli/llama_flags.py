@@ -88,7 +88,20 @@ IGNORED = {
 # llama-server's options that mean nothing here (serve only).
 _ONE_AT_A_TIME = "one request runs at a time here; --max-queue bounds the ones that wait"
 SERVER_IGNORED = {"-np": ("value", _ONE_AT_A_TIME), "--parallel": ("value", _ONE_AT_A_TIME),
-                  "-cb": (None, _ONE_AT_A_TIME), "--cont-batching": (None, _ONE_AT_A_TIME)}
+                  "-cb": (None, _ONE_AT_A_TIME), "--cont-batching": (None, _ONE_AT_A_TIME),
+                  "-kvu": (None, _ONE_AT_A_TIME), "--kv-unified": (None, _ONE_AT_A_TIME),
+                  "--slots": (None, _ONE_AT_A_TIME), "--no-slots": (None, _ONE_AT_A_TIME),
+                  "--metrics": (None, "there is no /metrics endpoint here"),
+                  "--props": (None, "there is no /props endpoint here"),
+                  "--no-webui": (None, "there is no web UI here, the API alone"),
+                  "--embeddings": (None, "there is no embeddings endpoint here"),
+                  "--embedding": (None, "there is no embeddings endpoint here"),
+                  "-to": ("value", "requests have no server-side timeout (a client that goes away cancels its own)"),
+                  "--timeout": ("value", "requests have no server-side timeout (a client that goes away cancels its own)"),
+                  "--threads-http": ("value", "the HTTP side is one asyncio loop"),
+                  "--reasoning-format": ("value", "reasoning is returned apart, as message.reasoning_content")}
+# llama-server's -n: the tokens a request generates when it does not say, and at most (-1: no limit).
+SERVER_PREDICT = {"-n", "--n-predict", "--predict"}
 # llama-server's prompt-cache size in MiB (-1: no limit, 0: off) is our --cache-mem.
 CACHE_RAM = {"-cram", "--cache-ram"}
 NO_LIMIT = str(1 << 62)        # bytes: more host memory than any machine has
@@ -164,6 +177,14 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             i += 1 if eq else 2
             out += ["--device", _our_device(device, note)]
             continue
+        if command == "serve" and name in SERVER_PREDICT:
+            n = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            out += ["--max-tokens", NO_LIMIT if n.strip() == "-1" else n]
+            continue
+        if name == "--chat-template":
+            raise HybridError("--chat-template NAME: llama.cpp's built-in templates are not here; the GGUF's own "
+                              "template is used, or a Jinja file given with --chat-template-file")
         if name in DRAFT_MODEL:
             raise HybridError(f"{name}: there is no separate draft model here: the model's own MTP head drafts "
                               "(--draft N or auto; a GGUF without one decodes without drafting)")

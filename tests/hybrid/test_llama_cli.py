@@ -433,6 +433,21 @@ def test_serve_takes_llama_server_spellings():
     assert rewrite(["bench", "-np", "4"], notes.append) == ["bench", "-np", "4"]     # serve's alone
 
 
+def test_serve_takes_llama_servers_n_predict_and_notes_its_other_options():
+    notes = []
+    assert rewrite(["serve", "-n", "256"], notes.append) == ["serve", "--max-tokens", "256"]
+    assert rewrite(["serve", "--n-predict=-1"], notes.append) == ["serve", "--max-tokens", str(1 << 62)]
+    assert rewrite(["decode", "-n", "256"], notes.append) == ["decode", "-n", "256"]      # decode's own -n
+    assert notes == []
+    flags = ["--metrics", "--no-webui", "--slots", "-to", "600", "--threads-http", "4", "-kvu",
+             "--reasoning-format", "deepseek", "--embeddings"]
+    assert rewrite(["serve", *flags, "--port", "8081"], notes.append) == ["serve", "--port", "8081"]
+    assert len(notes) == 8 and all("ignored" in n for n in notes)
+    for command in ("serve", "decode", "chat"):
+        with pytest.raises(HybridError, match="--chat-template-file"):
+            rewrite([command, "--chat-template", "chatml"], notes.append)
+
+
 def test_serve_refuses_a_bad_cache_ram_in_one_line():
     r = run("serve", "--cache-ram", "lots")
     assert r.returncode != 0 and "Traceback" not in r.stderr
