@@ -6,6 +6,11 @@ cold and warm start. Runs on the dev box and on the GPU machine; prints one tabl
                                           [--tokens 64] [--rounds 3] [--vram 12GiB] [--trace PREFIX]
     python3 tools/default_speed.py load [--model PATH] [--busy N] [--tokens 128] [--rounds 3]
     python3 tools/default_speed.py start [--tokens 64] [--devices auto,cpu]
+    python3 tools/default_speed.py all [--model PATH ...] [--tokens 128] [--rounds 5]
+
+all: start, then load, then depths (the bundled model and each --model), each with its defaults
+    but depths' --tokens/--rounds: the three tables of issue 29 from one run (start first, so
+    its cold run meets the machine's own empty caches rather than ones the others filled).
 
 depths: per model and path, the warm tokens/s of greedy generation at each fixed depth 0..4 and
     at auto, rounds alternating the depths in one process (best round each), and auto / best.
@@ -237,8 +242,18 @@ def main(argv: list[str]) -> int:
     s = sub.add_parser("start")
     s.add_argument("--tokens", type=int, default=64)
     s.add_argument("--devices", default="auto,cpu", help="comma-separated --device values, each timed cold and warm")
+    a = sub.add_parser("all")
+    a.add_argument("--model", action="append", default=[], help="a GGUF path for depths, beside the bundled model")
+    a.add_argument("--tokens", type=int, default=128, help="depths: tokens a round")
+    a.add_argument("--rounds", type=int, default=5, help="depths: rounds")
     args = p.parse_args(argv)
-    if args.part == "depths":
+    if args.part == "all":
+        defaults = {part: p.parse_args([part]) for part in ("start", "load", "depths")}
+        start(defaults["start"])
+        load(defaults["load"])
+        depths(argparse.Namespace(**{**vars(defaults["depths"]), "model": ["bundled", *args.model],
+                                     "tokens": args.tokens, "rounds": args.rounds}))
+    elif args.part == "depths":
         args.model = args.model or ["bundled"]
         depths(args)
     elif args.part == "load":
