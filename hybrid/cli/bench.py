@@ -17,7 +17,7 @@ from ..errors import HybridError
 from ..model_file import default_model_path, open_model
 from . import app
 from .common import (CpuOnlyOpt, CudaGraphsOpt, DeviceOpt, ExpertCacheOpt, NGpuLayersOpt, PcieShareOpt, SplitFfnOpt,
-                     ModelArg, ModelOpt, OverrideTensorOpt, VramOpt, load_model, pick_model)
+                     ModelArg, ModelOpt, NCpuMoeOpt, OverrideTensorOpt, ThreadsOpt, VramOpt, load_model, pick_model)
 
 FORMATS = ("md", "csv", "json", "jsonl")
 
@@ -71,15 +71,12 @@ def bench(
     draft: List[str] = typer.Option([], "--draft", metavar="N|auto", help="Also time greedy generation with MTP drafting "
                                     "at this depth (repeatable: --draft 1 --draft auto; 0 = plain, from a code prompt)."),
     reps: int = typer.Option(5, "-r", "--repetitions", help="Repetitions of each test."),
-    threads: Optional[str] = typer.Option(None, "--threads", "-t", metavar="N", show_default=False,
-                                          help="CPU threads (default: every core this process may use)."),
+    threads: Optional[str] = ThreadsOpt,           # (a str: llama-bench's comma list gets its own message)
     device: str = DeviceOpt,
     vram: Optional[str] = VramOpt,
     cpu_only: bool = CpuOnlyOpt,
     n_gpu_layers: Optional[str] = NGpuLayersOpt,
-    n_cpu_moe: Optional[str] = typer.Option(None, "--n-cpu-moe", "-ncmoe", metavar="N", show_default=False,
-                                            help="llama.cpp's --n-cpu-moe: keep the routed experts of the first "
-                                                 "N layers on the CPU."),
+    n_cpu_moe: Optional[str] = NCpuMoeOpt,
     overrides: List[str] = OverrideTensorOpt,
     cuda_graphs: bool = CudaGraphsOpt,
     expert_cache: bool = ExpertCacheOpt,

@@ -173,13 +173,11 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             name = RENAMES[name]
             a = name + eq + value
         if name == "--device":
-            device = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            i += 1 if eq else 2
+            device, i = _value(args, i, eq, value)
             out += ["--device", _our_device(device, note)]
             continue
         if command == "serve" and name in SERVER_PREDICT:
-            n = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            i += 1 if eq else 2
+            n, i = _value(args, i, eq, value)
             out += ["--max-tokens", NO_LIMIT if n.strip() == "-1" else n]
             continue
         if name == "--chat-template":
@@ -200,8 +198,7 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             i += 1
             continue
         if command == "serve" and name in CACHE_RAM:
-            mib = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            i += 1 if eq else 2
+            mib, i = _value(args, i, eq, value)
             try:
                 n = int(mib)
             except ValueError:
@@ -220,8 +217,7 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             note(f"{name} is ignored: {why}")
             continue
         if name == "--reasoning-budget":
-            budget = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            i += 1 if eq else 2
+            budget, i = _value(args, i, eq, value)
             if budget.strip() in ("0", "-1"):
                 # llama.cpp: 0 turns thinking off, -1 leaves it unrestricted (the template's default)
                 out += ["--reasoning", "off" if budget.strip() == "0" else "auto"]
@@ -245,6 +241,14 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
     return out
 
 
+def _value(args: list[str], i: int, eq: str, value: str) -> tuple[str, int]:
+    """The value of the option at args[i] (`--name=value`, or the next token; "" if none) and
+    the index past it."""
+    if eq:
+        return value, i + 1
+    return (args[i + 1], i + 2) if i + 1 < len(args) else ("", i + 1)
+
+
 def _rewrite_bench(args: list[str], note: Callable[[str], None]) -> list[str]:
     """rewrite() for `bench`, whose options are llama-bench's: only -dev and the options that mean
     nothing here need rewriting (notes); a value that looks like a flag is left alone."""
@@ -258,9 +262,9 @@ def _rewrite_bench(args: list[str], note: Callable[[str], None]) -> list[str]:
         if a == "-h":
             out.append("--help")
         elif name in ("-dev", "--device"):
-            device = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            i += 0 if eq else 1
+            device, i = _value(args, i, eq, value)
             out += ["--device", _our_device(device, note)]
+            continue
         elif name in BENCH_IGNORED:
             kind, why = BENCH_IGNORED[name]
             if kind == "value" and not eq and i + 1 < len(args):
