@@ -1,6 +1,7 @@
 """`hybrid chat`: a multi-turn conversation in the terminal, each turn prefilling only new tokens."""
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -148,6 +149,10 @@ def chat(
     model: Optional[Path] = ModelArg,
     model_opt: Optional[Path] = ModelOpt,
     system: Optional[str] = typer.Option(None, "--system", help="System message (llama.cpp's -sys)."),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="The first user message (llama-cli's -p); "
+                                         "more follow from the terminal or stdin unless --single-turn.",
+                                         show_default=False),
+    single_turn: bool = typer.Option(False, "-st", "--single-turn", help="Stop after the first reply (llama-cli's -st)."),
     chat_template_file: Optional[Path] = ChatTemplateFileOpt,
     reasoning: str = ReasoningOpt,
     n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most."),
@@ -195,6 +200,8 @@ def chat(
     """
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    if prompt is not None and not prompt.strip():
+        raise HybridError("the first message (-p) is empty")
     check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
                    repeat_last_n=repeat_last_n)
     pick_draft(draft, True)                 # a bad --draft fails before loading too
@@ -218,7 +225,8 @@ def chat(
     if interactive:
         err.print(f"[dim]{escape(safe_text(m.path.name))} · /help for commands · Ctrl-D quits[/]", highlight=False)
     failed = 0
-    for message in read_messages(err, interactive):
+    messages = read_messages(err, interactive)      # (read lazily: a single turn from -p reads nothing)
+    for message in itertools.chain([prompt] if prompt is not None else [], messages):
         try:
             if message.startswith("/") and not message.startswith("//"):
                 if not run_command(message, session, err):
@@ -236,12 +244,13 @@ def chat(
             # goes on with the next line; a script still sees the failure in the exit status
             err.print(Text.assemble(("error: ", "bold red"), safe_text(str(e), 2000)), soft_wrap=True)
             failed += 1
-            continue
         except KeyboardInterrupt:     # landed outside the generation loop: the turn is dropped
             err.print("[dim](interrupted)[/]")
-            continue
-        if not as_json:
-            (out if out.is_terminal else err).print(turn_line(stats))    # under that turn's summary
+        else:
+            if not as_json:
+                (out if out.is_terminal else err).print(turn_line(stats))    # under that turn's summary
+        if single_turn:
+            break
     if failed and not interactive:
         raise typer.Exit(1)
 

@@ -55,6 +55,7 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
 # llama.cpp options that mean nothing here: (value tokens they take, why, what to use instead).
 # Values in ON_OFF are optional (older llama.cpp took -fa without one).
 ON_OFF = {"on", "off", "auto", "true", "false", "1", "0"}
+_LINES = "chat reads a line a message; end a line with \\ or wrap lines in \"\"\" for more"
 _ONE_GPU = "one GPU is used, the first CUDA device (CUDA_VISIBLE_DEVICES picks it)"
 _CHUNKS = f"prompts are fed in chunks of {PREFILL_CHUNK} tokens here (llama.cpp's default micro-batch)"
 IGNORED = {
@@ -83,6 +84,15 @@ IGNORED = {
     "--color": ("on_off", "the status line is drawn when stderr is a terminal"),
     "--perf": (None, "the timings are always printed"),
     "--no-perf": (None, "the timings are always printed"),
+    "-v": (None, "nothing more to print"), "--verbose": (None, "nothing more to print"),
+    "--verbose-prompt": (None, "nothing more to print"),
+    "-lv": ("value", "nothing more to print"), "--verbosity": ("value", "nothing more to print"),
+    "--log-verbosity": ("value", "nothing more to print"),
+    "-sp": (None, "special tokens are not printed"), "--special": (None, "special tokens are not printed"),
+    "--simple-io": (None, _LINES), "-mli": (None, _LINES), "--multiline-input": (None, _LINES),
+    "--in-prefix": ("value", "each message goes through the chat template"),
+    "--in-suffix": ("value", "each message goes through the chat template"),
+    "--in-prefix-bos": (None, "each message goes through the chat template"),
 }
 
 # llama-server's options that mean nothing here (serve only).

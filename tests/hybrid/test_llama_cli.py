@@ -454,3 +454,26 @@ def test_serve_refuses_a_bad_cache_ram_in_one_line():
     assert "--cache-ram 'lots': give the cache size in MiB" in r.stderr
     h = run("serve", "--help")
     assert h.returncode == 0 and "--n-gpu-layers" in h.stdout and "--n-cpu-moe" in h.stdout
+
+
+def test_chat_takes_llama_clis_first_message_and_single_turn(model):
+    """llama-cli -p TEXT -st: TEXT is the first user message and the chat ends after its reply
+    (was: '-s t' read as the seed, -p unknown)."""
+    def replies(*flags):
+        r = run("chat", "--json", "-n", "3", "--temp", "0", "-t", "1", *flags, stdin="one\ntwo\n")
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line) for line in r.stdout.splitlines()]
+    first = replies("-p", "hello", "-st")
+    assert len(first) == 1
+    assert first[0]["prompt_tokens"] == len(model.encode_prompt("hello", chat=True))
+    assert len(replies("-p", "hello")) == 3          # then the lines of stdin, one message each
+    assert len(replies("--single-turn")) == 1        # the first line read, alone
+    r = run("chat", "-p", " ", "-st")
+    assert r.returncode == 1 and "-p" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_llama_cli_input_options_are_noted():
+    notes = []
+    assert rewrite(["chat", "-mli", "--simple-io", "-sp", "-v", "--in-prefix", "X", "-lv", "3", "-n", "2"],
+                   notes.append) == ["chat", "-n", "2"]
+    assert [n.split()[0] for n in notes] == ["-mli", "--simple-io", "-sp", "-v", "--in-prefix", "-lv"]
