@@ -22,7 +22,7 @@ from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, Dev
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
-                     pick_model, sampler_extras, check_sampling)
+                     pick_model, predict_limit, sampler_extras, check_sampling)
 from .decode import pick_draft
 from .display import LiveStream, drive, stderr_console
 
@@ -155,7 +155,7 @@ def chat(
     single_turn: bool = typer.Option(False, "-st", "--single-turn", help="Stop after the first reply (llama-cli's -st)."),
     chat_template_file: Optional[Path] = ChatTemplateFileOpt,
     reasoning: str = ReasoningOpt,
-    n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most."),
+    n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most (-1: no limit but the context, as -2)."),
     temp: float = TempOpt,
     top_k: int = TopKOpt,
     top_p: float = TopPOpt,
@@ -198,8 +198,7 @@ def chat(
 
     With stdin not a terminal, every line is one user message (replies go to stdout).
     """
-    if n_predict < 0:
-        raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    n_predict = predict_limit(n_predict, ctx_size)
     if prompt is not None and not prompt.strip():
         raise HybridError("the first message (-p) is empty")
     check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,

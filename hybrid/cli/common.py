@@ -136,6 +136,16 @@ def parse_reasoning(value: str) -> bool | None:
     raise HybridError(f"--reasoning {value!r}: use on, off or auto")
 
 
+def predict_limit(n_predict: int, n_ctx: int) -> int:
+    """llama.cpp's -n as a token limit: a count, or -1 (no limit) / -2 (until the context is full),
+    which both end where the context does here."""
+    if n_predict in (-1, -2):
+        return n_ctx
+    if n_predict < 0:
+        raise HybridError(f"-n must be ≥ 0, -1 (no limit) or -2 (until the context is full), got {n_predict}")
+    return n_predict
+
+
 def layer_rules(n_gpu_layers: Optional[str], n_cpu_moe: Optional[int]) -> tuple[list[str], bool]:
     """-ngl / -ncmoe as override rules (first match wins, so the CPU experts of -ncmoe come first),
     and whether -ngl 0 asked for the CPU alone."""

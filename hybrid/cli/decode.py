@@ -23,7 +23,7 @@ from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, Dev
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
-                     pick_model, sampler_extras, check_sampling)
+                     pick_model, predict_limit, sampler_extras, check_sampling)
 from .display import LiveStream, drive, stderr_console
 
 INTERRUPTED = 130    # the shell's code for a run ended by Ctrl-C (128 + SIGINT)
@@ -122,7 +122,7 @@ def decode(
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a UTF-8 file ('-': stdin). "
                                         "Without -p or -f, text piped to stdin is the prompt."),
     escape: bool = typer.Option(False, "--escape", "-e", help="Turn \\n, \\t, \\\\ … in the prompt into the characters (llama.cpp's -e)."),
-    n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate at most."),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate at most (-1: no limit but the context, as -2)."),
     temp: float = TempOpt,
     top_k: int = TopKOpt,
     top_p: float = TopPOpt,
@@ -176,8 +176,7 @@ def decode(
     if escape:
         text = unescape(text)
         system = unescape(system) if system is not None else None
-    if n_predict < 0:
-        raise HybridError(f"-n must be ≥ 0, got {n_predict}")
+    n_predict = predict_limit(n_predict, ctx_size)
     check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                    seed=seed, repeat_last_n=repeat_last_n)
     DraftPolicy.parse(draft, True)          # a bad --draft fails before loading too

@@ -477,3 +477,11 @@ def test_llama_cli_input_options_are_noted():
     assert rewrite(["chat", "-mli", "--simple-io", "-sp", "-v", "--in-prefix", "X", "-lv", "3", "-n", "2"],
                    notes.append) == ["chat", "-n", "2"]
     assert [n.split()[0] for n in notes] == ["-mli", "--simple-io", "-sp", "-v", "--in-prefix", "-lv"]
+
+
+@pytest.mark.parametrize("n", ["-1", "-2"])
+def test_n_minus_one_and_two_run_to_the_end_of_the_context(n):
+    """llama.cpp's -n -1 (its default: no limit) and -2 (until the context is full) were refused
+    ('-n must be ≥ 0'); both run until the context ends (or the text, without --ignore-eos)."""
+    out, _ = decode_json("-n", n, "-c", "32", "--ignore-eos", "-p", "hi")
+    assert out["stop_reason"] == "context" and out["prompt_tokens"] + out["generated_tokens"] == 32
