@@ -198,7 +198,7 @@ def chat(
 
     With stdin not a terminal, every line is one user message (replies go to stdout).
     """
-    n_predict = predict_limit(n_predict, ctx_size)
+    limit = predict_limit(n_predict)
     if prompt is not None and not prompt.strip():
         raise HybridError("the first message (-p) is empty")
     check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, seed=seed,
@@ -216,7 +216,7 @@ def chat(
                    draft=draft)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,
                         reasoning=think)
-    sampling = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+    sampling = dict(max_tokens=session.n_ctx if limit is None else limit, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                     repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
                     frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, stop=stop,
                     ignore_eos=ignore_eos, **extras)

@@ -16,6 +16,7 @@ from ..api import load
 from ..chat_template import ChatTemplate
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
+from ..model_file import default_model_path, open_model
 from ..placement import DEFAULT_PCIE_SHARE, parse_overrides
 from ..sampling import SamplerConfig
 from ..state import DEFAULT_N_CTX
@@ -27,7 +28,8 @@ ModelOpt = typer.Option(None, "-m", "--model", help="GGUF model file (same as th
                         show_default=False)
 ThreadsOpt = typer.Option(None, "-t", "--threads", help="CPU threads (default: all cores available).",
                           show_default=False)
-CtxOpt = typer.Option(DEFAULT_N_CTX, "-c", "--ctx-size", help="Context size in tokens (capped at the model's).")
+CtxOpt = typer.Option(DEFAULT_N_CTX, "-c", "--ctx-size", help="Context size in tokens (capped at the model's; "
+                      "0: the model's own, as llama.cpp's -c 0).")
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda or auto.")
 
 # Sampling and drafting, shared by decode and chat (llama.cpp's spellings and defaults).
@@ -136,11 +138,11 @@ def parse_reasoning(value: str) -> bool | None:
     raise HybridError(f"--reasoning {value!r}: use on, off or auto")
 
 
-def predict_limit(n_predict: int, n_ctx: int) -> int:
-    """llama.cpp's -n as a token limit: a count, or -1 (no limit) / -2 (until the context is full),
-    which both end where the context does here."""
+def predict_limit(n_predict: int) -> Optional[int]:
+    """llama.cpp's -n as a token limit: a count, or None for -1 (no limit) and -2 (until the
+    context is full), which both end where the context does here."""
     if n_predict in (-1, -2):
-        return n_ctx
+        return None
     if n_predict < 0:
         raise HybridError(f"-n must be ≥ 0, -1 (no limit) or -2 (until the context is full), got {n_predict}")
     return n_predict
@@ -280,6 +282,9 @@ def load_model(path: Optional[Path], *, device: str, threads: Optional[int], n_c
     job takes (its prompt, a draft verify step), when known: the warm-up then compiles only the
     kernels of calls that size (`Model.warmup`); draft: the job's --draft, whose deepest verify
     the warm-up prepares too."""
+    if n_ctx == 0:                      # llama.cpp's -c 0: the context the model was made for
+        with open_model(path or default_model_path()) as f:
+            n_ctx = f.config.context_length
     rules, ngl_cpu = layer_rules(n_gpu_layers, n_cpu_moe)
     if rules and device != "cuda" and not cpu_only:
         if not available():

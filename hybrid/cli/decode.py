@@ -176,7 +176,7 @@ def decode(
     if escape:
         text = unescape(text)
         system = unescape(system) if system is not None else None
-    n_predict = predict_limit(n_predict, ctx_size)
+    limit = predict_limit(n_predict)
     check_sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                    seed=seed, repeat_last_n=repeat_last_n)
     DraftPolicy.parse(draft, True)          # a bad --draft fails before loading too
@@ -196,7 +196,7 @@ def decode(
                    n_cpu_moe=n_cpu_moe, chat_template_file=chat_template_file, draft=draft,
                    max_rows=lambda m: max(len(m.encode_prompt(text, chat=chat, system=system, reasoning=think)),
                                           DraftPolicy.parse(draft, m.has_mtp).ring))
-    events = m.generate(text, max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+    events = m.generate(text, max_tokens=m.n_ctx if limit is None else limit, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system, reasoning=think,

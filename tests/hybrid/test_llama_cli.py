@@ -485,3 +485,14 @@ def test_n_minus_one_and_two_run_to_the_end_of_the_context(n):
     ('-n must be ≥ 0'); both run until the context ends (or the text, without --ignore-eos)."""
     out, _ = decode_json("-n", n, "-c", "32", "--ignore-eos", "-p", "hi")
     assert out["stop_reason"] == "context" and out["prompt_tokens"] + out["generated_tokens"] == 32
+
+
+def test_c_zero_is_the_models_own_context():
+    """llama.cpp's -c 0 takes the context the model was made for (was: 'context size must be ≥ 1')."""
+    import io
+
+    from rich.console import Console
+
+    from hybrid.cli.common import load_model
+    m = load_model(None, device="cpu", threads=1, n_ctx=0, console=Console(file=io.StringIO()), quiet=True)
+    assert m.n_ctx == m.config.context_length > 4096
