@@ -152,10 +152,12 @@ def chat(
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="The first user message (llama-cli's -p); "
                                          "more follow from the terminal or stdin unless --single-turn.",
                                          show_default=False),
-    single_turn: bool = typer.Option(False, "-st", "--single-turn", help="Stop after the first reply (llama-cli's -st)."),
+    single_turn: bool = typer.Option(False, "-st", "--single-turn",
+                                     help="Stop after the first reply (llama-cli's -st)."),
     chat_template_file: Optional[Path] = ChatTemplateFileOpt,
     reasoning: str = ReasoningOpt,
-    n_predict: int = typer.Option(512, "-n", "--n-predict", help="Tokens per reply at most (-1: no limit but the context, as -2)."),
+    n_predict: int = typer.Option(512, "-n", "--n-predict",
+                                  help="Tokens per reply at most (-1: no limit but the context, as -2)."),
     temp: float = TempOpt,
     top_k: int = TopKOpt,
     top_p: float = TopPOpt,
@@ -216,10 +218,10 @@ def chat(
                    draft=draft)
     session = m.session(system=system, n_ctx=ctx_size, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,
                         reasoning=think)
-    sampling = dict(max_tokens=session.n_ctx if limit is None else limit, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
-                    frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, stop=stop,
-                    ignore_eos=ignore_eos, **extras)
+    sampling = dict(max_tokens=session.n_ctx if limit is None else limit, temperature=temp, top_k=top_k,
+                    top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                    presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                    seed=None if seed < 0 else seed, stop=stop, ignore_eos=ignore_eos, **extras)
     out = Console()
     if interactive:
         err.print(f"[dim]{escape(safe_text(m.path.name))} · /help for commands · Ctrl-D quits[/]", highlight=False)

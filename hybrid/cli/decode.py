@@ -122,7 +122,8 @@ def decode(
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a UTF-8 file ('-': stdin). "
                                         "Without -p or -f, text piped to stdin is the prompt."),
     escape: bool = typer.Option(False, "--escape", "-e", help="Turn \\n, \\t, \\\\ … in the prompt into the characters (llama.cpp's -e)."),
-    n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate at most (-1: no limit but the context, as -2)."),
+    n_predict: int = typer.Option(128, "-n", "--n-predict",
+                                  help="Tokens to generate at most (-1: no limit but the context, as -2)."),
     temp: float = TempOpt,
     top_k: int = TopKOpt,
     top_p: float = TopPOpt,
