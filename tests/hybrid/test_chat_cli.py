@@ -37,7 +37,7 @@ def test_exit_command_and_empty_input():
     assert not TURN.search(r.stderr) and r.stdout.strip() == ""
 
 
-@pytest.mark.parametrize("args, message", [(["-n", "-1"], "-n must be"), (["-ot", "(=CPU"], "bad regular expression")])
+@pytest.mark.parametrize("args, message", [(["-n", "-3"], "-n must be"), (["-ot", "(=CPU"], "bad regular expression")])
 def test_bad_option_gives_a_clear_message(args, message):
     r = run_chat(*args, stdin="hi\n")
     assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr
