@@ -56,6 +56,11 @@ def one_value(value: Optional[str], flag: str) -> Optional[str]:
     return value
 
 
+def one_count(value: Optional[str], flag: str) -> Optional[int]:
+    """`one_value` as a count (None when not given)."""
+    return None if one_value(value, flag) is None else counts([value], flag)[0]
+
+
 @app.command("bench")
 def bench(
     model: Optional[Path] = ModelArg,
@@ -92,16 +97,15 @@ def bench(
         raise HybridError(f"-r must be ≥ 1, got {reps}")
     prompts, gens, both = counts(n_prompt, "-p"), counts(n_gen, "-n"), pairs(n_pg)
     depths = list(dict.fromkeys(counts(n_depth, "-d")))
-    threads_n = None if one_value(threads, "-t") is None else counts([threads], "-t")[0]
-    moe_n = None if one_value(n_cpu_moe, "-ncmoe") is None else counts([n_cpu_moe], "-ncmoe")[0]
+    threads_n, moe_n = one_count(threads, "-t"), one_count(n_cpu_moe, "-ncmoe")
     err = Console(stderr=True)
     path = pick_model(model, model_opt)
     for d in draft:
         parse_depth(d)                      # reject bad depths before loading anything
-    if not any(n > 0 for n in (*prompts, *gens, *(p + g for p, g in both))):
+    sizes = [*prompts, *gens, *(p + g for p, g in both)]         # each test's tokens
+    if not any(n > 0 for n in sizes):
         raise HybridError("nothing to time: give a positive -p, -n or -pg")
-    longest = max([*prompts, *gens, *(p + g for p, g in both), 1])
-    n_ctx = max(depths) + longest + 64
+    n_ctx = max(depths) + max(sizes) + 64
     # the model's context bounds every test; read it from the header before loading anything
     with open_model(path or default_model_path()) as f:
         model_ctx = f.config.context_length

@@ -218,13 +218,7 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
             out += ["--cache-mem", NO_LIMIT if n == -1 else f"{n}MiB"]
             continue
         if name in ignored:
-            kind, why = ignored[name]
-            i += 1
-            if kind == "value" and not eq and i < len(args):
-                i += 1
-            elif kind == "on_off" and not eq and i < len(args) and args[i].lower() in ON_OFF:
-                i += 1
-            note(f"{name} is ignored: {why}")
+            i = _ignore(args, i, name, eq, ignored[name], note)
             continue
         if name == "--reasoning-budget":
             budget, i = _value(args, i, eq, value)
@@ -249,6 +243,18 @@ def rewrite(argv: Sequence[str], note: Callable[[str], None]) -> list[str]:
         out.append(a)
         i += 1
     return out
+
+
+def _ignore(args: list[str], i: int, name: str, eq: str, entry: tuple, note: Callable[[str], None]) -> int:
+    """Note that the option at args[i] is ignored (entry: its (kind, why) in an IGNORED table);
+    returns the index past it and the value it takes (kind "value"; "on_off": only a value in
+    ON_OFF, which is optional)."""
+    kind, why = entry
+    note(f"{name} is ignored: {why}")
+    i += 1
+    if not eq and i < len(args) and (kind == "value" or (kind == "on_off" and args[i].lower() in ON_OFF)):
+        i += 1
+    return i
 
 
 def _value(args: list[str], i: int, eq: str, value: str) -> tuple[str, int]:
@@ -276,10 +282,8 @@ def _rewrite_bench(args: list[str], note: Callable[[str], None]) -> list[str]:
             out += ["--device", _our_device(device, note)]
             continue
         elif name in BENCH_IGNORED:
-            kind, why = BENCH_IGNORED[name]
-            if kind == "value" and not eq and i + 1 < len(args):
-                i += 1
-            note(f"{name} is ignored: {why}")
+            i = _ignore(args, i, name, eq, BENCH_IGNORED[name], note)
+            continue
         elif name in BENCH_VALUES and not eq and i + 1 < len(args):
             out += [a, args[i + 1]]
             i += 1
