@@ -171,6 +171,14 @@ def _time_interleaved(t: GGMLType, copies, xs, outs, plan: BenchPlan) -> list[fl
     return [float(np.median(ts)) for ts in times]
 
 
+def pass_seconds(t: GGMLType, w: np.ndarray, plan: BenchPlan, n: int = 1) -> float:
+    """Median seconds of one n-input matvec pass over the weights w (rows of type t), each pass on
+    the next of enough copies of w that they come from memory (tools/vs_ggml_cpu.py)."""
+    rows, cols = w.shape[0], w.shape[1] // t.block_bytes * t.block_elems
+    x = np.random.default_rng(0).standard_normal((n, cols), dtype=np.float32)
+    return _time_interleaved(t, _weight_copies(w, plan.stream_bytes), [x], [np.empty((n, rows), np.float32)], plan)[0]
+
+
 def run(plan: BenchPlan, threads: int, progress: Callable[[str], None] = lambda msg: None) -> BenchReport:
     """Measure bandwidth, then every (type, shape, n) of the plan."""
     numba.set_num_threads(threads)
