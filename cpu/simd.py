@@ -746,6 +746,23 @@ def _const_table(v: _Vec, name: str, values, ty):
 _POINTER_MANGLE = "p0" if llvm.llvm_version_info >= (17,) else "p0i{}"
 
 
+def _target_gathers_fast() -> bool:
+    """Whether the grid readers fetch their table rows with vector gathers (else one scalar load per
+    row, from indices read as scalars). Gathers are fast on the AVX-512 cores (Intel's server
+    cores, AMD's from Zen 4) and microcoded on the AVX2-only Zen 2/3, where the loads win; the
+    measurements are in docs/MEASUREMENTS.md (2026-11-29, stop 50). Read when a kernel compiles."""
+    return "avx512f" in _target_features()
+
+
+def _fetch_rows(v: _Vec, table, ty, vector_idx: Callable, scalar_idx: Callable):
+    """Rows of `table` (8 of u32 or 4 of u64) as one 32 x i8 vector: gathered at the i32 vector
+    vector_idx() where the target gathers fast, else loaded one by one at the i64 scalars
+    scalar_idx() (the same indices; only the chosen form is built)."""
+    if _target_gathers_fast():
+        return _gather_rows(v, table, vector_idx(), ty)
+    return _rows(v, table, scalar_idx(), ty)
+
+
 def _gather_rows(v: _Vec, table, idx, ty=_I32):
     """table[idx[i]] for the i32 indices idx (8 for u32 rows, 4 for u64 rows), as 32 bytes (row i
     in bytes 4i.. / 8i..): `llvm.masked.gather` (vpgatherdd / vpgatherdq with AVX2, scalar loads
@@ -812,14 +829,24 @@ _IQ2_TABLES = {"iq2xxs_grid": _grid_rows(_gguf_quants.IQ2_XXS), "iq2xs_grid": _g
                "iq2s_grid": _grid_rows(_gguf_quants.IQ2_S), "iq2_signs": _SIGN_ROWS}
 
 
+def _rows(v: _Vec, table, indices, ty):
+    """table[indices[i]] (i64 scalars: 8 rows of u32 or 4 of u64) as one 32 x i8 vector, row i in
+    bytes 4i.. / 8i.., one scalar load per row."""
+    rows = ir.Constant(ir.VectorType(ty, len(indices)), None)
+    for lane, idx in enumerate(indices):
+        rows = v.b.insert_element(rows, v.b.load(v.b.gep(table, [idx]), align=ty.width // 8), _I32(lane))
+    return v.b.bitcast(rows, _U8X32)
+
+
 def _table_rows(v: _Vec, name: str, indices):
     """Rows indices[0..3] (i64 scalars) of the constant table `name` (`_IQ2_TABLES`, 8 bytes a row)
     as one 32 x i8 vector."""
-    table = _const_table(v, name, _IQ2_TABLES[name], _I64)
-    rows = ir.Constant(ir.VectorType(_I64, 4), None)
-    for lane, idx in enumerate(indices):
-        rows = v.b.insert_element(rows, v.b.load(v.b.gep(table, [idx]), align=8), _I32(lane))
-    return v.b.bitcast(rows, _U8X32)
+    return _rows(v, _const_table(v, name, _IQ2_TABLES[name], _I64), indices, _I64)
+
+
+def _byte_i64(v: _Vec, blk, at: int):
+    """Byte `at` of the block as an i64 scalar (a table index, or the bits of one)."""
+    return v.b.zext(v.load(blk, at, _I8), _I64)
 
 
 def _bits_i64(v: _Vec, q, shift: int, mask: int):
@@ -948,8 +975,9 @@ def _unpack_iq3xxs(v: _Vec, blk):
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
     codes = []
     for ib in range(8):
-        idx = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
-        codes.append(_offset_codes(v, v.sign8(_gather_rows(v, table, idx), _sign_bytes(v, signs, 4 * ib))))
+        grid = _fetch_rows(v, table, _I32, lambda: b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8),
+                          lambda: [_byte_i64(v, blk, 2 + 8 * ib + k) for k in range(8)])
+        codes.append(_offset_codes(v, v.sign8(grid, _sign_bytes(v, signs, 4 * ib))))
     return _grid_dot(v, codes, scale)
 
 
@@ -967,10 +995,15 @@ def _unpack_iq3s(v: _Vec, blk):
     bit_of = ir.Constant(_I32X8, list(range(8)))
     codes = []
     for ib in range(8):
-        low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
-        qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
-        high = b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8))
-        grid = _gather_rows(v, table, b.or_(low, high))
+        def vector_idx():
+            low = b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8)
+            qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
+            return b.or_(low, b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8)))
+
+        def scalar_idx():
+            qh = _byte_i64(v, blk, 66 + ib)
+            return [b.or_(_byte_i64(v, blk, 2 + 8 * ib + k), b.shl(_bits_i64(v, qh, k, 1), _I64(8))) for k in range(8)]
+        grid = _fetch_rows(v, table, _I32, vector_idx, scalar_idx)
         # the sign bits of weights 32ib.. are the i32 at 74 + 4ib as they lie (bit j: weight j)
         codes.append(_offset_codes(v, v.negate_where(grid, v.load(blk, 74 + 4 * ib, _I32))))
     return _grid_dot(v, codes, scale)
@@ -991,11 +1024,17 @@ def _unpack_iq1s(v: _Vec, blk):
     codes = []
     for ib in range(8):
         h = b.zext(v.load(blk, 34 + 2 * ib, _I16), _I32)
-        h4 = v.splat(h, 4)
-        high = b.shl(b.and_(b.lshr(h4, ir.Constant(x4, [0, 3, 6, 9])), ir.Constant(x4, [7] * 4)),   # index bits 8..10
-                     ir.Constant(x4, [8] * 4))
-        idx = b.or_(b.zext(v.load(blk, 2 + 4 * ib, ir.VectorType(_I8, 4)), x4), high)
-        grid = _gather_rows(v, table, idx, _I64)                        # 8·grid + GRID_OFFSET
+
+        def vector_idx():                   # qs bytes | index bits 8..10 from h
+            high = b.shl(b.and_(b.lshr(v.splat(h, 4), ir.Constant(x4, [0, 3, 6, 9])), ir.Constant(x4, [7] * 4)),
+                         ir.Constant(x4, [8] * 4))
+            return b.or_(b.zext(v.load(blk, 2 + 4 * ib, ir.VectorType(_I8, 4)), x4), high)
+
+        def scalar_idx():
+            h64 = b.zext(h, _I64)
+            return [b.or_(_byte_i64(v, blk, 2 + 4 * ib + l), b.shl(_bits_i64(v, h64, 3 * l, 7), _I64(8)))
+                    for l in range(4)]
+        grid = _fetch_rows(v, table, _I64, vector_idx, scalar_idx)      # 8·grid + GRID_OFFSET
         neg = b.icmp_unsigned("!=", b.and_(h, _I32(0x8000)), _I32(0))
         codes.append(b.add(grid, v.splat(b.select(neg, _I8(-1), _I8(1)), 32)))
     return _grid_dot(v, codes, scale)
@@ -1034,11 +1073,17 @@ def _unpack_iq1m(v: _Vec, blk):
     qh = v.load(blk, 32, ir.VectorType(_I8, 16))
     codes = []
     for c in range(8):                     # 32 weights: groups k = 4c..4c+3, qh bytes 2c, 2c + 1
-        pair = b.shuffle_vector(qh, qh, ir.Constant(x4, [2 * c, 2 * c, 2 * c + 1, 2 * c + 1]))
-        high = b.shl(b.and_(b.lshr(b.zext(pair, x4), ir.Constant(x4, [0, 4, 0, 4])), ir.Constant(x4, [7] * 4)),
-                     ir.Constant(x4, [8] * 4))
-        idx = b.or_(b.zext(v.load(blk, 4 * c, ir.VectorType(_I8, 4)), x4), high)
-        grid = _gather_rows(v, table, idx, _I64)                        # 8·grid + GRID_OFFSET
+        def vector_idx():                   # qs bytes | index bits 8..10 from the qh nibbles
+            pair = b.shuffle_vector(qh, qh, ir.Constant(x4, [2 * c, 2 * c, 2 * c + 1, 2 * c + 1]))
+            high = b.shl(b.and_(b.lshr(b.zext(pair, x4), ir.Constant(x4, [0, 4, 0, 4])), ir.Constant(x4, [7] * 4)),
+                         ir.Constant(x4, [8] * 4))
+            return b.or_(b.zext(v.load(blk, 4 * c, ir.VectorType(_I8, 4)), x4), high)
+
+        def scalar_idx():
+            return [b.or_(_byte_i64(v, blk, 4 * c + l),
+                          b.shl(_bits_i64(v, _byte_i64(v, blk, 32 + 2 * c + l // 2), 4 * (l % 2), 7), _I64(8)))
+                    for l in range(4)]
+        grid = _fetch_rows(v, table, _I64, vector_idx, scalar_idx)      # 8·grid + GRID_OFFSET
         spread = b.shuffle_vector(qh, qh, ir.Constant(ir.VectorType(_I32, 32), [2 * c + j // 16 for j in range(32)]))
         neg = b.and_(spread, ir.Constant(_U8X32, [0x08 if j // 8 % 2 == 0 else 0x80 for j in range(32)]))
         delta = b.select(b.icmp_unsigned("==", neg, ir.Constant(_U8X32, None)),

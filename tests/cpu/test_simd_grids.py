@@ -35,6 +35,22 @@ def test_plain_ir_path_gives_the_bits_of_matvec(name, monkeypatch):
     assert np.allclose(got.T, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("gathers", [True, False])
+@pytest.mark.parametrize("name", ["IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
+def test_both_ways_of_fetching_grid_rows_give_the_bits_of_matvec(name, gathers, monkeypatch):
+    """The readers that gather their grid rows on AVX-512 machines and load them one by one
+    elsewhere (`_target_gathers_fast`): each way, compiled fresh, gives matvec's bits."""
+    rng = np.random.default_rng(11)
+    w = random_rows(name, 7, COLS, rng)
+    x = rng.standard_normal((3, COLS)).astype(np.float32)
+    want = np.full((3, 7), np.nan, np.float32)
+    matvec(type_id(name), w, x, want)
+    monkeypatch.setattr(simd, "_target_gathers_fast", lambda: gathers)    # read when the kernel compiles
+    got = np.full((3, 7), np.nan, np.float32)
+    row_dot_kernel(type_id(name))(type_id(name), w, *quantize_activations(type_id(name), x), got)
+    np.testing.assert_array_equal(got, want)
+
+
 READERS = {"IQ2_XXS": simd.IQ2_XXS_BLOCKS, "IQ2_XS": simd.IQ2_XS_BLOCKS, "IQ2_S": simd.IQ2_S_BLOCKS}
 
 
