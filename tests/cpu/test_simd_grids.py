@@ -20,16 +20,23 @@ from .quant_data import dequantized, quantized_x, random_rows, row_dot_kernel, t
 COLS = 768     # 3 super-blocks
 
 
+def matvec_and_fresh_row_dot(name, rows, slots, seed, monkeypatch, switch, value):
+    """(w, x, matvec's out, a freshly compiled row dot's out with cpu.simd's compile-time choice
+    `switch` made to return `value`), on random rows of the type."""
+    rng = np.random.default_rng(seed)
+    w = random_rows(name, rows, COLS, rng)
+    x = rng.standard_normal((slots, COLS)).astype(np.float32)
+    want = np.full((slots, rows), np.nan, np.float32)
+    matvec(type_id(name), w, x, want)
+    monkeypatch.setattr(simd, switch, lambda: value)    # read when the kernel compiles
+    got = np.full((slots, rows), np.nan, np.float32)
+    row_dot_kernel(type_id(name))(type_id(name), w, *quantize_activations(type_id(name), x), got)
+    return w, x, want, got
+
+
 @pytest.mark.parametrize("name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
 def test_plain_ir_path_gives_the_bits_of_matvec(name, monkeypatch):
-    rng = np.random.default_rng(7)
-    w = random_rows(name, 9, COLS, rng)
-    x = rng.standard_normal((5, COLS)).astype(np.float32)
-    want = np.full((5, 9), np.nan, np.float32)
-    matvec(type_id(name), w, x, want)
-    monkeypatch.setattr(simd, "_target_has_avx2", lambda: False)    # read when the kernel compiles
-    got = np.full((5, 9), np.nan, np.float32)
-    row_dot_kernel(type_id(name))(type_id(name), w, *quantize_activations(type_id(name), x), got)
+    w, x, want, got = matvec_and_fresh_row_dot(name, 9, 5, 7, monkeypatch, "_target_has_avx2", False)
     np.testing.assert_array_equal(got, want)
     ref = dequantized(name, w, COLS) @ quantized_x(name, x).T
     assert np.allclose(got.T, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -40,14 +47,7 @@ def test_plain_ir_path_gives_the_bits_of_matvec(name, monkeypatch):
 def test_both_ways_of_fetching_grid_rows_give_the_bits_of_matvec(name, gathers, monkeypatch):
     """The readers that gather their grid rows on AVX-512 machines and load them one by one
     elsewhere (`_target_gathers_fast`): each way, compiled fresh, gives matvec's bits."""
-    rng = np.random.default_rng(11)
-    w = random_rows(name, 7, COLS, rng)
-    x = rng.standard_normal((3, COLS)).astype(np.float32)
-    want = np.full((3, 7), np.nan, np.float32)
-    matvec(type_id(name), w, x, want)
-    monkeypatch.setattr(simd, "_target_gathers_fast", lambda: gathers)    # read when the kernel compiles
-    got = np.full((3, 7), np.nan, np.float32)
-    row_dot_kernel(type_id(name))(type_id(name), w, *quantize_activations(type_id(name), x), got)
+    _, _, want, got = matvec_and_fresh_row_dot(name, 7, 3, 11, monkeypatch, "_target_gathers_fast", gathers)
     np.testing.assert_array_equal(got, want)
 
 
