@@ -96,12 +96,17 @@ def main(argv: list[str]) -> int:
     from cpu.threads import set_threads
     from hybrid.kernel_bench import BenchPlan, parse_types, pass_seconds, random_weights, warm_up
 
+    if not a.src.exists():
+        p.error(f"--src: no such file or folder: {a.src}")
     try:
         names = parse_types(a.types.split(","))
-        rows, cols = (int(v) for v in a.shape.lower().split("x"))
         threads = set_threads(a.threads)
     except ValueError as e:
         p.error(str(e))
+    try:
+        rows, cols = (int(v) for v in a.shape.lower().split("x"))
+    except ValueError:
+        p.error(f"--shape must be ROWSxCOLS, e.g. 17408x5120 (got {a.shape!r})")
     try:
         program = build_ggml(a.src, a.build)
     except subprocess.CalledProcessError as e:
