@@ -114,20 +114,17 @@ def main(argv: list[str]) -> int:
     plan = BenchPlan.make(names)
     warm_up(names)
     read = read_bandwidth(plan.bandwidth_bytes)
-    weights = {}
+    weights, files = {}, {name: a.build / f"{name}_{rows}x{cols}.bin" for name in names}
     for name in names:
-        t = BY_NAME[name]
-        weights[name] = random_weights(t, rows, cols, np.random.default_rng(1234))
-        weights[name].tofile(a.build / f"{name}_{rows}x{cols}.bin")
+        weights[name] = random_weights(BY_NAME[name], rows, cols, np.random.default_rng(1234))
+        weights[name].tofile(files[name])
     print(f"{rows}x{cols}, one input, {threads} threads (Numba: {numba.get_num_threads()}), read {read:.1f} GB/s; "
           f"best of {a.rounds} rounds")
     best: dict[str, dict[str, float]] = {name: {} for name in names}
     for _ in range(a.rounds):
         for name in names:
-            t = BY_NAME[name]
-            times = {"ggml": ggml_seconds(program, name, rows, cols, threads, a.build / f"{name}_{rows}x{cols}.bin",
-                                          plan),
-                     "hybrid": pass_seconds(t, weights[name], plan)}
+            times = {"ggml": ggml_seconds(program, name, rows, cols, threads, files[name], plan),
+                     "hybrid": pass_seconds(BY_NAME[name], weights[name], plan)}
             for engine, sec in times.items():
                 best[name][engine] = min(best[name].get(engine, sec), sec)
     print(f"{'type':8} {'ggml ms':>9} {'hybrid ms':>10} {'hybrid ÷ ggml':>14} {'ggml % read':>12} {'hybrid % read':>14}")
