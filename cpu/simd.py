@@ -748,19 +748,26 @@ _POINTER_MANGLE = "p0" if llvm.llvm_version_info >= (17,) else "p0i{}"
 
 def _target_gathers_fast() -> bool:
     """Whether the grid readers fetch their table rows with vector gathers (else one scalar load per
-    row, from indices read as scalars). Gathers are fast on the AVX-512 cores (Intel's server
-    cores, AMD's from Zen 4) and microcoded on the AVX2-only Zen 2/3, where the loads win; the
-    measurements are in docs/MEASUREMENTS.md (2026-11-29, stop 50). Read when a kernel compiles."""
+    row). Gathers are fast on the AVX-512 cores (Intel's server cores, AMD's from Zen 4) and
+    microcoded on the AVX2-only Zen 2/3, where the loads win; the measurements are in
+    docs/MEASUREMENTS.md (2026-11-29, stops 50 and 51). Read when a kernel compiles."""
     return "avx512f" in _target_features()
 
 
-def _fetch_rows(v: _Vec, table, ty, vector_idx: Callable, scalar_idx: Callable):
-    """Rows of `table` (8 of u32 or 4 of u64) as one 32 x i8 vector: gathered at the i32 vector
-    vector_idx() where the target gathers fast, else loaded one by one at the i64 scalars
-    scalar_idx() (the same indices; only the chosen form is built)."""
+def _fetch_rows(v: _Vec, table, ty, vector_idx: Callable, scalar_idx: Callable | None = None):
+    """Rows of `table` (8 of u32 or 4 of u64) as one 32 x i8 vector, at the i32 lanes of
+    vector_idx(): gathered where the target gathers fast, else loaded one by one, each at an i64
+    scalar index: scalar_idx()'s (the same indices, computed in integer registers) where a reader
+    gives them, else the lanes of vector_idx() taken out one by one. Which of the two is faster
+    was measured per type on Zen 3 (docs/MEASUREMENTS.md, 2026-11-29, stop 51): the lanes for
+    IQ3_S's 8 computed indices per vector; integer code for IQ1_S's and IQ1_M's 4, and for
+    IQ3_XXS, whose indices are plain bytes of the block. Only the chosen form is built."""
     if _target_gathers_fast():
         return _gather_rows(v, table, vector_idx(), ty)
-    return _rows(v, table, scalar_idx(), ty)
+    if scalar_idx is not None:
+        return _rows(v, table, scalar_idx(), ty)
+    idx = vector_idx()
+    return _rows(v, table, [v.b.zext(v.b.extract_element(idx, _I32(i)), _I64) for i in range(idx.type.count)], ty)
 
 
 def _gather_rows(v: _Vec, table, idx, ty=_I32):
@@ -1000,10 +1007,7 @@ def _unpack_iq3s(v: _Vec, blk):
             qh = v.splat(b.zext(v.load(blk, 66 + ib, _I8), _I32))
             return b.or_(low, b.shl(b.and_(b.lshr(qh, bit_of), v.splat_const(_I32X8, 1)), v.splat_const(_I32X8, 8)))
 
-        def scalar_idx():
-            qh = _byte_i64(v, blk, 66 + ib)
-            return [b.or_(_byte_i64(v, blk, 2 + 8 * ib + k), b.shl(_bits_i64(v, qh, k, 1), _I64(8))) for k in range(8)]
-        grid = _fetch_rows(v, table, _I32, vector_idx, scalar_idx)
+        grid = _fetch_rows(v, table, _I32, vector_idx)
         # the sign bits of weights 32ib.. are the i32 at 74 + 4ib as they lie (bit j: weight j)
         codes.append(_offset_codes(v, v.negate_where(grid, v.load(blk, 74 + 4 * ib, _I32))))
     return _grid_dot(v, codes, scale)
