@@ -387,6 +387,37 @@ def f16_bits_to_f32(typingctx, bits):
 
 # ---- K-quant super-blocks (256 weights) ------------------------------------------------------
 
+def _target_has_32_vector_registers() -> bool:
+    """AVX-512 (32 vector registers; AVX2 alone has 16). Read when a kernel compiles."""
+    return "avx512f" in _target_features()
+
+
+class _Chunks:
+    """A super-block's 8 unpacked parts (32 weights each, with what the dot needs of them), made by
+    part(c) when first used. Where the target has 16 vector registers (AVX2 without AVX-512), the
+    first slot's dot thus takes each part right after it is made: x86 instruction selection keeps
+    the order of the IR, and 8 parts made up front stay live together and spill (one-slot IQ2_XS:
+    18 spill moves a block). Where AVX-512 gives 32 registers they are made up front, the order
+    measured there. Either order computes the same integers. The readers that use it measured
+    0.77-0.93x the time so on Zen 3 (Q3_K, IQ2_XS, IQ2_S, IQ3_XXS, IQ1_M); the others measured the
+    same or slower and make their parts up front (docs/MEASUREMENTS.md, 2026-11-29, stop 51)."""
+
+    def __init__(self, part: Callable):
+        self._part = part
+        self._made: dict[int, object] = {}
+        if _target_has_32_vector_registers():
+            for c in range(8):
+                self[c]
+
+    def __getitem__(self, c: int):
+        if c not in self._made:
+            self._made[c] = self._part(c)
+        return self._made[c]
+
+    def __iter__(self):
+        return (self[c] for c in range(8))
+
+
 def _k4_scales(v: _Vec, blk, at: int):
     """The 8 six-bit scales and 8 mins of Q4_K/Q5_K (12 bytes at blk+at) as one 16 x i16 vector:
     lanes 0..7 scales, 8..15 mins (`get_scale_min_k4`). In vector registers: the bytes are
@@ -569,12 +600,11 @@ def _unpack_q3k(v: _Vec, blk):
     b = v.b
     sc = _q3k_scales(v, blk)
     hm = v.load(blk, 0, _U8X32)
-    parts = []  # (32 unsigned codes of elements 32c.., c = 4h + s)
-    for h in range(2):
-        qs = v.load(blk, 32 + 32 * h, _U8X32)
-        for s in range(4):
-            parts.append(b.or_(v.bits8(qs, 2 * s, 3, 0), v.bits8(hm, 4 * h + s, 1, 2)))
-    return _per16_dot(v, parts, sc, sc)
+
+    def part(c):     # 32 unsigned codes of elements 32c.., c = 4h + s
+        h, s = divmod(c, 4)
+        return b.or_(v.bits8(v.load(blk, 32 + 32 * h, _U8X32), 2 * s, 3, 0), v.bits8(hm, 4 * h + s, 1, 2))
+    return _per16_dot(v, _Chunks(part), sc, sc)
 
 
 def _unpack_q2k(v: _Vec, blk):
@@ -930,15 +960,15 @@ def _unpack_iq2xs(v: _Vec, blk):
     scales (nibbles per 16 weights) at byte 66."""
     b = v.b
     scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 66))
-    chunks = []
-    for c in range(8):
+
+    def part(c):
         # each index word loaded as a scalar: taken out of one vector load, every one cost a
         # `vpextrw` (2 µops) on top (docs/MEASUREMENTS.md); loads are cheap and the block is in L1
         q = [b.zext(v.load(blk, 2 + 2 * (4 * c + l), _I16), _I64) for l in range(4)]
         grid = _table_rows(v, "iq2xs_grid", [_bits_i64(v, k, 0, 511) for k in q])
         signs = _table_rows(v, "iq2_signs", [_bits_i64(v, k, 9, 127) for k in q])
-        chunks.append((grid, signs, scales[c]))
-    return _signed_x_dot(v, chunks)
+        return (grid, signs, scales[c])
+    return _signed_x_dot(v, _Chunks(part))
 
 
 def _unpack_iq2s(v: _Vec, blk):
@@ -948,8 +978,8 @@ def _unpack_iq2s(v: _Vec, blk):
     b = v.b
     scales = _scales_of_chunks(v, _iq2_scales16(v, blk, 74))
     sign_bits = v.load(blk, 34, _U8X32)
-    chunks = []
-    for c in range(8):
+
+    def part(c):
         idx = []
         qh = b.zext(v.load(blk, 66 + c, _I8), _I64)     # scalar loads, as `_unpack_iq2xs`
         for l in range(4):
@@ -958,8 +988,8 @@ def _unpack_iq2s(v: _Vec, blk):
             high = _bits_i64(v, qh, 2 * l, 3)
             idx.append(b.or_(low, b.shl(high, _I64(8))))
         grid = _table_rows(v, "iq2s_grid", idx)
-        chunks.append((grid, _sign_bytes(v, sign_bits, 4 * c), scales[c]))
-    return _signed_x_dot(v, chunks)
+        return (grid, _sign_bytes(v, sign_bits, 4 * c), scales[c])
+    return _signed_x_dot(v, _Chunks(part))
 
 
 IQ2_XXS_BLOCKS = _KQuant(_unpack_iq2xxs, 66, d_at=0, dmin_at=None, offset_scale=0, d_factor=0.125)
@@ -980,12 +1010,12 @@ def _unpack_iq3xxs(v: _Vec, blk):
                            v.splat_const(_I32X8, 1)), ir.VectorType(_I16, 8))
     scale = b.shuffle_vector(scale8, scale8, ir.Constant(ir.VectorType(_I32, 16), list(range(8)) * 2))
     table = _const_table(v, "iq3xxs_grid_rows", IQ3XXS_GRID_ROWS, _I32)
-    codes = []
-    for ib in range(8):
+
+    def part(ib):
         grid = _fetch_rows(v, table, _I32, lambda: b.zext(v.load(blk, 2 + 8 * ib, ir.VectorType(_I8, 8)), _I32X8),
                           lambda: [_byte_i64(v, blk, 2 + 8 * ib + k) for k in range(8)])
-        codes.append(_offset_codes(v, v.sign8(grid, _sign_bytes(v, signs, 4 * ib))))
-    return _grid_dot(v, codes, scale)
+        return _offset_codes(v, v.sign8(grid, _sign_bytes(v, signs, 4 * ib)))
+    return _grid_dot(v, _Chunks(part), scale)
 
 
 def _unpack_iq3s(v: _Vec, blk):
@@ -1075,8 +1105,8 @@ def _unpack_iq1m(v: _Vec, blk):
     scale = b.add(b.add(s, s), v.splat_const(_I16X16, 1))
     table = _const_table(v, "iq1s_code_rows", IQ1S_CODE_ROWS, _I64)
     qh = v.load(blk, 32, ir.VectorType(_I8, 16))
-    codes = []
-    for c in range(8):                     # 32 weights: groups k = 4c..4c+3, qh bytes 2c, 2c + 1
+
+    def part(c):        # 32 weights: groups k = 4c..4c+3, qh bytes 2c, 2c + 1
         def vector_idx():                   # qs bytes | index bits 8..10 from the qh nibbles
             pair = b.shuffle_vector(qh, qh, ir.Constant(x4, [2 * c, 2 * c, 2 * c + 1, 2 * c + 1]))
             high = b.shl(b.and_(b.lshr(b.zext(pair, x4), ir.Constant(x4, [0, 4, 0, 4])), ir.Constant(x4, [7] * 4)),
@@ -1092,8 +1122,8 @@ def _unpack_iq1m(v: _Vec, blk):
         neg = b.and_(spread, ir.Constant(_U8X32, [0x08 if j // 8 % 2 == 0 else 0x80 for j in range(32)]))
         delta = b.select(b.icmp_unsigned("==", neg, ir.Constant(_U8X32, None)),
                          v.splat_const(_U8X32, 1), v.splat_const(_U8X32, -1))
-        codes.append(b.add(grid, delta))
-    return _per16_dot(v, codes, scale, scale)
+        return b.add(grid, delta)
+    return _per16_dot(v, _Chunks(part), scale, scale)
 
 
 IQ1_M_BLOCKS = _KQuant(_unpack_iq1m, 56, d_at=None, dmin_at=None, offset_scale=GRID_OFFSET, d_factor=0.125,

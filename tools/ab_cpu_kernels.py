@@ -3,7 +3,7 @@
 process, calls alternating, type by type.
 
     python3 tools/ab_cpu_kernels.py --base HEAD [--types IQ3_S,IQ1_M] [--shape 256x5120]
-                                    [--threads 1] [--calls 400]
+                                    [--inputs 1] [--threads 1] [--calls 400]
 
 On a shared machine two processes timing the same code differ by 20-50%, even as the minimum of
 hundreds of calls: the machine's pace changes between them. Inside one process both kernels meet
@@ -53,7 +53,7 @@ def copy_base(rev: str, folder: Path) -> Path:
     return package
 
 
-def compare(name: str, rows: int, cols: int, calls: int, matvecs: dict) -> dict:
+def compare(name: str, rows: int, cols: int, calls: int, matvecs: dict, inputs: int = 1) -> dict:
     """Both trees' matvec on the same weights: outputs equal?, minimum seconds, summed seconds."""
     import numpy as np
 
@@ -63,8 +63,8 @@ def compare(name: str, rows: int, cols: int, calls: int, matvecs: dict) -> dict:
     t = BY_NAME[name]
     rng = np.random.default_rng(7)
     w = random_weights(t, rows, cols, rng)
-    x = rng.standard_normal((1, cols), dtype=np.float32)
-    outs = {tree: np.empty((1, rows), np.float32) for tree in matvecs}
+    x = rng.standard_normal((inputs, cols), dtype=np.float32)
+    outs = {tree: np.empty((inputs, rows), np.float32) for tree in matvecs}
     for tree, matvec in matvecs.items():
         matvec(t.id, w, x, outs[tree])                      # compiles
     equal = np.array_equal(outs["base"], outs["tree"])
@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--base", default="HEAD", help="git revision to compare the working tree with (default HEAD)")
     p.add_argument("--types", default="IQ3_S", help="comma-separated ggml type names (default IQ3_S)")
     p.add_argument("--shape", default="256x5120", help="ROWSxCOLS of the weights (default 256x5120: cache-resident)")
+    p.add_argument("--inputs", type=int, default=1, help="input vectors a call (default 1; a verify step's k)")
     p.add_argument("--threads", type=int, default=1, help="threads (default 1)")
     p.add_argument("--calls", type=int, default=400, help="calls of each tree per type (default 400)")
     a = p.parse_args(argv)
@@ -93,8 +94,8 @@ def main(argv: list[str]) -> int:
         rows, cols = (int(v) for v in a.shape.lower().split("x"))
     except ValueError:
         p.error(f"--shape must be ROWSxCOLS, e.g. 256x5120 (got {a.shape!r})")
-    if a.calls < 1:
-        p.error("--calls must be at least 1")
+    if a.calls < 1 or a.inputs < 1:
+        p.error("--calls and --inputs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="ab_cpu_") as tmp:
         os.environ["NUMBA_CACHE_DIR"] = str(Path(tmp) / "numba")     # before cpu is imported
         sys.path.insert(0, str(ROOT))
@@ -109,11 +110,11 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, tmp)
         matvecs = {"base": importlib.import_module(f"{BASE_PACKAGE}.matvec").matvec,
                    "tree": importlib.import_module("cpu.matvec").matvec}
-        print(f"working tree against {a.base}: {rows}x{cols}, one input, {threads} thread(s), {a.calls} calls "
+        print(f"working tree against {a.base}: {rows}x{cols}, {a.inputs} input(s), {threads} thread(s), {a.calls} calls "
               "each, alternating (compiling both trees' kernels first)", flush=True)
         print(f"{'type':8} {'base µs':>9} {'tree µs':>9} {'tree ÷ base':>12} {'(sums)':>7}  outputs", flush=True)
         for name in names:
-            r = compare(name, rows, cols, a.calls, matvecs)
+            r = compare(name, rows, cols, a.calls, matvecs, a.inputs)
             b, t = r["best"]["base"], r["best"]["tree"]
             print(f"{name:8} {b * 1e6:9.1f} {t * 1e6:9.1f} {t / b:12.3f} {r['total']['tree'] / r['total']['base']:7.3f}  "
                   f"{'equal' if r['equal'] else 'DIFFER'}", flush=True)

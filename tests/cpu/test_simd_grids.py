@@ -51,6 +51,17 @@ def test_both_ways_of_fetching_grid_rows_give_the_bits_of_matvec(name, gathers, 
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("up_front", [True, False])
+@pytest.mark.parametrize("name", ["Q3_K", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ1_M"])
+def test_parts_made_up_front_or_when_used_give_the_bits_of_matvec(name, up_front, monkeypatch):
+    """The readers whose parts are made when the first slot uses them on 16-register targets
+    (`simd._Chunks`) and up front on AVX-512 ones: each order, compiled fresh, gives matvec's bits
+    (five slots: one group of 4 and one of 1 on this machine's row dot)."""
+    _, _, want, got = matvec_and_fresh_row_dot(name, 7, 5, 13, monkeypatch, "_target_has_32_vector_registers",
+                                               up_front)
+    np.testing.assert_array_equal(got, want)
+
+
 READERS = {"IQ2_XXS": simd.IQ2_XXS_BLOCKS, "IQ2_XS": simd.IQ2_XS_BLOCKS, "IQ2_S": simd.IQ2_S_BLOCKS}
 
 
