@@ -63,6 +63,11 @@ def _target_features() -> set[str]:
     return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
+def _target_has_32_vector_registers() -> bool:
+    """AVX-512 (32 vector registers; AVX2 alone has 16). Read when a kernel compiles."""
+    return "avx512f" in _target_features()
+
+
 def _target_has_avx2() -> bool:
     return "avx2" in _target_features()
 
@@ -387,20 +392,15 @@ def f16_bits_to_f32(typingctx, bits):
 
 # ---- K-quant super-blocks (256 weights) ------------------------------------------------------
 
-def _target_has_32_vector_registers() -> bool:
-    """AVX-512 (32 vector registers; AVX2 alone has 16). Read when a kernel compiles."""
-    return "avx512f" in _target_features()
-
-
 class _Chunks:
     """A super-block's 8 unpacked parts (32 weights each, with what the dot needs of them), made by
     part(c) when first used. Where the target has 16 vector registers (AVX2 without AVX-512), the
     first slot's dot thus takes each part right after it is made: x86 instruction selection keeps
-    the order of the IR, and 8 parts made up front stay live together and spill (one-slot IQ2_XS:
-    18 spill moves a block). Where AVX-512 gives 32 registers they are made up front, the order
-    measured there. Either order computes the same integers. The readers that use it measured
-    0.77-0.93x the time so on Zen 3 (Q3_K, IQ2_XS, IQ2_S, IQ3_XXS, IQ1_M); the others measured the
-    same or slower and make their parts up front (docs/MEASUREMENTS.md, 2026-11-29, stop 51)."""
+    the order of the IR, and 8 parts made up front stay live together and spill. Where AVX-512
+    gives 32 registers they are made up front, the order tuned there. Either order computes the
+    same integers. The readers that use it were measured faster so on Zen 3 (Q3_K, IQ2_XS, IQ2_S,
+    IQ3_XXS, IQ1_M); the others were not, and make their parts up front (docs/MEASUREMENTS.md,
+    2026-11-29, stop 51)."""
 
     def __init__(self, part: Callable):
         self._part = part
