@@ -94,6 +94,8 @@ def main(argv: list[str]) -> int:
         rows, cols = (int(v) for v in a.shape.lower().split("x"))
     except ValueError:
         p.error(f"--shape must be ROWSxCOLS, e.g. 256x5120 (got {a.shape!r})")
+    if rows < 1 or cols < 256 or cols % 256:
+        p.error(f"--shape: ROWS ≥ 1 and COLS a multiple of 256 (a super-block), got {a.shape}")
     if a.calls < 1 or a.inputs < 1:
         p.error("--calls and --inputs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="ab_cpu_") as tmp:
