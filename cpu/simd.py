@@ -64,8 +64,9 @@ def _target_features() -> set[str]:
 
 
 def _target_has_32_vector_registers() -> bool:
-    """AVX-512 (32 vector registers; AVX2 alone has 16). Read when a kernel compiles."""
-    return "avx512f" in _target_features()
+    """Whether our 256-bit byte and word code may use 32 vector registers: the EVEX forms of its
+    instructions need AVX512-BW and -VL (AVX2 alone has 16). Read when a kernel compiles."""
+    return {"avx512bw", "avx512vl"} <= _target_features()
 
 
 def _target_has_avx2() -> bool:
@@ -1488,7 +1489,7 @@ def _emit_groups(builder, n_slots, emit, group: int):
 def _wide_group() -> int:
     """Slots per group of the wide row dot: 8 where AVX-512 gives 32 vector registers (the
     unpacked weights and 8 slots' lanes stay in registers), else 4."""
-    return 8 if "avx512bw" in _target_features() else 4
+    return 8 if _target_has_32_vector_registers() else 4
 
 
 WIDE_GROUP = _wide_group()
