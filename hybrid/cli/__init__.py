@@ -18,6 +18,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help, as llama.cpp's: rich's six-column option table leaves the help text ~15
+    # characters at 80 columns
+    rich_markup_mode=None,
 )
 
 from . import info, make_model, bench_kernels, decode, bench, chat, serve  # noqa: E402,F401  (each adds its command)

@@ -89,8 +89,11 @@ def bench(
     split_ffn: bool = SplitFfnOpt,
     output: str = typer.Option("md", "-o", "--output", help="Output format: md, csv, json or jsonl."),
 ) -> None:
-    """Measure prompt processing (ppN) and token generation (tgN) speed, mean ± stdev over
-    repetitions, as llama-bench does (its -p, -n, -pg, -d, -r, -t, -ngl, -ncmoe, -o)."""
+    """Measure prompt and generation speed, as llama-bench does.
+
+    Prompt processing (ppN) and token generation (tgN), mean ± stdev over repetitions, with
+    llama-bench's -p, -n, -pg, -d, -r, -t, -ngl, -ncmoe and -o.
+    """
     if output not in FORMATS:
         raise HybridError(f"unknown output format {output!r}; choose one of {', '.join(FORMATS)}")
     if reps < 1:

@@ -16,5 +16,9 @@ def bench_kernels(
     threads: Annotated[Optional[int], typer.Option("--threads", "-t", help="CPU threads (default: all Numba threads).", show_default=False)] = None,
     types: Annotated[Optional[list[str]], typer.Option("--types", help="Weight types, e.g. --types Q4_K,Q8_0 (default: all; with --quick: Q4_K Q5_K Q6_K Q8_0).", show_default=False)] = None,
 ) -> None:
-    """Time one N-input matvec pass (N = 1, 2, 4, 8) per weight type at FFN shapes, as GB/s and % of the CPU read bandwidth measured in the same run."""
+    """Time the CPU matvec of each weight type.
+
+    One N-input pass (N = 1, 2, 4, 8) per type at FFN shapes, as GB/s and % of the CPU read
+    bandwidth measured in the same run.
+    """
     run_command(quick=quick, as_json=as_json, threads=threads, types=types)

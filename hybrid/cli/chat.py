@@ -194,9 +194,11 @@ def chat(
     split_ffn: bool = SplitFfnOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per reply on stdout (JSON Lines), nothing else."),
 ) -> None:
-    """Chat with a model. The conversation stays in the model's state between turns, so each turn
-    only prefills what is new. /help lists the commands (/reset, /save, /load, /exit); Ctrl-D
-    quits, Ctrl-C stops a reply. End a line with \\ to continue it, or wrap lines in \"\"\".
+    """Chat with a model.
+
+    The conversation stays in the model's state between turns, so each turn only prefills what
+    is new. /help lists the commands (/reset, /save, /load, /exit); Ctrl-D quits, Ctrl-C stops
+    a reply. End a line with \\ to continue it, or wrap lines in \"\"\".
 
     With stdin not a terminal, every line is one user message (replies go to stdout).
     """

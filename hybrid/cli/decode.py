@@ -168,7 +168,9 @@ def decode(
     n_probs: int = typer.Option(0, "--n-probs", help="--json: for each generated token, the N most likely tokens "
                                 "there and their probabilities (the model's softmax, before sampling)."),
 ) -> None:
-    """Generate text from a prompt, streaming it with live prefill and decode speed.
+    """Generate text from a prompt, with live speed.
+
+    The text streams as it is made, beside the prefill and decode tokens/s.
 
     With no model and no prompt it runs the bundled tiny model on a demo prompt.
     """

@@ -51,7 +51,11 @@ def info(
     cpu_bandwidth: Annotated[str, typer.Option(
         "--cpu-bandwidth", help="CPU read bandwidth for the per-token roofline in the plan.")] = "100GB/s",
 ) -> None:
-    """Check a model file and show its architecture, dimensions, tensor types and bytes per role."""
+    """Check a model file and show what it holds.
+
+    Its architecture, dimensions, tensor types and bytes per role; with --plan, where each weight
+    would live.
+    """
     plan = plan or vram is not None or bool(overrides) or cpu_only
     bandwidth = parse_bandwidth(cpu_bandwidth, "--cpu-bandwidth")
     rules = parse_overrides(overrides)        # bad -ot rules fail before the model is opened

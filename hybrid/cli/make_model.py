@@ -16,11 +16,8 @@ from ..synth import plan_model, preset, write_model
 from ..synth.spec import PRESET_NAMES
 from ..synth.types import MIXES, RECIPES
 
-_DIMS = "dimension overrides"
-
-
 def _dim(flag: str, help: str):
-    return typer.Option(flag, help=help, rich_help_panel=_DIMS, show_default=False)
+    return typer.Option(flag, help=help, show_default=False)
 
 
 @app.command("make-model")
@@ -62,18 +59,19 @@ def make_model(
     interval: Annotated[Optional[int], _dim("--interval", "Every n-th layer is full attention.")] = None,
     ctx: Annotated[Optional[int], _dim("--ctx", "Context length written to the metadata.")] = None,
     tied: Annotated[Optional[bool], typer.Option(
-        "--tied/--untied", help="lm_head tied to the token embedding (no output.weight).",
-        rich_help_panel=_DIMS, show_default=False)] = None,
+        "--tied/--untied", help="lm_head tied to the token embedding (no output.weight).", show_default=False)] = None,
     fused_gate_up: Annotated[bool, typer.Option(
-        "--fused-gate-up", help="MoE: one ffn_gate_up_exps tensor.", rich_help_panel=_DIMS)] = False,
+        "--fused-gate-up", help="MoE: one ffn_gate_up_exps tensor.")] = False,
     legacy_ssm_in: Annotated[bool, typer.Option(
-        "--legacy-ssm-in", help="qwen3next: the raw ssm_in tensor.", rich_help_panel=_DIMS)] = False,
+        "--legacy-ssm-in", help="qwen3next: the raw ssm_in tensor.")] = False,
     recurrent_flags: Annotated[bool, typer.Option(
-        "--recurrent-layers", help="Also write the per-block attention.recurrent_layers array.",
-        rich_help_panel=_DIMS)] = False,
+        "--recurrent-layers", help="Also write the per-block attention.recurrent_layers array.")] = False,
 ) -> None:
-    """Write a synthetic GDN-hybrid model: llama.cpp's exact tensor layout and metadata, random
-    well-scaled weights, a small BPE tokenizer and a ChatML template."""
+    """Write a synthetic model for tests and benchmarks.
+
+    llama.cpp's exact tensor layout and metadata, random well-scaled weights, a small BPE tokenizer
+    and a ChatML template. The flags from --layers on override the preset's shape.
+    """
     overrides = {k: v for k, v in dict(
         n_layer=layers, n_embd=embd, n_vocab=vocab, n_ff=ff, n_head=heads, n_head_kv=kv_heads,
         head_dim=head_dim, n_rot=rot, ssm_n_k_heads=k_heads, ssm_n_v_heads=v_heads, ssm_d_state=state,

@@ -54,7 +54,9 @@ def serve(
     n_gpu_layers: Optional[str] = NGpuLayersOpt,
     n_cpu_moe: Optional[int] = NCpuMoeOpt,
 ) -> None:
-    """Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, tools).
+    """Serve the model over an OpenAI-compatible HTTP API.
+
+    Chat, completions, streaming and tool calls.
 
     Each conversation's state is kept between requests, so a new turn prefills only its new tokens.
     """

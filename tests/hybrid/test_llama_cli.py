@@ -162,6 +162,24 @@ def test_version_and_h():
         assert r.returncode == 0 and "Usage" in r.stdout, args
 
 
+def test_help_reads_at_80_columns():
+    """--help in an 80-column terminal: each command listed with its whole first sentence, and an
+    option's help on lines of its own (rich's six-column option table left it ~15 characters)."""
+    from typer.testing import CliRunner
+    from hybrid.cli import app
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"], terminal_width=80)
+    assert top.exit_code == 0
+    listed = top.stdout.split("Commands:")[1].splitlines()
+    assert len([line for line in listed if line.strip()]) == len(app.registered_commands)
+    assert not any(line.rstrip().endswith("...") for line in listed), listed
+    for command in app.registered_commands:
+        r = runner.invoke(app, [command.name, "--help"], terminal_width=80)
+        assert r.exit_code == 0 and max(len(line) for line in r.stdout.splitlines()) <= 80, command.name
+    decode = runner.invoke(app, ["decode", "--help"], terminal_width=80).stdout
+    assert "--temp, --temperature <float>   Temperature; 0 = greedy." in decode
+
+
 def test_rewrite_leaves_other_commands_alone():
     notes = []
     assert rewrite(["bench", "-r", "2"], notes.append) == ["bench", "-r", "2"]      # bench's -r: repetitions
