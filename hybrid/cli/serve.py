@@ -29,8 +29,10 @@ def serve(
     port: int = typer.Option(8080, "--port", min=0, max=65535, help="TCP port (0: any free one)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require 'Authorization: Bearer KEY' "
                                           "(every endpoint but /health).", show_default=False),
-    alias: List[str] = typer.Option([], "-a", "--alias", help="Another name clients may give as 'model' "
-                                    "(repeatable)."),
+    alias: Optional[str] = typer.Option(None, "-a", "--alias", help="The model's name in /v1/models and in "
+                                        "responses, as llama-server's (default: the GGUF's file name). "
+                                        "Requests may give any 'model': this server has one.",
+                                        show_default=False),
     cache_mem: str = typer.Option("8GiB", "--cache-mem", help="Host memory for saved conversation states, "
                                   "as llama-server's --cache-ram (0 = off: every request prefills its whole "
                                   "prompt)."),
@@ -75,9 +77,8 @@ def serve(
                    draft=draft)
     DraftPolicy.parse(draft, m.has_mtp)        # a bad --draft fails before the port opens
     engine = Engine(m, draft=draft, draft_p_min=draft_p_min, cache_bytes=cache_bytes, max_queue=max_queue)
-    model_id = m.path.name
-    web = build_app(m, engine, Limits(max_body=body_bytes, max_tokens=max_tokens, api_key=api_key),
-                    model_id, aliases=alias)
+    model_id = alias or m.path.name
+    web = build_app(m, engine, Limits(max_body=body_bytes, max_tokens=max_tokens, api_key=api_key), model_id)
     try:                                        # bind here so a taken port is one clear line
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

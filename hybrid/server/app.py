@@ -76,10 +76,9 @@ def _stop(body: dict) -> list[str]:
 
 
 class Server:
-    def __init__(self, model, engine: Engine, limits: Limits, model_id: str, aliases=()):
+    def __init__(self, model, engine: Engine, limits: Limits, model_id: str):
         self.model, self.engine, self.limits = model, engine, limits
-        self.model_id = model_id
-        self.names = {model_id, *aliases}
+        self.model_id = model_id        # what /v1/models lists and every response carries
         self.created = int(time.time())
         self.native_tools = template_knows_tools(model.chat_template.source)
 
@@ -101,12 +100,6 @@ class Server:
         if not isinstance(data, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return data
-
-    def check_model(self, body: dict) -> None:
-        name = body.get("model")
-        if name is not None and name not in self.names:
-            raise ApiError(404, f"the model '{name}' does not exist; this server has '{self.model_id}'",
-                           param="model", code="model_not_found")
 
     def job(self, body: dict, ids: list[int], logprobs: int | None) -> Job:
         n_ctx = self.model.n_ctx
@@ -217,7 +210,6 @@ class Server:
 
     async def chat(self, request: Request):
         body = await self.read_json(request)
-        self.check_model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
@@ -327,7 +319,6 @@ class Server:
 
     async def completions(self, request: Request):
         body = await self.read_json(request)
-        self.check_model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -389,8 +380,11 @@ class Server:
             "usage": self.usage(stats, job)})
 
 
-def build_app(model, engine: Engine, limits: Limits, model_id: str, aliases=()) -> Starlette:
-    server = Server(model, engine, limits, model_id, aliases)
+def build_app(model, engine: Engine, limits: Limits, model_id: str) -> Starlette:
+    """The API of one loaded model. A request's 'model' is not checked, as llama-server's in its
+    single-model mode: clients configured with any name (a tool's default, an old alias) get the
+    model there is, and responses say which (model_id)."""
+    server = Server(model, engine, limits, model_id)
 
     async def on_api_error(request, exc: ApiError):
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code)
