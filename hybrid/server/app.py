@@ -79,6 +79,9 @@ class Server:
     def __init__(self, model, engine: Engine, limits: Limits, model_id: str):
         self.model, self.engine, self.limits = model, engine, limits
         self.model_id = model_id        # what /v1/models lists and every response carries
+        # ChatML's message opener, in every supported model's template: where the last message
+        # begins is where a chat prompt's boundary snapshot goes (server.engine)
+        self.message_start = model.tokenizer.token_to_id("<|im_start|>")
         self.created = int(time.time())
         self.native_tools = template_knows_tools(model.chat_template.source)
 
@@ -101,7 +104,7 @@ class Server:
             raise ApiError(400, "the request body must be a JSON object")
         return data
 
-    def job(self, body: dict, ids: list[int], logprobs: int | None) -> Job:
+    def job(self, body: dict, ids: list[int], logprobs: int | None, boundary: int = 0) -> Job:
         n_ctx = self.model.n_ctx
         if not ids:
             raise ApiError(400, "the prompt is empty")
@@ -136,7 +139,13 @@ class Server:
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
         return Job(ids=ids, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
-                   ignore_eos=ignore_eos, logprobs=logprobs)
+                   ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary)
+
+    def last_message_start(self, ids: list[int]) -> int:
+        """Where a rendered chat's last message begins: its second-to-last message opener (the
+        last one opens the reply); 0 if it has fewer than two."""
+        opens = [i for i, t in enumerate(ids) if t == self.message_start] if self.message_start is not None else []
+        return opens[-2] if len(opens) >= 2 else 0
 
     def submit(self, job: Job) -> Job:
         try:
@@ -240,7 +249,7 @@ class Server:
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
         top = _number(body, "top_logprobs", 0, 0, 20, integer=True)
-        job = self.submit(self.job(body, ids, top if logprobs else None))
+        job = self.submit(self.job(body, ids, top if logprobs else None, self.last_message_start(ids)))
         parser = OutputParser(thinking=prompt_opens_thinking(text), tools=bool(tools))
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         if body.get("stream"):

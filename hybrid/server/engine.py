@@ -7,10 +7,13 @@ stopped at the next event, i.e. within one forward step.
 
 Each job starts from the longest cached prefix of its token ids: the live state when it holds
 one (the previous request's conversation), else the best snapshot in the `StateCache`. Snapshots
-are taken of the prompt's state (always exact; once the first token is sent) and at the end of
-a reply when the state holds a known prefix of prompt + reply: with MTP drafting, a reply can
-end with the trunk having run drafted tokens that were never emitted, and then the end state is
-not kept.
+are taken of the prompt's state (always exact; once the first token is sent), at the end of a
+reply when the state holds a known prefix of prompt + reply (with MTP drafting, a reply can end
+with the trunk having run drafted tokens that were never emitted, and then the end state is not
+kept), and where a chat prompt's last message begins (`Job.boundary`): the prompt-end snapshot
+never serves the same prompt again, since a snapshot must leave a token to prefill (its logits
+start the reply), so a regenerated reply, or a new conversation under the same long system
+prompt, starts from the boundary's.
 """
 from __future__ import annotations
 
@@ -23,13 +26,18 @@ from dataclasses import dataclass, field
 
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
-from ..events import Done, Prefill, Token
-from ..generate import generate_tokens
+from ..events import Done, Prefill, Stats, Token
+from ..generate import generate_tokens, prefill
 from ..sampling import Sampler, SamplerConfig
-from ..speculative import generate_speculative
+from ..speculative import generate_speculative, prefill_with_mtp
 from .cache import StateCache
 
 log = logging.getLogger("hybrid.server")
+
+# A boundary snapshot splits the prompt's prefill in two forward calls, which costs up to one more
+# pass over the weights (on the CPU, about a chunk's time); it is taken only when it keeps at least
+# this many prompt tokens beyond where the job starts, so that one later hit repays it.
+BOUNDARY_MIN_TOKENS = 64
 
 
 class QueueFull(Exception):
@@ -44,6 +52,7 @@ class Job:
     stop: list[str]
     ignore_eos: bool = False
     logprobs: int | None = None    # top alternatives per token, None = no log-probabilities
+    boundary: int = 0              # ids[:boundary] end where the prompt's last message begins; 0 = none
     loop: asyncio.AbstractEventLoop | None = None
     out: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -138,6 +147,26 @@ class Engine:
         the state was restored from or taken as (rows below n_past are only ever appended to)."""
         self._base = self.cache.put(self.state, ids, base=self._base) or self._base
 
+    def _worth_a_boundary_snapshot(self, job: Job, cached: int) -> bool:
+        # the rest after the boundary must be a prompt call of its own (min_prompt_rows): a shorter
+        # one would run the decode kernels and change the last bits of a full prefill's
+        rest = len(job.ids) - job.boundary
+        return (self.reuse and job.boundary - cached >= BOUNDARY_MIN_TOKENS
+                and rest >= self.model.forward.min_prompt_rows)
+
+    def _prefill_to(self, ids: list[int], cached: int, job: Job, drafting: bool) -> bool:
+        """Feed ids[cached:] into the state (which holds ids[:cached]) and snapshot it; False if
+        the job was cancelled on the way (the state is then unknown). With drafting, the MTP
+        head's KV rows are filled too, as the generator's own prefill does."""
+        m = self.model
+        rows = prefill_with_mtp(m.forward, m.mtp, self.state, ids[cached:], Stats()) if drafting \
+            else prefill(m.forward, self.state, ids[cached:], Stats())
+        for _ in rows:
+            if job.cancelled.is_set():
+                return False
+        self._snapshot(ids)
+        return True
+
     def _run(self, job: Job) -> None:
         m, wanted = self.model, list(job.ids)
         sampler = Sampler(SamplerConfig(**job.sampling))
@@ -145,10 +174,19 @@ class Engine:
         cached = self._start(wanted)
         timings = {"queued_s": began - job.submitted, "restore_s": time.perf_counter() - began}
         self._live = None            # until this job ends cleanly, the state's content is not known
-        suffix = wanted[cached:]
+        drafting = self.depth != 0 and job.logprobs is None     # log-probabilities need every row
+        start = cached
+        if self._worth_a_boundary_snapshot(job, cached):
+            taken = time.perf_counter()
+            if not self._prefill_to(wanted[:job.boundary], cached, job, drafting):
+                self.stats["cancelled"] += 1
+                return
+            start = job.boundary
+            timings["boundary_s"] = time.perf_counter() - taken
+        suffix = wanted[start:]
         run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
-                   ignore_eos=job.ignore_eos, context=wanted[:cached])
-        if self.depth == 0 or job.logprobs is not None:     # log-probabilities need every row: plain decoding
+                   ignore_eos=job.ignore_eos, context=wanted[:start])
+        if not drafting:
             events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, logprobs=job.logprobs, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,

@@ -392,6 +392,31 @@ def test_multi_turn_from_cached_states_equals_full_prefills(model, request):
     assert all(c > 0 for c in cached[1:]), cached
 
 
+@pytest.mark.parametrize("logprobs", [False, True], ids=["drafting", "plain"])
+def test_same_prompt_again_and_a_new_conversation_start_at_the_last_message(srv, ref, logprobs):
+    """A chat prompt is snapshotted where its last message begins: the same request again (a
+    regenerated reply) and a new conversation under the same system prompt prefill only their
+    last message, and their greedy replies equal full prefills'. Log-probabilities make the
+    server decode plainly (the MTP head's rows are then not filled)."""
+    about = "pull requests" if logprobs else "bug reports"
+    system = {"role": "system", "content": f"You review {about} for a small numerical library. " * 8}
+    first = [system, {"role": "user", "content": "Write a function that reverses a list"}]
+    other = [system, {"role": "user", "content": "Explain recursion briefly"}]
+    kw = dict(max_tokens=16, logprobs=logprobs, **GREEDY)
+    a = chat(srv, first, **kw)
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    again = chat(srv, first, **kw)
+    assert stats(srv)["last"]["cached_from"] == "snapshot"
+    b = chat(srv, other, **kw)
+    kept = again.usage.prompt_tokens_details.cached_tokens
+    assert 64 <= kept < again.usage.prompt_tokens - 5, kept      # the system block, not the user's message
+    assert b.usage.prompt_tokens_details.cached_tokens == kept
+    for mine, msgs in ((a, first), (again, first), (b, other)):
+        full = chat(ref, msgs, key=KEY, **kw)
+        assert full.usage.prompt_tokens_details.cached_tokens == 0
+        assert mine.choices[0].message.content == full.choices[0].message.content
+
+
 def test_completions_continue_from_the_previous_reply(srv, ref):
     """Raw completions: a prompt that extends the last prompt + reply starts from the state that
     ended the reply (more cached tokens than the prompt alone)."""

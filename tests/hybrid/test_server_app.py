@@ -39,7 +39,7 @@ class ScriptedEngine:
 
 @pytest.fixture(scope="module")
 def api():
-    tok = SimpleNamespace(encode=lambda text, **kw: list(range(len(text))))
+    tok = SimpleNamespace(encode=lambda text, **kw: list(range(len(text))), token_to_id=lambda text: None)
     model = SimpleNamespace(chat_template=ChatTemplate(None), tokenizer=tok, n_ctx=100_000, path="m.gguf",
                             config=SimpleNamespace(n_vocab=1000), encode_chat_text=tok.encode)
     engine = ScriptedEngine()
