@@ -1,5 +1,7 @@
 """Time to first token of each turn of a multi-turn chat against `hybrid serve`, with the state
 cache on and off: with it, turn N prefills only its new tokens; without it, the whole conversation.
+Then the last turn asked again (a regenerated reply) and a new conversation under the same system
+prompt: with the cache, each prefills only its last message.
 
     python tools/serve_ttft.py                      # the bundled tiny model
     python tools/serve_ttft.py model.gguf --turns 8 --system-words 4000 -- --ctx-size 32768
@@ -89,18 +91,28 @@ def phases(url: str) -> str:
 
 
 def conversation(url: str, turns: int, max_tokens: int, system: str, mode: str | None = None) -> list[tuple]:
-    """Each turn's (TTFT s, reply, prompt tokens, cached tokens); with `mode`, each is also printed
-    as it comes, so a run cut short (a time limit) still shows the turns it finished."""
-    messages = [{"role": "system", "content": system}]
+    """Each turn's (label, TTFT s, reply, prompt tokens, cached tokens), then the last turn asked
+    again (a regenerated reply: "again") and a new conversation under the same system prompt
+    ("new"); with `mode`, each is also printed as it comes, so a run cut short (a time limit)
+    still shows the turns it finished."""
+    system_msg = {"role": "system", "content": system}
+    messages = [system_msg]
     out = []
+
+    def ask(label: str, msgs: list) -> str:
+        ttft, reply, prompt, cached = turn(url, msgs, max_tokens)
+        out.append((label, ttft, reply, prompt, cached))
+        if mode:
+            print(f"{mode}: {label}, prompt {prompt}, cached {cached}, TTFT {ttft * 1e3:.1f} ms"
+                  f"{phases(url)}", flush=True)
+        return reply
+
     for i in range(turns):
         messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
-        ttft, reply, prompt, cached = turn(url, messages, max_tokens)
-        messages.append({"role": "assistant", "content": reply})
-        out.append((ttft, reply, prompt, cached))
-        if mode:
-            print(f"{mode}: turn {i + 1}, prompt {prompt}, cached {cached}, TTFT {ttft * 1e3:.1f} ms"
-                  f"{phases(url)}", flush=True)
+        messages.append({"role": "assistant", "content": ask(str(i + 1), messages)})
+    if turns:
+        ask("again", messages[:-1])
+        ask("new", [system_msg, {"role": "user", "content": QUESTIONS[turns % len(QUESTIONS)]}])
     return out
 
 
@@ -132,10 +144,10 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
     on, off = results["cache on"], results["cache off"]
-    print(f"{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT on (ms)':>13} {'TTFT off (ms)':>14} {'speed-up':>9}  same reply")
-    for i, (a_on, a_off) in enumerate(zip(on, off), 1):
-        print(f"{i:>4} {a_on[2]:>7} {a_on[3]:>7} {a_on[0] * 1e3:>13.1f} {a_off[0] * 1e3:>14.1f} "
-              f"{a_off[0] / max(a_on[0], 1e-9):>8.1f}x  {'yes' if a_on[1] == a_off[1] else 'NO'}")
+    print(f"{'turn':>5} {'prompt':>7} {'cached':>7} {'TTFT on (ms)':>13} {'TTFT off (ms)':>14} {'speed-up':>9}  same reply")
+    for (label, t_on, reply_on, prompt, cached), (_, t_off, reply_off, _, _) in zip(on, off):
+        print(f"{label:>5} {prompt:>7} {cached:>7} {t_on * 1e3:>13.1f} {t_off * 1e3:>14.1f} "
+              f"{t_off / max(t_on, 1e-9):>8.1f}x  {'yes' if reply_on == reply_off else 'NO'}")
 
 
 if __name__ == "__main__":
