@@ -76,7 +76,8 @@ def turn(url: str, messages: list, max_tokens: int) -> tuple[float, str, int, in
 def phases(url: str) -> str:
     """Where the server says the last request's time went (its /stats, once its worker is idle:
     the end snapshot comes after the reply): the wait for the worker (which includes the previous
-    reply's end snapshot), restoring a snapshot, the first token, the two snapshots taken."""
+    reply's end snapshot), restoring a snapshot, the prefill to the last message and its snapshot,
+    the first token, the two snapshots taken."""
     deadline = time.perf_counter() + 30
     while True:
         stats = httpx.get(url + "/stats", timeout=30).json()
@@ -85,7 +86,8 @@ def phases(url: str) -> str:
         time.sleep(0.01)
     last = stats.get("last") or {}
     parts = [f"{label} {1e3 * last[key]:.0f}" for label, key in (
-        ("queued", "queued_s"), ("restore", "restore_s"), ("to first token", "ttft_s"),
+        ("queued", "queued_s"), ("restore", "restore_s"), ("to the last message, snapshotted", "boundary_s"),
+        ("to first token", "ttft_s"),
         ("prompt snapshot", "prompt_snapshot_s"), ("end snapshot", "end_snapshot_s")) if key in last]
     return f" ({', '.join(parts)} ms)" if parts else ""
 
