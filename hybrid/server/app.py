@@ -60,8 +60,42 @@ def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     if not math.isfinite(value):
         raise ApiError(400, f"'{name}' must be finite", param=name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {value}", param=name)
+        bounds = f"between {lo} and {hi}" if lo is not None and hi is not None else \
+            f"at least {lo}" if lo is not None else f"at most {hi}"
+        raise ApiError(400, f"'{name}' must be {bounds}, got {value}", param=name)
     return int(value) if integer else float(value)
+
+
+def _logit_bias(body: dict, n_vocab: int) -> dict[int, float] | None:
+    """OpenAI's logit_bias: {token id (a string in JSON): bias from -100 to 100}, added to the
+    token's logit (-100 all but bans it)."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict) or len(bias) > 1024:
+        raise ApiError(400, "'logit_bias' must be an object of at most 1024 {token id: bias} entries",
+                       param="logit_bias")
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and int(key) < n_vocab):
+            raise ApiError(400, f"'logit_bias' key {key!r} is not a token id (0 to {n_vocab - 1})", param="logit_bias")
+        out[int(key)] = _number({"logit_bias": value}, "logit_bias", 0.0, -100, 100)
+    return out
+
+
+# name: (lowest, highest, integer), checked here; SamplerConfig checks the rest
+SAMPLER_NUMBERS = {"typical_p": (0, 1, False), "xtc_probability": (0, 1, False), "xtc_threshold": (0, 1, False),
+                   "dry_multiplier": (0, None, False), "dry_base": (1, None, False),
+                   "dry_allowed_length": (0, None, True), "dry_penalty_last_n": (-1, None, True)}
+
+
+def _strings(body: dict, name: str) -> list[str] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise ApiError(400, f"'{name}' must be a list of non-empty strings", param=name)
+    return value
 
 
 def _stop(body: dict) -> list[str]:
@@ -130,7 +164,7 @@ class Server:
                         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2, 2),
                         repeat_penalty=_number(body, "repeat_penalty", 1.0, 0.01, 10),
                         repeat_last_n=_number(body, "repeat_last_n", 64, -1, None, integer=True),
-                        seed=seed)
+                        seed=seed, **self.model.sampler_options(**self.sampler_options(body)))
         try:                 # the sampler's own checks, now: as a 400, not inside a started stream
             SamplerConfig(**sampling)
         except HybridError as e:
@@ -140,6 +174,15 @@ class Server:
             raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
         return Job(ids=ids, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
                    ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary)
+
+    def sampler_options(self, body: dict) -> dict:
+        """llama-server's other samplers, by its names, and OpenAI's logit_bias: what the body
+        gives (the model's `sampler_options` holds the defaults)."""
+        options = {name: _number(body, name, None, lo, hi, integer)
+                   for name, (lo, hi, integer) in SAMPLER_NUMBERS.items()}
+        options["dry_sequence_breakers"] = _strings(body, "dry_sequence_breakers")
+        options["logit_bias"] = _logit_bias(body, self.model.config.n_vocab)
+        return {k: v for k, v in options.items() if v is not None}
 
     def last_message_start(self, ids: list[int]) -> int:
         """Where a rendered chat's last message begins: its second-to-last message opener (the
@@ -222,6 +265,12 @@ class Server:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+        fmt = body.get("response_format")
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        if fmt is not None and kind != "text":
+            raise ApiError(400, f"response_format {kind!r} is not supported (no constrained decoding yet); for "
+                                "structured output give 'tools' (function calling) or ask for JSON in the prompt",
+                           param="response_format")
         tools = body.get("tools") or None
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise ApiError(400, "'tools' must be a list of objects", param="tools")

@@ -1,6 +1,5 @@
 """The qwen35 forward on the trained test model vs the independent numpy float64 reference
 (tests/reference/qwen35_ref.py), plus the stepping properties the decoder relies on."""
-import dataclasses
 import types
 
 import numpy as np
@@ -8,7 +7,7 @@ import pytest
 
 import cpu.ops
 from cpu.quants import dequantize
-from hybrid.errors import HybridError, ModelError
+from hybrid.errors import HybridError
 from hybrid.forward import Forward
 from hybrid.model_file import open_model
 from tests.reference.llama_cpp_ref import margin_mismatches

@@ -157,7 +157,7 @@ def test_a_prompt_chunk_streams_the_uncached_experts_and_agrees_with_the_cpu(mod
     """With expert streaming, a call of enough rows runs every routed expert on the GPU: the
     cached ones from the cache, the others copied in per layer (one copy per run of consecutive
     uncached experts); its logits agree with the CPU forward. Fewer rows hand off as before."""
-    n_layer, n_expert = SHAPE["n_layer"], SHAPE["n_expert"]
+    n_layer = SHAPE["n_layer"]
     backend = GPUBackend(stream_min_rows=4)
     fw = hybrid_forward(model_file, expert_cache={i: len(cached) for i in range(n_layer + 1)}, backend=backend,
                         stream_experts=True)

@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+import hybrid
+
 KEY = "test-key-34"
 START_TIMEOUT = 600          # a cold Numba cache compiles the kernels first
 
@@ -254,6 +256,10 @@ def test_error_cases(srv):
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "temperature": "hot"}), 400, "temperature")
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "top_p": 3}), 400, "top_p")
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "n": 2}), 400, "n")
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
+        check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": fmt}), 400, fmt["type"], "tools")
+    assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1,
+                                              "response_format": {"type": "text"}}).status_code == 200
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 5000}), 400, "5000", "3000")
     check_error(post(srv, "/v1/completions", {"prompt": [10**9]}), 400, "vocabulary")
     check_error(post(srv, "/v1/completions", {}), 400, "prompt")
@@ -266,6 +272,29 @@ def test_error_cases(srv):
     check_error(post(srv, "/v1/completions", {"prompt": "x" * 300_000}), 413, "262144")
     with pytest.raises(openai.BadRequestError):
         client(srv).chat.completions.create(model=model_id(srv), messages=msgs, temperature=-1)
+
+
+def test_logit_bias_and_llama_servers_samplers(srv):
+    """OpenAI's logit_bias reaches the sampler (-100 bans the greedy first token, +100 forces
+    another), llama-server's typical/XTC/DRY fields are taken, and bad values are a 400."""
+    tok = hybrid.load(threads=1).tokenizer
+    c = client(srv)
+
+    def first(**extra):
+        r = c.chat.completions.create(model=model_id(srv), messages=user("Write a Python function"), max_tokens=2,
+                                      logprobs=True, **GREEDY, **extra)
+        return r.choices[0].logprobs.content[0].token
+    greedy = first()
+    greedy_id = tok.encode(greedy, add_special=False, parse_special=True)
+    assert len(greedy_id) == 1
+    assert first(logit_bias={str(greedy_id[0]): -100}) != greedy
+    forced = tok.encode(" banana", add_special=False)[-1]
+    assert first(logit_bias={str(forced): 100}) == tok.decode([forced])
+    assert first(extra_body={"typical_p": 0.9, "xtc_probability": 0.5, "dry_multiplier": 0.8,
+                             "dry_sequence_breakers": ["\n"]}) == greedy   # greedy: XTC and typical-p never cut the top
+    check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "dry_base": 0.5}), 400, "dry_base", "at least 1")
+    check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "logit_bias": {"x": 1}}), 400, "token id")
+    check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "logit_bias": {"5": 500}}), 400, "-100")
 
 
 def test_api_key(ref):

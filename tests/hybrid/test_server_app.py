@@ -41,7 +41,8 @@ class ScriptedEngine:
 def api():
     tok = SimpleNamespace(encode=lambda text, **kw: list(range(len(text))), token_to_id=lambda text: None)
     model = SimpleNamespace(chat_template=ChatTemplate(None), tokenizer=tok, n_ctx=100_000, path="m.gguf",
-                            config=SimpleNamespace(n_vocab=1000), encode_chat_text=tok.encode)
+                            config=SimpleNamespace(n_vocab=1000), encode_chat_text=tok.encode,
+                            sampler_options=lambda **given: {})
     engine = ScriptedEngine()
     app = build_app(model, engine, Limits(), "m.gguf")
     with TestClient(app) as http:

@@ -289,7 +289,7 @@ def test_dry_run_prints_every_command(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert t.returncode == 0, t.stderr
     runs = [line for line in t.stderr.splitlines() if "would run:" in line]
-    assert any(f"m27b-8l-IQ2_XXS.gguf --preset 27b --arch qwen35 --type IQ2_XXS --layers 8 --vocab 32000" in line
+    assert any("m27b-8l-IQ2_XXS.gguf --preset 27b --arch qwen35 --type IQ2_XXS --layers 8 --vocab 32000" in line
                for line in runs)
     assert sum("llama-bench" in line and "-ngl 0" in line and "-n 32" in line for line in runs) == 1
     assert "| IQ2_XXS, CPU only | tg32 |" in t.stdout
