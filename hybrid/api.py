@@ -17,6 +17,7 @@ from .errors import HybridError
 from .events import Done, Prefill, Token
 from .forward import Forward
 from .generate import PREFILL_CHUNK, generate_tokens
+from .grammar import Constraint, check_grammar
 from .kernel_prep import prepare
 from .model_file import default_model_path, open_model
 from .mtp import MTPHead
@@ -192,7 +193,7 @@ class Model:
                  stop: Sequence[str] = (), chat: bool = False, system: str | None = None,
                  draft: int | str | None = None, draft_p_min: float = 0.0, ignore_eos: bool = False,
                  reasoning: bool | None = None, presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
-                 state=None, **samplers) -> Iterator[Prefill | Token | Done]:
+                 state=None, grammar: str | None = None, **samplers) -> Iterator[Prefill | Token | Done]:
         """Stream a continuation of `prompt` (text, or token ids). Yields `Prefill` progress,
         one `Token` per generated token, and a final `Done` with the stats.
 
@@ -209,6 +210,10 @@ class Model:
         samplers: llama.cpp's other filters (`sampler_options`): typical_p, xtc_probability,
         xtc_threshold, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
         dry_sequence_breakers (strings), logit_bias ({token id: bias}).
+        grammar: only tokens it allows are sampled, from the first generated one (`hybrid.grammar`:
+        `json_schema_grammar(schema)`, `gbnf_grammar(text)`); such a run decodes plainly, whatever
+        `draft` says (a chat on a thinking model wants reasoning=False: the grammar holds in the
+        thinking too).
         """
 
         if max_tokens < 0:
@@ -230,10 +235,14 @@ class Model:
 
         def tagged(events):
             return ReasoningTagger(events, starts_inside(chat_text)) if chat_text is not None else events
-        if policy.depth == 0:
+        if grammar is not None:
+            check_grammar(self.tokenizer, grammar)
+        if policy.depth == 0 or grammar is not None:
             def run(state):
+                constraint = Constraint(self.tokenizer, grammar) if grammar is not None else None
                 return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
-                                       sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos)
+                                       sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos,
+                                       constraint=constraint)
             return tagged(run(state) if state is not None else self.with_fresh_state(run))
         ring = policy.ring
         self.prepare_drafting(policy.max_depth, max_rows=len(ids))

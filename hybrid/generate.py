@@ -59,12 +59,14 @@ def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Pre
 def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                     sampler: Sampler, stop: Sequence[str] = (), n_ctx: int,
                     ignore_eos: bool = False, context: Sequence[int] = (),
-                    logprobs: int | None = None) -> Iterator[Prefill | Token | Done]:
+                    logprobs: int | None = None, constraint=None) -> Iterator[Prefill | Token | Done]:
     """Plain decoding, one token per forward call. `context`: tokens already in the state before
     `prompt` (a session's cached turns), seen by the repeat penalty as a fresh prefill's would be.
     logprobs=K (≥ 0): every Token carries `logprobs` = (its log-probability, its K most likely
     alternatives as (id, log-probability)) under the model's own distribution (log-softmax of the
-    raw logits, as OpenAI reports them); whole logit rows then come to the host each step."""
+    raw logits, as OpenAI reports them); whole logit rows then come to the host each step.
+    constraint (`hybrid.grammar.Constraint`): only tokens its grammar allows are sampled (whole
+    rows too), and the reply ends at the end-of-generation token it allows last, ignore_eos or not."""
     check_fits(len(prompt), n_ctx)
     stats = Stats()
     history = list(context) + list(prompt)
@@ -78,18 +80,24 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
                 logits = item
         t0 = time.perf_counter()
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
-        if logprobs is not None:     # the whole row decides the log-probabilities: no device-side pick
+        if logprobs is not None or constraint is not None:   # the whole row decides: no device-side pick
             argmax_only, candidates = False, 0
         picked = None        # the next token, when the last forward call picked it on the device
         while True:
             if stats.generated_tokens >= max_tokens:
                 stats.stop_reason = "length"
                 break
-            tok = sampler.sample(logits, history) if picked is None else picked
+            if picked is not None:
+                tok = picked
+            elif constraint is not None:
+                tok = sampler.sample(constraint.mask(logits), history)
+                constraint.accept(tok)
+            else:
+                tok = sampler.sample(logits, history)
             lp = _logprobs(logits, tok, logprobs) if logprobs is not None else None
             history.append(tok)
             stats.generated_tokens += 1
-            if tokenizer.is_eog(tok) and not ignore_eos:
+            if tokenizer.is_eog(tok) and (not ignore_eos or constraint is not None):
                 stats.decode_seconds = time.perf_counter() - t0
                 stats.stop_reason = "eog"
                 break

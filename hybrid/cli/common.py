@@ -1,6 +1,7 @@
 """Options and helpers shared by the commands that load a model."""
 from __future__ import annotations
 
+import json
 import re
 import time
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from ..api import load
 from ..chat_template import ChatTemplate
 from ..draft_policy import DraftPolicy
 from ..errors import HybridError
+from ..grammar import gbnf_grammar, json_schema_grammar
 from ..model_file import default_model_path, open_model
 from ..placement import DEFAULT_PCIE_SHARE, parse_overrides
 from ..sampling import SamplerConfig
@@ -55,6 +57,12 @@ LogitBiasOpt = typer.Option([], "--logit-bias", "-l",
                             help="TOKEN_ID+BIAS or TOKEN_ID-BIAS added to that token's logit, e.g. 15043+1 or "
                                  "15043-inf to ban it (repeatable).")
 SeedOpt = typer.Option(-1, "-s", "--seed", min=-1, help="Random seed (-1 = random).")
+GrammarOpt = typer.Option(None, "--grammar", help="Constrain the output to this grammar (GBNF, as llama.cpp's "
+                          "grammars/*.gbnf, or Lark). Decodes without drafting.", show_default=False)
+GrammarFileOpt = typer.Option(None, "--grammar-file", help="Read --grammar from a file.", show_default=False)
+JsonSchemaOpt = typer.Option(None, "-j", "--json-schema", help="Constrain the output to JSON this schema accepts "
+                             "(e.g. '{}' for any JSON object). Decodes without drafting.", show_default=False)
+JsonSchemaFileOpt = typer.Option(None, "--json-schema-file", help="Read --json-schema from a file.", show_default=False)
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",
     help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
@@ -101,6 +109,30 @@ ReasoningOpt = typer.Option(
     "auto", "--reasoning",
     help="Thinking models: on, off, or auto (the chat template's default). Reasoning is shown dim on a "
          "terminal and kept out of --json's text (its own 'reasoning' field).")
+
+
+def grammar_option(grammar: str | None, grammar_file: Path | None, json_schema: str | None,
+                   json_schema_file: Path | None) -> str | None:
+    """The llguidance grammar of llama.cpp's --grammar / --grammar-file / -j / -jf (one of them)."""
+    given = [name for name, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                  ("--json-schema", json_schema), ("--json-schema-file", json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise HybridError(f"give one of {', '.join(given)}, not several")
+    if grammar_file is not None:
+        grammar = read_text_file(grammar_file, "grammar file")
+    if json_schema_file is not None:
+        json_schema = read_text_file(json_schema_file, "JSON schema file")
+    if grammar is not None:
+        return gbnf_grammar(grammar)
+    if json_schema is None:
+        return None
+    try:
+        schema = json.loads(json_schema)
+    except json.JSONDecodeError as e:
+        raise HybridError(f"--json-schema is not JSON: {e}") from None
+    if not isinstance(schema, dict):
+        raise HybridError("--json-schema must be a JSON object (a schema)")
+    return json_schema_grammar(schema or None)
 
 
 def sampler_extras(typical_p: float, xtc_probability: float, xtc_threshold: float, dry_multiplier: float,
@@ -204,15 +236,18 @@ def status(console: Console, message: str, enabled: bool = True):
         yield
 
 
-def read_template(path: Optional[Path]) -> Optional[str]:
-    if path is None:
-        return None
+def read_text_file(path: Path, what: str) -> str:
+    """A UTF-8 text file the user named (`what` it is, for the one-line error)."""
     try:
         return Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise HybridError(f"cannot read chat template file {path}: {e.strerror}") from None
+        raise HybridError(f"cannot read {what} {path}: {e.strerror}") from None
     except UnicodeDecodeError:
-        raise HybridError(f"chat template file {path} is not UTF-8 text") from None
+        raise HybridError(f"{what} {path} is not UTF-8 text") from None
+
+
+def read_template(path: Optional[Path]) -> Optional[str]:
+    return None if path is None else read_text_file(path, "chat template file")
 
 
 def placement_options(device: str, vram: Optional[str], cpu_only: bool,

@@ -19,11 +19,12 @@ from ..events import Done, Token
 from . import app
 from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
-                     FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
+                     FrequencyPenaltyOpt, GrammarFileOpt, GrammarOpt, IgnoreEosOpt, JsonSchemaFileOpt, JsonSchemaOpt,
+                     LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
-                     pick_model, predict_limit, sampler_extras, check_sampling)
+                     grammar_option, pick_model, predict_limit, read_text_file, sampler_extras, check_sampling)
 from .display import LiveStream, drive, stderr_console
 
 INTERRUPTED = 130    # the shell's code for a run ended by Ctrl-C (128 + SIGINT)
@@ -40,12 +41,7 @@ def read_prompt(prompt: Optional[str], file: Optional[Path], have_model: bool, s
     if file is not None and str(file) == "-":
         return _read_stdin(stdin)
     if file is not None:
-        try:
-            return file.read_text(encoding="utf-8")
-        except OSError as e:
-            raise HybridError(f"cannot read prompt file {file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise HybridError(f"prompt file {file} is not UTF-8 text") from None
+        return read_text_file(file, "prompt file")
     if prompt is None:
         if _piped(stdin):
             text = _read_stdin(stdin)
@@ -141,6 +137,10 @@ def decode(
     dry_penalty_last_n: int = DryLastNOpt,
     dry_breakers: List[str] = DryBreakerOpt,
     logit_bias: List[str] = LogitBiasOpt,
+    grammar: Optional[str] = GrammarOpt,
+    grammar_file: Optional[Path] = GrammarFileOpt,
+    json_schema: Optional[str] = JsonSchemaOpt,
+    json_schema_file: Optional[Path] = JsonSchemaFileOpt,
     seed: int = SeedOpt,
     threads: Optional[int] = ThreadsOpt,
     ctx_size: int = CtxOpt,
@@ -188,6 +188,7 @@ def decode(
     think = parse_reasoning(reasoning)
     extras = sampler_extras(typical_p, xtc_probability, xtc_threshold, dry_multiplier, dry_base, dry_allowed_length,
                             dry_penalty_last_n, dry_breakers, logit_bias)
+    constraint = grammar_option(grammar, grammar_file, json_schema, json_schema_file)
     if n_probs < 0:
         raise HybridError(f"--n-probs must be ≥ 0, got {n_probs}")
     if think is not None and not chat:
@@ -204,7 +205,7 @@ def decode(
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                         seed=None if seed < 0 else seed, stop=stop, chat=chat, system=system, reasoning=think,
                         ignore_eos=ignore_eos, draft=pick_draft(draft, m.has_mtp), draft_p_min=draft_p_min,
-                        **extras)
+                        grammar=constraint, **extras)
     if as_json:
         tokens, pieces, thoughts, final = [], [], [], {}
 

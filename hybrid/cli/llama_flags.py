@@ -25,6 +25,7 @@ RENAMES = {
     "--draft-max": "--draft", "--draft-n": "--draft",
     "--draft-p-min": "--spec-draft-p-min",
     "-dev": "--device",
+    "-jf": "--json-schema-file",
 }
 
 # llama.cpp's --device names (`none`, `CUDA0`, a comma list) → ours. One GPU is used, the first the
@@ -48,7 +49,8 @@ TAKES_VALUE = {"-p", "--prompt", "-f", "--file", "-m", "--model", "--system", "-
                "--reasoning", "--presence-penalty", "--frequency-penalty", "--n-probs", "--pcie-share",
                "--spec-draft-p-min", "--typical-p", "--typical", "--xtc-probability", "--xtc-threshold",
                "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
-               "--dry-sequence-breaker", "--logit-bias", "-l",
+               "--dry-sequence-breaker", "--logit-bias", "-l", "--grammar", "--grammar-file", "-j", "--json-schema",
+               "--json-schema-file",
                "--host", "--port", "--api-key", "-a", "--alias", "--cache-mem", "--max-queue", "--max-tokens",
                "--max-body"}
 

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ..errors import HybridError
 from ..events import Done, Token
+from ..grammar import check_grammar, json_schema_grammar
 from ..sampling import SamplerConfig
 from .engine import Engine, Job, QueueFull
 from .parse import OutputParser, prepare_messages, prompt_opens_thinking, template_knows_tools
@@ -175,6 +176,32 @@ class Server:
         return Job(ids=ids, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
                    ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary)
 
+    def response_grammar(self, fmt) -> str | None:
+        """The grammar a chat's response_format asks for: OpenAI's json_schema ({"type":
+        "json_schema", "json_schema": {"schema": …}}), json_object (any object, or llama-server's
+        {"type": "json_object", "schema": …}); None for text."""
+        if fmt is None:
+            return None
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            schema = fmt.get("schema")
+        elif kind == "json_schema" and isinstance(fmt.get("json_schema"), dict) and "schema" in fmt["json_schema"]:
+            schema = fmt["json_schema"]["schema"]
+        else:
+            raise ApiError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {…}}}",
+                           param="response_format")
+        if schema is not None and not isinstance(schema, dict):
+            raise ApiError(400, "the response_format schema must be a JSON object", param="response_format")
+        try:
+            text = json_schema_grammar(schema)
+            check_grammar(self.model.tokenizer, text)
+        except HybridError as e:
+            raise ApiError(400, f"response_format's schema: {e}", param="response_format") from None
+        return text
+
     def sampler_options(self, body: dict) -> dict:
         """llama-server's other samplers, by its names, and OpenAI's logit_bias: what the body
         gives (the model's `sampler_options` holds the defaults)."""
@@ -265,12 +292,7 @@ class Server:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-        fmt = body.get("response_format")
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        if fmt is not None and kind != "text":
-            raise ApiError(400, f"response_format {kind!r} is not supported (no constrained decoding yet); for "
-                                "structured output give 'tools' (function calling) or ask for JSON in the prompt",
-                           param="response_format")
+        grammar = self.response_grammar(body.get("response_format"))
         tools = body.get("tools") or None
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise ApiError(400, "'tools' must be a list of objects", param="tools")
@@ -282,6 +304,10 @@ class Server:
         thinking = kwargs.get("enable_thinking")
         if thinking is not None and not isinstance(thinking, bool):
             raise ApiError(400, "'enable_thinking' must be true or false", param="chat_template_kwargs")
+        if grammar is not None:         # the grammar holds from the reply's first token: no thinking first
+            if thinking:
+                raise ApiError(400, "a response_format grammar needs enable_thinking false", param="response_format")
+            thinking = False
         try:
             msgs = prepare_messages(messages, tools, self.native_tools)
         except ValueError as e:
@@ -298,7 +324,9 @@ class Server:
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
         top = _number(body, "top_logprobs", 0, 0, 20, integer=True)
-        job = self.submit(self.job(body, ids, top if logprobs else None, self.last_message_start(ids)))
+        job = self.job(body, ids, top if logprobs else None, self.last_message_start(ids))
+        job.grammar = grammar
+        job = self.submit(job)
         parser = OutputParser(thinking=prompt_opens_thinking(text), tools=bool(tools))
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         if body.get("stream"):

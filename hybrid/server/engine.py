@@ -28,6 +28,7 @@ from ..draft_policy import DraftPolicy
 from ..errors import HybridError
 from ..events import Done, Prefill, Stats, Token
 from ..generate import generate_tokens, prefill
+from ..grammar import Constraint
 from ..sampling import Sampler, SamplerConfig
 from ..speculative import generate_speculative, prefill_with_mtp
 from .cache import StateCache
@@ -53,6 +54,7 @@ class Job:
     ignore_eos: bool = False
     logprobs: int | None = None    # top alternatives per token, None = no log-probabilities
     boundary: int = 0              # ids[:boundary] end where the prompt's last message begins; 0 = none
+    grammar: str | None = None     # llguidance grammar the reply must follow (hybrid.grammar)
     loop: asyncio.AbstractEventLoop | None = None
     out: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -174,7 +176,8 @@ class Engine:
         cached = self._start(wanted)
         timings = {"queued_s": began - job.submitted, "restore_s": time.perf_counter() - began}
         self._live = None            # until this job ends cleanly, the state's content is not known
-        drafting = self.depth != 0 and job.logprobs is None     # log-probabilities need every row
+        # log-probabilities and grammars need every row: plain decoding
+        drafting = self.depth != 0 and job.logprobs is None and job.grammar is None
         start = cached
         if self._worth_a_boundary_snapshot(job, cached):
             taken = time.perf_counter()
@@ -187,7 +190,9 @@ class Engine:
         run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
                    ignore_eos=job.ignore_eos, context=wanted[:start])
         if not drafting:
-            events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, logprobs=job.logprobs, **run)
+            constraint = Constraint(m.tokenizer, job.grammar) if job.grammar is not None else None
+            events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, logprobs=job.logprobs,
+                                     constraint=constraint, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,
                                           p_min=self.draft_p_min, controller=m.depth_controller, **run)

@@ -154,6 +154,27 @@ def test_chat_template_file(tmp_path, model):
     assert r.returncode == 1 and "does not parse" in r.stderr
 
 
+def test_grammar_and_json_schema_flags(tmp_path):
+    """llama.cpp's --grammar-file (GBNF), -j and -jf constrain decode's output; two at once, a
+    file that is not there or a schema that is not JSON are one-line errors."""
+    gbnf = tmp_path / "yn.gbnf"
+    gbnf.write_text('root ::= ("yes" | "no") "."\n', encoding="utf-8")
+    out, _ = decode_json("-p", "Answer:", "--grammar-file", str(gbnf))
+    assert out["text"] in ("yes.", "no.") and out["stop_reason"] == "eog"
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema), encoding="utf-8")
+    for flags in (["-j", json.dumps(schema)], ["-jf", str(tmp_path / "s.json")]):
+        r = run("decode", "-p", "Answer:", "-n", "16", "--temp", "0.9", "-s", "4", "-t", "1", "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        assert isinstance(json.loads(json.loads(r.stdout)["text"])["ok"], bool)
+    for flags, message in ((["-j", "{}", "--grammar", 'root ::= "a"'], "not several"),
+                           (["-jf", str(tmp_path / "none.json")], "cannot read JSON schema file"),
+                           (["-j", "[1"], "is not JSON")):
+        r = run("decode", "-p", "x", *flags)
+        assert r.returncode == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_version_and_h():
     r = run("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"hybrid {hybrid.__version__}"

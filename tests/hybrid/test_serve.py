@@ -256,8 +256,10 @@ def test_error_cases(srv):
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "temperature": "hot"}), 400, "temperature")
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "top_p": 3}), 400, "top_p")
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "n": 2}), 400, "n")
-    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
-        check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": fmt}), 400, fmt["type"], "tools")
+    for fmt in ({"type": "xml"}, {"type": "json_schema"}, "json"):
+        check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": fmt}), 400, "json_schema")
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": 5}}}
+    check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "response_format": bad}), 400, "schema")
     assert post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1,
                                               "response_format": {"type": "text"}}).status_code == 200
     check_error(post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 5000}), 400, "5000", "3000")
@@ -295,6 +297,38 @@ def test_logit_bias_and_llama_servers_samplers(srv):
     check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "dry_base": 0.5}), 400, "dry_base", "at least 1")
     check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "logit_bias": {"x": 1}}), 400, "token id")
     check_error(post(srv, "/v1/chat/completions", {"messages": user("Hi"), "logit_bias": {"5": 500}}), 400, "-100")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_response_format_json_schema(srv, stream):
+    """A json_schema response_format constrains the reply (llguidance): the text parses and the
+    schema's own checker (here by hand: types, enum, bounds, no extra keys) accepts it, from a
+    model that would not write it unasked; json_object gives a JSON object."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["verdict", "score"],
+              "properties": {"verdict": {"enum": ["approve", "reject"]},
+                             "score": {"type": "integer", "minimum": 0, "maximum": 10}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "review", "schema": schema, "strict": True}}
+    c = client(srv)
+    msgs = user("Review this function: def add(a, b): return a - b")
+    if stream:
+        chunks = c.chat.completions.create(model=model_id(srv), messages=msgs, max_tokens=48, response_format=fmt,
+                                           stream=True, **GREEDY)
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    else:
+        r = c.chat.completions.create(model=model_id(srv), messages=msgs, max_tokens=48, response_format=fmt, **GREEDY)
+        assert r.choices[0].finish_reason == "stop"
+        text = r.choices[0].message.content
+    reply = json.loads(text)
+    assert set(reply) == {"verdict", "score"} and reply["verdict"] in ("approve", "reject")
+    assert isinstance(reply["score"], int) and 0 <= reply["score"] <= 10
+    plain = c.chat.completions.create(model=model_id(srv), messages=msgs, max_tokens=16, **GREEDY)
+    assert not plain.choices[0].message.content.lstrip().startswith("{")       # it did not come unasked
+    any_object = c.chat.completions.create(model=model_id(srv), messages=msgs, max_tokens=64, temperature=0.7, seed=3,
+                                           response_format={"type": "json_object"})
+    if any_object.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(any_object.choices[0].message.content), dict)
+    else:                                                # cut by max_tokens: a JSON object's start
+        assert any_object.choices[0].message.content.startswith("{")
 
 
 def test_api_key(ref):
