@@ -139,7 +139,8 @@ class Server:
             raise ApiError(400, "the request body must be a JSON object")
         return data
 
-    def job(self, body: dict, ids: list[int], logprobs: int | None, boundary: int = 0) -> Job:
+    def job(self, body: dict, ids: list[int], logprobs: int | None, boundary: int = 0,
+            grammar: str | None = None) -> Job:
         n_ctx = self.model.n_ctx
         if not ids:
             raise ApiError(400, "the prompt is empty")
@@ -174,7 +175,7 @@ class Server:
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
         return Job(ids=ids, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
-                   ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary)
+                   ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary, grammar=grammar)
 
     def response_grammar(self, fmt) -> str | None:
         """The grammar a chat's response_format asks for: OpenAI's json_schema ({"type":
@@ -324,9 +325,7 @@ class Server:
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
         top = _number(body, "top_logprobs", 0, 0, 20, integer=True)
-        job = self.job(body, ids, top if logprobs else None, self.last_message_start(ids))
-        job.grammar = grammar
-        job = self.submit(job)
+        job = self.submit(self.job(body, ids, top if logprobs else None, self.last_message_start(ids), grammar))
         parser = OutputParser(thinking=prompt_opens_thinking(text), tools=bool(tools))
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         if body.get("stream"):
