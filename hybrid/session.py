@@ -21,13 +21,14 @@ from .draft_policy import DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .generate import generate_tokens
+from .grammar import Constraint, check_grammar
 from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
 from .speculative import generate_speculative
 
 SAMPLING_DEFAULTS = dict(max_tokens=128, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                          repeat_penalty=1.0, repeat_last_n=64, presence_penalty=0.0, frequency_penalty=0.0,
-                         seed=None, stop=(), ignore_eos=False)
+                         seed=None, stop=(), ignore_eos=False, grammar=None)
 SAMPLER_EXTRAS = ("typical_p", "xtc_probability", "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length",
                   "dry_penalty_last_n", "dry_sequence_breakers", "logit_bias")   # Model.sampler_options
 
@@ -129,6 +130,9 @@ class ChatSession:
                                         **self.model.sampler_options(**extras)))
         run = dict(max_tokens=opts["max_tokens"], sampler=sampler, stop=list(opts["stop"]),
                    n_ctx=self.n_ctx, ignore_eos=opts["ignore_eos"])
+        if opts["grammar"] is not None:         # Model.generate's grammar: a plain decoding turn
+            check_grammar(self.model.tokenizer, opts["grammar"])
+            run["constraint"] = Constraint(self.model.tokenizer, opts["grammar"])
         return self._stream(wanted, run, on_reply)
 
     def _stream(self, wanted: list[int], run: dict, on_reply) -> Iterator[Prefill | Token | Done]:
@@ -147,7 +151,7 @@ class ChatSession:
         self.state.mtp_n_past = self.state.n_past
         m, suffix = self.model, wanted[cached:]
         run = {**run, "context": wanted[:cached]}
-        if self.depth == 0:
+        if self.depth == 0 or "constraint" in run:
             events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,

@@ -18,11 +18,12 @@ from ..metadata import safe_text
 from . import app
 from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, DeviceOpt, DraftOpt, DraftPMinOpt,
                      DryAllowedLengthOpt, DryBaseOpt, DryBreakerOpt, DryLastNOpt, DryMultiplierOpt, ExpertCacheOpt,
-                     FrequencyPenaltyOpt, IgnoreEosOpt, LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
+                     FrequencyPenaltyOpt, GrammarFileOpt, GrammarOpt, IgnoreEosOpt, JsonSchemaFileOpt, JsonSchemaOpt,
+                     LogitBiasOpt, MinPOpt, ModelArg, ModelOpt, NCpuMoeOpt,
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
-                     pick_model, predict_limit, sampler_extras, check_sampling)
+                     grammar_option, pick_model, predict_limit, reasoning_with_grammar, sampler_extras, check_sampling)
 from .decode import pick_draft
 from .display import LiveStream, drive, stderr_console
 
@@ -175,6 +176,10 @@ def chat(
     dry_penalty_last_n: int = DryLastNOpt,
     dry_breakers: List[str] = DryBreakerOpt,
     logit_bias: List[str] = LogitBiasOpt,
+    grammar: Optional[str] = GrammarOpt,
+    grammar_file: Optional[Path] = GrammarFileOpt,
+    json_schema: Optional[str] = JsonSchemaOpt,
+    json_schema_file: Optional[Path] = JsonSchemaFileOpt,
     seed: int = SeedOpt,
     stop: List[str] = StopOpt,
     ignore_eos: bool = IgnoreEosOpt,
@@ -211,6 +216,8 @@ def chat(
     think = parse_reasoning(reasoning)
     extras = sampler_extras(typical_p, xtc_probability, xtc_threshold, dry_multiplier, dry_base, dry_allowed_length,
                             dry_penalty_last_n, dry_breakers, logit_bias)
+    constraint = grammar_option(grammar, grammar_file, json_schema, json_schema_file)
+    think = reasoning_with_grammar(think, constraint)
     err = stderr_console()
     interactive = sys.stdin.isatty()
     m = load_model(pick_model(model, model_opt), device=device, threads=threads, n_ctx=ctx_size, console=err,
@@ -223,7 +230,7 @@ def chat(
     sampling = dict(max_tokens=session.n_ctx if limit is None else limit, temperature=temp, top_k=top_k,
                     top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                     presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                    seed=None if seed < 0 else seed, stop=stop, ignore_eos=ignore_eos, **extras)
+                    seed=None if seed < 0 else seed, stop=stop, ignore_eos=ignore_eos, grammar=constraint, **extras)
     out = Console()
     if interactive:
         err.print(f"[dim]{escape(safe_text(m.path.name))} · /help for commands · Ctrl-D quits[/]", highlight=False)

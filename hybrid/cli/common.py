@@ -135,6 +135,15 @@ def grammar_option(grammar: str | None, grammar_file: Path | None, json_schema: 
     return json_schema_grammar(schema or None)
 
 
+def reasoning_with_grammar(think: bool | None, constraint: str | None) -> bool | None:
+    """--reasoning under a grammar, which holds from the reply's first token: off (on is an error)."""
+    if constraint is None:
+        return think
+    if think:
+        raise HybridError("a grammar (--grammar, -j) needs --reasoning off: it holds from the reply's first token")
+    return False
+
+
 def sampler_extras(typical_p: float, xtc_probability: float, xtc_threshold: float, dry_multiplier: float,
                    dry_base: float, dry_allowed_length: int, dry_penalty_last_n: int, dry_breakers: Sequence[str],
                    logit_bias: Sequence[str]) -> dict:

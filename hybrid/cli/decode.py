@@ -24,7 +24,8 @@ from .common import (ChatTemplateFileOpt, CpuOnlyOpt, CtxOpt, CudaGraphsOpt, Dev
                      NGpuLayersOpt, OverrideTensorOpt, PcieShareOpt, SplitFfnOpt, PresencePenaltyOpt, ReasoningOpt,
                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, StopOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt,
                      TypicalPOpt, VramOpt, XtcProbabilityOpt, XtcThresholdOpt, load_model, parse_reasoning,
-                     grammar_option, pick_model, predict_limit, read_text_file, sampler_extras, check_sampling)
+                     grammar_option, pick_model, predict_limit, read_text_file, reasoning_with_grammar, sampler_extras,
+                     check_sampling)
 from .display import LiveStream, drive, stderr_console
 
 INTERRUPTED = 130    # the shell's code for a run ended by Ctrl-C (128 + SIGINT)
@@ -189,6 +190,8 @@ def decode(
     extras = sampler_extras(typical_p, xtc_probability, xtc_threshold, dry_multiplier, dry_base, dry_allowed_length,
                             dry_penalty_last_n, dry_breakers, logit_bias)
     constraint = grammar_option(grammar, grammar_file, json_schema, json_schema_file)
+    if chat:
+        think = reasoning_with_grammar(think, constraint)
     if n_probs < 0:
         raise HybridError(f"--n-probs must be ≥ 0, got {n_probs}")
     if think is not None and not chat:

@@ -155,8 +155,9 @@ def test_chat_template_file(tmp_path, model):
 
 
 def test_grammar_and_json_schema_flags(tmp_path):
-    """llama.cpp's --grammar-file (GBNF), -j and -jf constrain decode's output; two at once, a
-    file that is not there or a schema that is not JSON are one-line errors."""
+    """llama.cpp's --grammar-file (GBNF), -j and -jf constrain decode's output and each chat reply;
+    two at once, a file that is not there, a schema that is not JSON or reasoning on are one-line
+    errors."""
     gbnf = tmp_path / "yn.gbnf"
     gbnf.write_text('root ::= ("yes" | "no") "."\n', encoding="utf-8")
     out, _ = decode_json("-p", "Answer:", "--grammar-file", str(gbnf))
@@ -168,7 +169,13 @@ def test_grammar_and_json_schema_flags(tmp_path):
         r = run("decode", "-p", "Answer:", "-n", "16", "--temp", "0.9", "-s", "4", "-t", "1", "--json", *flags)
         assert r.returncode == 0, r.stderr
         assert isinstance(json.loads(json.loads(r.stdout)["text"])["ok"], bool)
+    r = run("chat", "--json", "-n", "16", "--temp", "0.9", "-s", "4", "-t", "1", "-j", json.dumps(schema),
+            stdin="is it done?\nand now?\n")
+    assert r.returncode == 0, r.stderr
+    replies = [json.loads(line)["text"] for line in r.stdout.splitlines()]
+    assert len(replies) == 2 and all(isinstance(json.loads(t)["ok"], bool) for t in replies), replies
     for flags, message in ((["-j", "{}", "--grammar", 'root ::= "a"'], "not several"),
+                           (["--chat", "-j", "{}", "--reasoning", "on"], "--reasoning off"),
                            (["-jf", str(tmp_path / "none.json")], "cannot read JSON schema file"),
                            (["-j", "[1"], "is not JSON")):
         r = run("decode", "-p", "x", *flags)
