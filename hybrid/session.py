@@ -39,7 +39,9 @@ class ChatSession:
     send(text) adds a user turn and streams the reply (Prefill / Token / Done events, as
     Model.generate); the reply is added to the conversation. generate(prompt) continues the same
     token sequence with raw text or ids (no template). Done.stats.cached_tokens counts the reused
-    tokens, stats.prompt_tokens the newly prefilled ones. Not thread-safe: one turn at a time.
+    tokens, stats.prompt_tokens the newly prefilled ones. Both take Model.generate's sampling
+    options, grammar= included (each reply starts the grammar afresh; a thinking model wants
+    reasoning=False). Not thread-safe: one turn at a time.
     """
 
     def __init__(self, model, *, system: str | None = None, n_ctx: int | None = None,
