@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .. import __version__
 from ..errors import HybridError
 from ..events import Done, Token
 from ..grammar import check_grammar, json_schema_grammar
@@ -288,6 +289,44 @@ class Server:
             {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "hybrid",
              "meta": {"n_ctx": self.model.n_ctx, "path": str(self.model.path)}}]})
 
+    async def props(self, request: Request):
+        """llama-server's /props, the fields front-ends read: the context, slots, template."""
+        return JSONResponse({"default_generation_settings": {"n_ctx": self.model.n_ctx}, "total_slots": 1,
+                             "model_path": str(self.model.path), "model_alias": self.model_id,
+                             "chat_template": self.model.chat_template.source,
+                             "modalities": {"vision": False, "audio": False}, "build_info": f"hybrid {__version__}"})
+
+    async def tokenize(self, request: Request):
+        """llama-server's /tokenize: {"content", "add_special" (false), "parse_special" (true),
+        "with_pieces" (false)} → {"tokens": ids, or [{"id", "piece"}]}."""
+        body = await self.read_json(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise ApiError(400, "'content' must be a string", param="content")
+        flags = {name: body.get(name, default) for name, default in
+                 (("add_special", False), ("parse_special", True), ("with_pieces", False))}
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise ApiError(400, f"'{name}' must be true or false", param=name)
+        tok = self.model.tokenizer
+        try:
+            ids = tok.encode(content, add_special=flags["add_special"], parse_special=flags["parse_special"])
+        except HybridError as e:
+            raise ApiError(400, str(e), param="content") from None
+        if flags["with_pieces"]:
+            return JSONResponse({"tokens": [{"id": i, "piece": tok.decode([i])} for i in ids]})
+        return JSONResponse({"tokens": ids})
+
+    async def detokenize(self, request: Request):
+        """llama-server's /detokenize: {"tokens": ids} → {"content": text}."""
+        body = await self.read_json(request)
+        ids = body.get("tokens")
+        n_vocab = self.model.tokenizer.n_vocab
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_vocab
+                                                for i in ids):
+            raise ApiError(400, f"'tokens' must be a list of token ids (0 to {n_vocab - 1})", param="tokens")
+        return JSONResponse({"content": self.model.tokenizer.decode(ids)})
+
     async def chat(self, request: Request):
         body = await self.read_json(request)
         messages = body.get("messages")
@@ -487,7 +526,10 @@ def build_app(model, engine: Engine, limits: Limits, model_id: str) -> Starlette
               Route("/v1/chat/completions", server.chat, methods=["POST"]),
               Route("/chat/completions", server.chat, methods=["POST"]),
               Route("/v1/completions", server.completions, methods=["POST"]),
-              Route("/completions", server.completions, methods=["POST"])]
+              Route("/completions", server.completions, methods=["POST"]),
+              Route("/props", server.props),
+              Route("/tokenize", server.tokenize, methods=["POST"]),
+              Route("/detokenize", server.detokenize, methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={ApiError: on_api_error, HTTPException: on_http,
                                                        Exception: on_any})
 

@@ -331,6 +331,27 @@ def test_response_format_json_schema(srv, stream):
         assert any_object.choices[0].message.content.startswith("{")
 
 
+def test_llama_servers_props_tokenize_detokenize(srv, ref):
+    """llama-server's utility endpoints: /tokenize counts what a completion's prompt counts and
+    /detokenize gives the text back; /props reports the context and the template; both need the
+    key where the server has one."""
+    text = "def add(a, b):\n    return a + b  # <|im_end|>"
+    ids = post(srv, "/tokenize", {"content": text}).json()["tokens"]
+    usage = client(srv).completions.create(model=model_id(srv), prompt=text, max_tokens=1, **GREEDY).usage
+    assert len(ids) == usage.prompt_tokens
+    assert post(srv, "/detokenize", {"tokens": ids}).json() == {"content": text}
+    pieces = post(srv, "/tokenize", {"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == text
+    plain = post(srv, "/tokenize", {"content": text, "parse_special": False}).json()["tokens"]
+    assert len(plain) > len(ids)                     # <|im_end|> spelled out, not one control token
+    props = httpx.get(srv.url + "/props", timeout=30).json()
+    assert props["default_generation_settings"]["n_ctx"] == 4096 and props["total_slots"] == 1
+    assert "im_start" in props["chat_template"]
+    check_error(post(srv, "/tokenize", {"content": 5}), 400, "content")
+    check_error(post(srv, "/detokenize", {"tokens": [10**9]}), 400, "token ids")
+    check_error(post(ref, "/tokenize", {"content": "x"}), 401)
+
+
 def test_api_key(ref):
     check_error(post(ref, "/v1/completions", {"prompt": "x", "max_tokens": 1}), 401, "API key")
     check_error(post(ref, "/v1/completions", {"prompt": "x", "max_tokens": 1}, key="wrong"), 401)
