@@ -17,7 +17,7 @@ from .errors import HybridError
 from .events import Done, Prefill, Token
 from .forward import Forward
 from .generate import PREFILL_CHUNK, generate_tokens
-from .grammar import Constraint, check_grammar
+from .grammar import Constraint
 from .kernel_prep import prepare
 from .model_file import default_model_path, open_model
 from .mtp import MTPHead
@@ -235,11 +235,10 @@ class Model:
 
         def tagged(events):
             return ReasoningTagger(events, starts_inside(chat_text)) if chat_text is not None else events
-        if grammar is not None:
-            check_grammar(self.tokenizer, grammar)
         if policy.depth == 0 or grammar is not None:
+            constraint = Constraint(self.tokenizer, grammar) if grammar is not None else None   # fails now
+
             def run(state):
-                constraint = Constraint(self.tokenizer, grammar) if grammar is not None else None
                 return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos,
                                        constraint=constraint)

@@ -24,10 +24,9 @@ class _Vocabulary:
 
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
-        n = tokenizer.n_vocab
-        self.tokens = [b"\xff" + tokenizer.token_bytes(i) if tokenizer.is_control(i) else tokenizer.token_bytes(i)
-                       for i in range(n)]
-        self.special_token_ids = [i for i in range(n) if tokenizer.is_control(i)]
+        self.special_token_ids = [i for i in range(tokenizer.n_vocab) if tokenizer.is_control(i)]
+        control = set(self.special_token_ids)
+        self.tokens = [(b"\xff" if i in control else b"") + tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)]
         self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids)
         self.bos_token_id = tokenizer.bos_id
         self.is_tokenizer_wrapper = True
@@ -39,7 +38,7 @@ class _Vocabulary:
 
 
 def vocabulary(tokenizer):
-    """The llguidance tokenizer of `tokenizer`, built once per tokenizer (~1 s for a 250k-token
+    """The llguidance tokenizer of `tokenizer`, built once per tokenizer (a pass over the whole
     vocabulary) and kept on it."""
     built = getattr(tokenizer, "_llguidance", None)
     if built is None:
@@ -69,15 +68,10 @@ def gbnf_grammar(text: str) -> str:
         raise HybridError(f"the grammar is not valid GBNF or Lark: {e}") from None
 
 
-def check_grammar(tokenizer, grammar: str) -> None:
-    """A HybridError naming the problem if `grammar` does not compile for this vocabulary."""
-    problem = llguidance.LLMatcher.validate_grammar(grammar, vocabulary(tokenizer))
-    if problem and not problem.startswith("WARNING"):
-        raise HybridError(f"the grammar does not compile: {problem}")
-
-
 class Constraint:
-    """One reply's grammar state: `mask` a logit row before sampling, `accept` the token sampled."""
+    """One reply's grammar state: `mask` a logit row before sampling, `accept` the token sampled.
+    Made where the request is checked (a grammar that does not compile is a HybridError there),
+    then handed to the generation that uses it."""
 
     def __init__(self, tokenizer, grammar: str):
         vocab = vocabulary(tokenizer)

@@ -21,7 +21,7 @@ from .draft_policy import DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
 from .generate import generate_tokens
-from .grammar import Constraint, check_grammar
+from .grammar import Constraint
 from .reasoning import ReasoningTagger, starts_inside
 from .sampling import Sampler, SamplerConfig
 from .speculative import generate_speculative
@@ -133,7 +133,6 @@ class ChatSession:
         run = dict(max_tokens=opts["max_tokens"], sampler=sampler, stop=list(opts["stop"]),
                    n_ctx=self.n_ctx, ignore_eos=opts["ignore_eos"])
         if opts["grammar"] is not None:         # Model.generate's grammar: a plain decoding turn
-            check_grammar(self.model.tokenizer, opts["grammar"])
             run["constraint"] = Constraint(self.model.tokenizer, opts["grammar"])
         return self._stream(wanted, run, on_reply)
 

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import HybridError
 from ..events import Done, Token
-from ..grammar import check_grammar, json_schema_grammar
+from ..grammar import Constraint, json_schema_grammar
 from ..sampling import SamplerConfig
 from .engine import Engine, Job, QueueFull
 from .parse import OutputParser, prepare_messages, prompt_opens_thinking, template_knows_tools
@@ -141,7 +141,7 @@ class Server:
         return data
 
     def job(self, body: dict, ids: list[int], logprobs: int | None, boundary: int = 0,
-            grammar: str | None = None) -> Job:
+            constraint: Constraint | None = None) -> Job:
         n_ctx = self.model.n_ctx
         if not ids:
             raise ApiError(400, "the prompt is empty")
@@ -176,10 +176,10 @@ class Server:
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be true or false", param="ignore_eos")
         return Job(ids=ids, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
-                   ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary, grammar=grammar)
+                   ignore_eos=ignore_eos, logprobs=logprobs, boundary=boundary, constraint=constraint)
 
-    def response_grammar(self, fmt) -> str | None:
-        """The grammar a chat's response_format asks for: OpenAI's json_schema ({"type":
+    def response_constraint(self, fmt) -> Constraint | None:
+        """The grammar a chat's response_format asks for, compiled: OpenAI's json_schema ({"type":
         "json_schema", "json_schema": {"schema": …}}), json_object (any object, or llama-server's
         {"type": "json_object", "schema": …}); None for text."""
         if fmt is None:
@@ -198,11 +198,9 @@ class Server:
         if schema is not None and not isinstance(schema, dict):
             raise ApiError(400, "the response_format schema must be a JSON object", param="response_format")
         try:
-            text = json_schema_grammar(schema)
-            check_grammar(self.model.tokenizer, text)
+            return Constraint(self.model.tokenizer, json_schema_grammar(schema))
         except HybridError as e:
             raise ApiError(400, f"response_format's schema: {e}", param="response_format") from None
-        return text
 
     def sampler_options(self, body: dict) -> dict:
         """llama-server's other samplers, by its names, and OpenAI's logit_bias: what the body
@@ -332,7 +330,7 @@ class Server:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-        grammar = self.response_grammar(body.get("response_format"))
+        constraint = self.response_constraint(body.get("response_format"))
         tools = body.get("tools") or None
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise ApiError(400, "'tools' must be a list of objects", param="tools")
@@ -344,7 +342,7 @@ class Server:
         thinking = kwargs.get("enable_thinking")
         if thinking is not None and not isinstance(thinking, bool):
             raise ApiError(400, "'enable_thinking' must be true or false", param="chat_template_kwargs")
-        if grammar is not None:         # the grammar holds from the reply's first token: no thinking first
+        if constraint is not None:      # the grammar holds from the reply's first token: no thinking first
             if thinking:
                 raise ApiError(400, "a response_format grammar needs enable_thinking false", param="response_format")
             thinking = False
@@ -364,7 +362,7 @@ class Server:
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(400, "'logprobs' must be true or false", param="logprobs")
         top = _number(body, "top_logprobs", 0, 0, 20, integer=True)
-        job = self.submit(self.job(body, ids, top if logprobs else None, self.last_message_start(ids), grammar))
+        job = self.submit(self.job(body, ids, top if logprobs else None, self.last_message_start(ids), constraint))
         parser = OutputParser(thinking=prompt_opens_thinking(text), tools=bool(tools))
         cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
         if body.get("stream"):

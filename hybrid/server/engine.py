@@ -54,7 +54,7 @@ class Job:
     ignore_eos: bool = False
     logprobs: int | None = None    # top alternatives per token, None = no log-probabilities
     boundary: int = 0              # ids[:boundary] end where the prompt's last message begins; 0 = none
-    grammar: str | None = None     # llguidance grammar the reply must follow (hybrid.grammar)
+    constraint: Constraint | None = None    # the grammar the reply must follow (hybrid.grammar)
     loop: asyncio.AbstractEventLoop | None = None
     out: asyncio.Queue | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -177,7 +177,7 @@ class Engine:
         timings = {"queued_s": began - job.submitted, "restore_s": time.perf_counter() - began}
         self._live = None            # until this job ends cleanly, the state's content is not known
         # log-probabilities and grammars need every row: plain decoding
-        drafting = self.depth != 0 and job.logprobs is None and job.grammar is None
+        drafting = self.depth != 0 and job.logprobs is None and job.constraint is None
         start = cached
         if self._worth_a_boundary_snapshot(job, cached):
             taken = time.perf_counter()
@@ -190,9 +190,8 @@ class Engine:
         run = dict(max_tokens=job.max_tokens, sampler=sampler, stop=job.stop, n_ctx=m.n_ctx,
                    ignore_eos=job.ignore_eos, context=wanted[:start])
         if not drafting:
-            constraint = Constraint(m.tokenizer, job.grammar) if job.grammar is not None else None
             events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, logprobs=job.logprobs,
-                                     constraint=constraint, **run)
+                                     constraint=job.constraint, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,
                                           p_min=self.draft_p_min, controller=m.depth_controller, **run)

@@ -8,7 +8,7 @@ import hybrid
 from hybrid.errors import HybridError
 from hybrid.events import Done, Token
 from hybrid.generate import generate_tokens
-from hybrid.grammar import Constraint, check_grammar, json_schema_grammar
+from hybrid.grammar import Constraint, json_schema_grammar
 from hybrid.sampling import Sampler, SamplerConfig
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags", "ok"],
@@ -57,6 +57,6 @@ def test_the_constraint_changes_what_the_model_says(model):
 
 def test_bad_schemas_are_one_clear_error(model):
     with pytest.raises(HybridError, match="required"):
-        check_grammar(model.tokenizer, json_schema_grammar({"type": "object", "required": 5}))
+        Constraint(model.tokenizer, json_schema_grammar({"type": "object", "required": 5}))
     with pytest.raises(HybridError, match="does not compile"):
         Constraint(model.tokenizer, json_schema_grammar({"type": "no-such-type"}))
