@@ -12,20 +12,21 @@ _PROBE_EVERY. Each probe is two steps at a worse depth and two changes of depth,
 settled model at _PROBE_EVERY that is every eighth step spent switching; backing off keeps
 the cost of watching for drift near one step in a hundred.
 
-At depth 0, a probe of depth 1 that could not pay even if draft 1 were kept as often as an
-optimistic count allows (two more keeps than observed) runs only every _PROBE_EVERY ×
-_HOPELESS_SPACING steps: on a model whose drafts die, or whose verify rows cost more than they
+At depth 0, a probe of depth 1 that could not pay even if draft 1 were kept as often as the
+upper end of a two-sigma interval around its observed rate (`draft_may_pay`) runs only every
+_PROBE_EVERY × _HOPELESS_SPACING steps: on a model whose drafts die, or whose verify rows cost more than they
 bring, each probe is a slower step plus the MTP head's catch-up, and one every _PROBE_EVERY steps
 costs auto several percent against plain decoding. While depth 0 is chosen so, the MTP head is
 idle (`mtp_idle`): of the rows plain steps leave waiting, only the newest are kept for the next
 draft, the older ones are never run.
 
-A probe that moves the choice by less than _TIE_MARGIN of expected tokens/s leaves the spacing
-to back off as if it had changed nothing: on a model whose depths run at nearly the same speed,
-the measured costs of the probed depths wobble by more than their differences, and a reset on
-each wobble would hold the probes (two changes of depth each) near their shortest spacing.
-The choice still follows the wobble: a tie costs little either way, and a small first gain is
-how a draft that got better is found (its acceptance is only seen once the choice reaches it).
+The choice moves only to a depth expected to beat it by more than _SWITCH_MARGIN of tokens/s.
+On a model whose depths run at nearly the same speed, the measured costs wobble by more than
+their differences; a choice that followed the wobble went back and forth between two tied depths,
+and a run that mixed them came out slower than either depth alone (each change is a step that
+redoes MTP rows, and a reset of the probe spacing on each wobble held the probes, two changes of
+depth each, near their shortest spacing). A draft that got better is still found: probes go one
+deeper in turn and see its acceptance, and a real gain is more than the margin.
 
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
@@ -48,6 +49,11 @@ see them kept later. a_i for i ≥ 2 therefore counts _SHRINK pseudo-observation
 (drafts deeper in a chain are kept about as often as the one before, a little less): a few misses
 lower it, a sustained run of misses still drives it toward 0. a_1 has no such pull: it is seen at
 every drafting step, and an optimistic pull on a draft that always fails would keep depth 1 alive.
+Being seen at every drafting step, a_1 can also afford a long memory (_DECAY, ~33 observations):
+with ~10, a chance streak of misses on a draft kept 90% of the time read as a rate at which depth
+0 wins. The deeper positions keep the short one (_DECAY_DEEP): at a shallower choice only probes
+observe them, and a memory of 33 probes would keep a text's opening in their rates for thousands
+of steps.
 
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
@@ -57,15 +63,16 @@ from __future__ import annotations
 
 from collections import deque
 
-_DECAY = 0.9          # EMA weight of the past (acceptance counts)
+_DECAY = 0.97         # EMA weight of the past per observation of draft 1 (its counts span ~33 observations)
+_DECAY_DEEP = 0.9     # the same for drafts 2 and deeper (~10 observations)
 _COST_WINDOW = 9      # steady steps a depth's cost is the median of
 _COST_AGE = 64        # steps after which a sample leaves its window, once _KNOWN_SAMPLES newer ones are in it
 _PROBE_EVERY = 16     # steps between tries of a neighbouring depth, at first and after a change
 _PROBE_MAX = 128      # the widest spacing probes that change nothing back off to
 _EXPLORE_EVERY = 4    # steps between tries of a neighbouring depth with fewer than _KNOWN_SAMPLES steady samples
 _HOPELESS_SPACING = 8  # a depth-1 probe that cannot pay runs at every 8th probe slot
-_TIE_MARGIN = 0.03    # a probe's change of choice gaining less than this keeps the probes backing off
-_IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) = 10) before the MTP head may idle
+_SWITCH_MARGIN = 0.03  # the gain in expected tokens/s over the current choice that moves it
+_IDLE_EVIDENCE = 5.0   # drafts offered (EMA count, at most 1 / (1 − _DECAY) ≈ 33) before the MTP head may idle
 _SHRINK = 2.0         # pseudo-observations pulling a_i (i ≥ 2) toward a_{i−1}
 _KNOWN_SAMPLES = 3    # steady samples a neighbour is explored until, and that outlive _COST_AGE
 _DRIFT = 0.10         # a revisited depth's sample this far off its price starts a re-timing
@@ -89,7 +96,8 @@ class DepthController:
         self.max_depth = max_depth
         self.kept = [0.0] * (max_depth + 1)      # kept[i]: EMA count of draft i kept
         self.tried = [0.0] * (max_depth + 1)     # tried[i]: EMA count of draft i offered after i−1 kept
-        self.cost = {}                           # depth → seconds per step (median of `_times`)
+        self._cost = {}                          # depth → seconds per step (`cost`)
+        self._fresh = True                       # `_cost` is up to date with `_times`
         self._costs = None                       # step_costs() until `cost` changes
         self._since = {}                         # depth → step its re-timing began (record)
         self._times: dict[int, deque] = {}       # depth → (step, seconds) of its last steady steps
@@ -103,7 +111,9 @@ class DepthController:
         self.spacing = _PROBE_EVERY              # steps from one probe to the next (backs off)
         self.next_probe = _PROBE_EVERY           # the step of the next probe
         self.probes = 0                          # probes so far (alternates deeper / shallower)
+        self.choice = self.depth                 # the depth steps return to between probes and explorations
         self.home = None                         # the choice a probe left, until the next choice
+        self.settled = False                     # the choice's neighbours are timed: decide every _EXPLORE_EVERY steps
 
     def acceptance(self) -> list[float]:
         """a_i for i = 1..max_depth: a_1 as observed (an optimistic prior, 0.8, until seen);
@@ -116,12 +126,12 @@ class DepthController:
 
     def step_costs(self) -> list[float]:
         """Seconds per step of each depth 0..max_depth: measured, or priced from the measured."""
+        cost = self.cost            # brings the prices up to date (and drops `_costs` if one moved)
         if self._costs is None:
-            self._costs = self._price()
+            self._costs = self._price(cost)
         return self._costs
 
-    def _price(self) -> list[float]:
-        cost = self.cost
+    def _price(self, cost: dict[int, float]) -> list[float]:
         if len(cost) > self.max_depth:      # every depth measured (a settled run): no fit to make
             return [cost[d] for d in range(self.max_depth + 1)]
         known = sorted(cost.items())
@@ -163,14 +173,25 @@ class DepthController:
         if self.held:               # a probe's second step (see below)
             self.held = False
             return self.depth
-        if not self.cost:           # nothing timed yet: the start depth, not the priors' pick
+        if not self._times:         # nothing timed yet: the start depth, not the priors' pick
+            return self.depth
+        if self.settled and self.steps % _EXPLORE_EVERY and self.steps < self.next_probe and self.home is None:
+            # Between decisions: the choice (for two steps after an exploration, as after any
+            # change of depth). The choice is re-decided every _EXPLORE_EVERY steps once its
+            # neighbours are timed: choose() and record() run in the step's critical path, where
+            # their Python runs with caches cold from the step's kernels, several times slower
+            # than in a loop by itself (docs/MEASUREMENTS.md, 2026-11-29 stop 53).
+            self.held = self.choice != self.depth
+            self.depth = self.choice
             return self.depth
         rate = self.rates()
         best = rate.index(max(rate))
-        if self.home is not None:   # the first choice after a probe: did it change anything that matters?
-            tie = rate[best] <= (1.0 + _TIE_MARGIN) * rate[self.home]
-            self.spacing = min(2 * self.spacing, _PROBE_MAX) if tie else _PROBE_EVERY
+        if rate[best] <= (1.0 + _SWITCH_MARGIN) * rate[self.choice]:
+            best = self.choice
+        if self.home is not None:   # the first choice after a probe: did it change the choice?
+            self.spacing = min(2 * self.spacing, _PROBE_MAX) if best == self.home else _PROBE_EVERY
             self.home = None
+        self.choice = best
         # a neighbour timed fewer than _KNOWN_SAMPLES times is tried sooner: its cost is only learnt
         # from steady steps (a GPU step's first run and its capture are not), so a run would
         # otherwise end before the controller knew whether one draft fewer or more pays, or would
@@ -180,6 +201,7 @@ class DepthController:
         untimed = [d for d in (best - 1, best + 1)
                    if 0 <= d <= self.max_depth and (self.timed.get(d, 0) < _KNOWN_SAMPLES or d in self._since)
                    and not (best == 0 and d in self.cost and not self.draft_may_pay())]
+        self.settled = not untimed
         if untimed and self.steps % _EXPLORE_EVERY == 0:
             best = untimed[(self.steps // _EXPLORE_EVERY) % len(untimed)]
         elif self.steps >= self.next_probe and self.max_depth > 0:
@@ -202,11 +224,16 @@ class DepthController:
         return best
 
     def draft_may_pay(self) -> bool:
-        """Whether depth 1 could beat depth 0 if draft 1 were kept as often as two more keeps than
-        observed would make it (an optimistic rate: 1 before anything is seen, and it stays
-        optimistic while few observations stand behind it)."""
-        p = (self.kept[1] + 2.0) / (self.tried[1] + 2.0)
-        return (1.0 + p) / self.step_cost(1) >= 1.0 / self.step_cost(0)
+        """Whether depth 1 could beat depth 0 if draft 1 were kept as often as the upper end of a
+        two-sigma interval around the observed rate (Agresti–Coull: 2 keeps and 2 misses added):
+        1 before anything is seen, and optimistic while few observations stand behind it. (A
+        fixed bonus of two keeps made a streak of misses on a draft that usually pays look
+        hopeless after ~20 observations, and the rare probes of a hopeless depth 1 then kept
+        the choice at depth 0 for hundreds of steps.)"""
+        n = self.tried[1] + 4.0
+        p = (self.kept[1] + 2.0) / n
+        upper = p + 2.0 * (p * (1.0 - p) / n) ** 0.5
+        return (1.0 + upper) / self.step_cost(1) >= 1.0 / self.step_cost(0)
 
     @property
     def mtp_idle(self) -> bool:
@@ -225,21 +252,24 @@ class DepthController:
         # learnt of it. (Decaying every step let an unused position fall back to the optimistic
         # prior within ~7 shallow steps, and the controller then jumped to full depth.)
         for i in range(1, min(drafted, accepted + 1) + 1):
-            self.tried[i] = _DECAY * self.tried[i] + 1.0
-            self.kept[i] = _DECAY * self.kept[i] + (1.0 if i <= accepted else 0.0)
+            w = _DECAY if i == 1 else _DECAY_DEEP
+            self.tried[i] = w * self.tried[i] + 1.0
+            self.kept[i] = w * self.kept[i] + (1.0 if i <= accepted else 0.0)
         self.seconds += seconds
         if not steady:
             self.unsteady += 1
             self.unsteady_seconds += seconds
             return
-        old = self.steps - _COST_AGE
-        times = self._times.setdefault(drafted, deque(maxlen=_COST_WINDOW))
+        times = self._times.get(drafted)
+        if times is None:
+            times = self._times[drafted] = deque(maxlen=_COST_WINDOW)
         # a revisit (a probe, an exploration: the depth has not run for a while) that disagrees
         # with the depth's price: time it afresh, and let the samples before go once enough new
         # ones stand in
         if (drafted not in self._since and times and times[-1][0] < self.steps - _EXPLORE_EVERY
                 and abs(seconds - self.cost[drafted]) > _DRIFT * self.cost[drafted]):
             self._since[drafted] = self.steps
+            self.settled = False
         times.append((self.steps, seconds))
         self.timed[drafted] = self.timed.get(drafted, 0) + 1
         since = self._since.get(drafted)
@@ -247,13 +277,20 @@ class DepthController:
             while times[0][0] < since:
                 times.popleft()
             del self._since[drafted]
-        for d, times in self._times.items():    # age every depth's window, not just this one's
-            changed = d == drafted
-            while len(times) > _KNOWN_SAMPLES and times[0][0] < old:
-                times.popleft()
-                changed = True
-            if changed:
+        self._fresh = False
+
+    @property
+    def cost(self) -> dict[int, float]:
+        """depth → seconds per step: the median of its window. Worked out when read, not in
+        record(): between decisions (choose) nothing reads it."""
+        if not self._fresh:
+            self._fresh = True
+            old = self.steps - _COST_AGE
+            for d, times in self._times.items():    # age every depth's window
+                while len(times) > _KNOWN_SAMPLES and times[0][0] < old:
+                    times.popleft()
                 price = _median([t for _, t in times])
-                if self.cost.get(d) != price:   # the prices are refitted only when one moves
-                    self.cost[d] = price
+                if self._cost.get(d) != price:   # the prices are refitted only when one moves
+                    self._cost[d] = price
                     self._costs = None
+        return self._cost

@@ -3,17 +3,23 @@
 cold and warm start. Runs on the dev box and on the GPU machine; prints one table per part.
 
     python3 tools/default_speed.py depths [--model bundled|PATH ...] [--paths cpu,hybrid]
-                                          [--tokens 64] [--rounds 3] [--vram 12GiB] [--trace PREFIX]
+                                          [--tokens 128] [--rounds 9] [--model-tokens 32] [--model-rounds 3]
+                                          [--vram 12GiB] [--trace PREFIX]
     python3 tools/default_speed.py load [--model PATH] [--busy N] [--tokens 128] [--rounds 3]
     python3 tools/default_speed.py start [--tokens 64] [--devices auto,cpu]
-    python3 tools/default_speed.py all [--model PATH ...] [--tokens 128] [--rounds 5]
+    python3 tools/default_speed.py all [--model PATH ...] [depths' --tokens/--rounds/--model-tokens/--model-rounds]
 
 all: start, then load, then depths (the bundled model and each --model), each with its defaults
-    but depths' --tokens/--rounds: the three tables of issue 29 from one run (start first, so
-    its cold run meets the machine's own empty caches rather than ones the others filled).
+    but depths' token and round counts: the three tables of issue 29 from one run (start first,
+    so its cold run meets the machine's own empty caches rather than ones the others filled).
 
 depths: per model and path, the warm tokens/s of greedy generation at each fixed depth 0..4 and
-    at auto, rounds alternating the depths in one process (best round each), and auto / best.
+    at auto, rounds alternating the depths in one process (every other round in reverse order, so
+    a drift of the machine's speed within a round favours no depth), and auto ÷ the best fixed
+    depth three ways: on best rounds, on medians, and held out (the best depth picked on the even
+    rounds' medians, compared on the odd rounds': picking the best of several near-tied depths on
+    the same rounds it is compared on favours it by the noise). The bundled model runs --tokens ×
+    --rounds; a --model file (tens of times slower a token) --model-tokens × --model-rounds.
     --trace: per model and path, PREFIX-<model>-<path>.json holds each run (depth, start and end
     seconds, tokens/s) and every step auto's controller recorded (drafted, kept, seconds,
     steady), in order: replayed into a fresh DepthController they give its choices and prices.
@@ -58,6 +64,14 @@ def tokens_per_second(model, depth, n: int, trace: dict | None = None) -> float:
     raise RuntimeError("generation ended without a Done event")
 
 
+def held_out(samples: dict) -> tuple[float, int]:
+    """(auto ÷ the best fixed depth, that depth): the depth picked on the even rounds' medians,
+    the ratio of the odd rounds' medians."""
+    even = {d: median(v[0::2]) for d, v in samples.items() if d != "auto"}
+    pick = max(even, key=even.get)
+    return median(samples["auto"][1::2]) / median(samples[pick][1::2]), pick
+
+
 def traced(controller) -> dict:
     """Log every step the controller records (one append a step: what a replay needs)."""
     trace = {"runs": [], "steps": []}
@@ -93,9 +107,10 @@ def depths(args) -> None:
                 tokens_per_second(model, d, 16, trace)
                 tokens_per_second(model, d, 16, trace)
             samples = {d: [] for d in runs}
-            for _ in range(args.rounds):
-                for d in runs:
-                    samples[d].append(tokens_per_second(model, d, args.tokens, trace))
+            tokens, rounds = (args.tokens, args.rounds) if path is None else (args.model_tokens, args.model_rounds)
+            for r in range(rounds):
+                for d in (runs if r % 2 == 0 else runs[::-1]):
+                    samples[d].append(tokens_per_second(model, d, tokens, trace))
             if trace is not None:
                 Path(f"{args.trace}-{Path(name).stem}-{where}.json").write_text(json.dumps(trace))
             best = {d: max(v) for d, v in samples.items()}
@@ -107,8 +122,12 @@ def depths(args) -> None:
                 # the best fixed depth's best round is the best of (depths × rounds) noisy samples,
                 # auto's of `rounds`: medians compare like with like
                 mid = {d: median(v) for d, v in samples.items()}
-                print(f"{'':28} medians: " + ", ".join(f"{d}: {v:.1f}" for d, v in mid.items())
-                      + f"; auto / best median {mid['auto'] / max(v for d, v in mid.items() if d != 'auto'):.2f}")
+                line = (f"{'':28} medians: " + ", ".join(f"{d}: {v:.1f}" for d, v in mid.items())
+                        + f"; auto / best median {mid['auto'] / max(v for d, v in mid.items() if d != 'auto'):.2f}")
+                if rounds >= 4:
+                    held, pick = held_out(samples)
+                    line += f"; held out {held:.2f} (depth {pick})"
+                print(line)
             if model.has_mtp:
                 c = model.depth_controller
                 costs = ", ".join(f"{d}: {1e3 * s:.2f}" for d, s in sorted(c.cost.items()))
@@ -222,14 +241,20 @@ def start(args) -> None:
                 print(f"  {device} {label}: {note}")
 
 
+def add_depth_counts(p) -> None:
+    p.add_argument("--tokens", type=int, default=128, help="depths: tokens a round (the bundled model)")
+    p.add_argument("--rounds", type=int, default=9, help="depths: rounds (the bundled model)")
+    p.add_argument("--model-tokens", type=int, default=32, help="depths: tokens a round (a --model file)")
+    p.add_argument("--model-rounds", type=int, default=3, help="depths: rounds (a --model file)")
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="part", required=True)
     d = sub.add_parser("depths")
     d.add_argument("--model", action="append", default=None, help="bundled or a GGUF path (repeatable)")
     d.add_argument("--paths", default="cpu,hybrid")
-    d.add_argument("--tokens", type=int, default=64)
-    d.add_argument("--rounds", type=int, default=3)
+    add_depth_counts(d)
     d.add_argument("--vram", default="12GiB")
     d.add_argument("--trace", default=None, metavar="PREFIX", help="write each model and path's runs and auto's steps "
                    "to PREFIX-<model>-<path>.json")
@@ -244,15 +269,14 @@ def main(argv: list[str]) -> int:
     s.add_argument("--devices", default="auto,cpu", help="comma-separated --device values, each timed cold and warm")
     a = sub.add_parser("all")
     a.add_argument("--model", action="append", default=[], help="a GGUF path for depths, beside the bundled model")
-    a.add_argument("--tokens", type=int, default=128, help="depths: tokens a round")
-    a.add_argument("--rounds", type=int, default=5, help="depths: rounds")
+    add_depth_counts(a)
     args = p.parse_args(argv)
     if args.part == "all":
         defaults = {part: p.parse_args([part]) for part in ("start", "load", "depths")}
         start(defaults["start"])
         load(defaults["load"])
-        depths(argparse.Namespace(**{**vars(defaults["depths"]), "model": ["bundled", *args.model],
-                                     "tokens": args.tokens, "rounds": args.rounds}))
+        counts = {k: getattr(args, k) for k in ("tokens", "rounds", "model_tokens", "model_rounds")}
+        depths(argparse.Namespace(**{**vars(defaults["depths"]), "model": ["bundled", *args.model], **counts}))
     elif args.part == "depths":
         args.model = args.model or ["bundled"]
         depths(args)
