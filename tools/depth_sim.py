@@ -27,9 +27,10 @@ sys.path.insert(0, str(ROOT))
 GPU = (0.511, 0.885, 1.219, 1.537, 1.855)     # bundled model, H200: ms per step at depth 0..4
 CPU = (1.145, 1.94, 2.684, 3.419, 4.155)      # bundled model, dev box CPU
 BIG = (70.0, 80.0, 95.0, 115.0, 157.0)        # a 27B at 12 GiB: verify k rows ≈ 1.14 / 1.36 / 1.64 / 2.25 steps
+MOE = (8.4, 12.0, 15.0, 18.0, 21.0)           # the 35B-A3B at 12 GiB (step times spread 8-21 ms: the expert cache)
 OPENING = (0.7, 0.4, 0.4, 0.3)                # a text's first steps: deeper drafts miss more
 
-# name: (costs, acceptance a_1..a_4 after the opening, opening steps, tokens a run)
+# name: (costs, acceptance a_1..a_4 after the opening, opening steps, tokens a run[, noise])
 SCENARIOS = {
     "gpu-text": (GPU, (0.9, 0.89, 0.8, 0.6), 8, 128),
     "gpu-flat": (GPU, (0.9, 0.89, 0.8, 0.6), 0, 128),
@@ -39,8 +40,10 @@ SCENARIOS = {
     "gpu-dies": (GPU, (0.2, 0.2, 0.2, 0.2), 0, 128),
     "big-dies": (BIG, (0.0, 0.0, 0.0, 0.0), 0, 32),
     "big-good": (BIG, (0.92, 0.84, 0.65, 0.5), 8, 32),
+    "moe-dies": (MOE, (0.0, 0.0, 0.0, 0.0), 0, 32, 0.3),
 }
-NOISE = 0.03            # relative noise of a step's time
+NOISE = 0.03            # relative noise of a step's time (lognormal: a step is never faster than
+                        # its depth's cost by more than the noise allows, and now and then far slower)
 CHANGE = 0.15           # a change of depth adds this share of a depth-1 step (the MTP rows it redoes)
 
 
@@ -52,7 +55,8 @@ def controller_class(source: str):
 
 def run(controller, depth: int | None, scenario, rng) -> float:
     """One run of a scenario's text: tokens per simulated second."""
-    costs, accept, opening, tokens = scenario
+    costs, accept, opening, tokens = scenario[:4]
+    noise = scenario[4] if len(scenario) > 4 else NOISE
     seconds, made, steps, previous = 0.0, 0, 0, None
     while made < tokens:
         d = controller.choose() if controller else depth
@@ -61,7 +65,7 @@ def run(controller, depth: int | None, scenario, rng) -> float:
         while kept < d and rng.random() < a[kept]:
             kept += 1
         changed = previous is not None and d != previous
-        s = costs[d] * (1 + NOISE * rng.standard_normal()) + (CHANGE * costs[1] if changed else 0.0)
+        s = costs[d] * rng.lognormal(0.0, noise) + (CHANGE * costs[1] if changed else 0.0)
         if controller:
             controller.record(d, kept, s, steady=previous is not None and not changed)
         seconds += s
@@ -78,7 +82,7 @@ def auto_over_best(classes: dict, scenario, seeds: int, rounds: int = 5) -> dict
         best = max(median(run(None, d, scenario, rng) for _ in range(rounds)) for d in range(5))
         for name, cls in classes.items():
             c = cls(4)
-            warm = (*scenario[:3], 16)
+            warm = (*scenario[:3], 16, *scenario[4:])
             for _ in range(2):
                 run(c, None, warm, rng)
             out[name].append(median(run(c, None, scenario, rng) for _ in range(rounds)) / best)
