@@ -20,22 +20,28 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def accept_drafts(logits, drafts: Sequence[int], sampler, history: list[int]) -> list[int]:
+def accept_drafts(logits, drafts: Sequence[int], sampler, history: list[int], constraint=None) -> list[int]:
     """Tokens to emit from one verify pass: the kept drafts, then one target token.
 
     logits: the len(drafts) + 1 verifier rows ((n, n_vocab) floats, or a `TopLogits` per row);
     `history` (the tokens so far) is only read — the caller appends what it emits.
+    constraint (`hybrid.grammar.Constraint`, whole rows): each row is masked by the grammar's
+    state after the tokens emitted before it, and told the token drawn there, so the grammar sees
+    exactly the emitted tokens, as in plain decoding; nothing follows the token that ends it.
     """
     emitted: list[int] = []
     seen = list(history)
-    for i, d in enumerate(drafts):
-        choice = sampler.sample(logits[i], seen)
-        if choice != d:
-            emitted.append(choice)
-            return emitted
-        emitted.append(int(d))
-        seen.append(int(d))
-    emitted.append(sampler.sample(logits[len(drafts)], seen))
+    for i in range(len(drafts) + 1):
+        row = logits[i] if constraint is None else constraint.mask(logits[i])
+        choice = sampler.sample(row, seen)
+        emitted.append(choice)
+        if constraint is not None:
+            constraint.accept(choice)
+            if constraint.stopped:
+                break
+        if i == len(drafts) or choice != drafts[i]:
+            break
+        seen.append(choice)
     return emitted
 
 

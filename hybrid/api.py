@@ -211,9 +211,8 @@ class Model:
         xtc_threshold, dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
         dry_sequence_breakers (strings), logit_bias ({token id: bias}).
         grammar: only tokens it allows are sampled, from the first generated one (`hybrid.grammar`:
-        `json_schema_grammar(schema)`, `gbnf_grammar(text)`); such a run decodes plainly, whatever
-        `draft` says (a chat on a thinking model wants reasoning=False: the grammar holds in the
-        thinking too).
+        `json_schema_grammar(schema)`, `gbnf_grammar(text)`); drafts are verified against it too
+        (a chat on a thinking model wants reasoning=False: the grammar holds in the thinking too).
         """
 
         if max_tokens < 0:
@@ -235,9 +234,8 @@ class Model:
 
         def tagged(events):
             return ReasoningTagger(events, starts_inside(chat_text)) if chat_text is not None else events
-        if policy.depth == 0 or grammar is not None:
-            constraint = Constraint(self.tokenizer, grammar) if grammar is not None else None   # fails now
-
+        constraint = Constraint(self.tokenizer, grammar) if grammar is not None else None   # fails now
+        if policy.depth == 0:
             def run(state):
                 return generate_tokens(self.forward, state, self.tokenizer, ids, max_tokens=max_tokens,
                                        sampler=sampler, stop=stop, n_ctx=self.n_ctx, ignore_eos=ignore_eos,
@@ -253,7 +251,7 @@ class Model:
             return generate_speculative(self.forward, self.mtp, state, self.tokenizer, ids, max_tokens=max_tokens,
                                         sampler=sampler, depth=policy.depth, p_min=draft_p_min, stop=stop,
                                         n_ctx=self.n_ctx, ignore_eos=ignore_eos,
-                                        controller=self.depth_controller)
+                                        controller=self.depth_controller, constraint=constraint)
         return tagged(run_speculative(state) if state is not None else self.with_fresh_state(run_speculative, ring))
 
     def sampler_options(self, *, typical_p: float = 1.0, xtc_probability: float = 0.0, xtc_threshold: float = 0.1,

@@ -94,3 +94,13 @@ class Constraint:
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):
             raise HybridError(f"the grammar refused token {token}: {self._matcher.get_error()}")
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and its end-of-generation token taken: nothing may follow."""
+        return self._matcher.is_stopped()
+
+    def allowed_prefix(self, tokens) -> list[int]:
+        """The longest prefix of `tokens` the grammar would take one after another from here
+        (nothing consumed): the drafts worth verifying."""
+        return list(tokens[:self._matcher.validate_tokens(list(tokens))])

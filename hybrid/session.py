@@ -132,7 +132,7 @@ class ChatSession:
                                         **self.model.sampler_options(**extras)))
         run = dict(max_tokens=opts["max_tokens"], sampler=sampler, stop=list(opts["stop"]),
                    n_ctx=self.n_ctx, ignore_eos=opts["ignore_eos"])
-        if opts["grammar"] is not None:         # Model.generate's grammar: a plain decoding turn
+        if opts["grammar"] is not None:         # Model.generate's grammar
             run["constraint"] = Constraint(self.model.tokenizer, opts["grammar"])
         return self._stream(wanted, run, on_reply)
 
@@ -152,7 +152,7 @@ class ChatSession:
         self.state.mtp_n_past = self.state.n_past
         m, suffix = self.model, wanted[cached:]
         run = {**run, "context": wanted[:cached]}
-        if self.depth == 0 or "constraint" in run:
+        if self.depth == 0:
             events = generate_tokens(m.forward, self.state, m.tokenizer, suffix, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,

@@ -120,9 +120,13 @@ def flush_pending(mtp, state, pending_ids, pending_h, drop: bool = False):
 def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], *, max_tokens: int,
                          sampler: Sampler, depth: int, p_min: float = 0.0, stop: Sequence[str] = (),
                          n_ctx: int, ignore_eos: bool = False, context: Sequence[int] = (),
-                         controller: DepthController | None = None) -> Iterator[Prefill | Token | Done]:
+                         controller: DepthController | None = None,
+                         constraint=None) -> Iterator[Prefill | Token | Done]:
     """`context` as for generate.generate_tokens. controller: the auto depth's DepthController,
-    to carry what earlier generations on the same forward learnt (a fresh one if None)."""
+    to carry what earlier generations on the same forward learnt (a fresh one if None).
+    constraint (`hybrid.grammar.Constraint`): as for generate_tokens. Drafts past the first one
+    the grammar would refuse are not verified, and every verify row is masked by the grammar
+    (`acceptance.accept_drafts`), so the text is plain constrained decoding's."""
     check_fits(len(prompt), n_ctx)
     stats, ds = Stats(), DraftStats(depth="auto" if depth == AUTO else depth)
     stats.draft = ds.to_dict()
@@ -136,19 +140,21 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             else:
                 logits, h_last = item
         t0 = time.perf_counter()
-        emit_queue = [sampler.sample(logits, history)] if max_tokens > 0 else []
+        emit_queue = accept_drafts([logits], [], sampler, history, constraint) if max_tokens > 0 else []
         if not emit_queue:
             stats.stop_reason = "length"
         pending_ids = np.array(emit_queue, np.int32)
         pending_h = h_last
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
+        if constraint is not None:      # the grammar masks whole rows: no device-side pick
+            argmax_only, candidates = False, 0
         last = None             # the last step, for the controller: (drafted, kept, start, one-off count, depth changed)
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
                 history.append(tok)
                 stats.generated_tokens += 1
-                if tokenizer.is_eog(tok) and not ignore_eos:
+                if tokenizer.is_eog(tok) and (not ignore_eos or constraint is not None):
                     stats.stop_reason = "eog"
                     break
                 step = stopper.push(decoder.push(tok))
@@ -189,6 +195,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                                                        drop=auto is not None and auto.mtp_idle)
             else:
                 drafts = draft_tokens(mtp, state, pending_ids, pending_h, k, p_min)
+                if constraint is not None:
+                    drafts = constraint.allowed_prefix(drafts)
             t_verify = time.perf_counter()
             n0 = state.n_past
             verified, vhidden = forward.forward(state, np.array([t, *drafts], np.int32), logits="all",
@@ -196,7 +204,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                                                 top=0 if argmax_only else candidates)
             t_commit = time.perf_counter()
             emit_queue = (accept_greedy(verified.ids, drafts) if argmax_only
-                          else accept_drafts(verified, drafts, sampler, history))
+                          else accept_drafts(verified, drafts, sampler, history, constraint))
             m = len(emit_queue) - 1
             if plain:       # the new token and its hidden join the rows the MTP head has yet to run
                 pending_ids = np.append(pending_ids, np.int32(emit_queue[0]))

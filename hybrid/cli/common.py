@@ -58,10 +58,10 @@ LogitBiasOpt = typer.Option([], "--logit-bias", "-l",
                                  "15043-inf to ban it (repeatable).")
 SeedOpt = typer.Option(-1, "-s", "--seed", min=-1, help="Random seed (-1 = random).")
 GrammarOpt = typer.Option(None, "--grammar", help="Constrain the output to this grammar (GBNF, as llama.cpp's "
-                          "grammars/*.gbnf, or Lark). Decodes without drafting.", show_default=False)
+                          "grammars/*.gbnf, or Lark). Drafts are checked against it too.", show_default=False)
 GrammarFileOpt = typer.Option(None, "--grammar-file", help="Read --grammar from a file.", show_default=False)
 JsonSchemaOpt = typer.Option(None, "-j", "--json-schema", help="Constrain the output to JSON this schema accepts "
-                             "(e.g. '{}' for any JSON object). Decodes without drafting.", show_default=False)
+                             "(e.g. '{}' for any JSON object). Drafts are checked against it too.", show_default=False)
 JsonSchemaFileOpt = typer.Option(None, "--json-schema-file", help="Read --json-schema from a file.", show_default=False)
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",

@@ -176,8 +176,8 @@ class Engine:
         cached = self._start(wanted)
         timings = {"queued_s": began - job.submitted, "restore_s": time.perf_counter() - began}
         self._live = None            # until this job ends cleanly, the state's content is not known
-        # log-probabilities and grammars need every row: plain decoding
-        drafting = self.depth != 0 and job.logprobs is None and job.constraint is None
+        # log-probabilities are reported for every row of plain decoding's
+        drafting = self.depth != 0 and job.logprobs is None
         start = cached
         if self._worth_a_boundary_snapshot(job, cached):
             taken = time.perf_counter()
@@ -194,7 +194,8 @@ class Engine:
                                      constraint=job.constraint, **run)
         else:
             events = generate_speculative(m.forward, m.mtp, self.state, m.tokenizer, suffix, depth=self.depth,
-                                          p_min=self.draft_p_min, controller=m.depth_controller, **run)
+                                          p_min=self.draft_p_min, controller=m.depth_controller,
+                                          constraint=job.constraint, **run)
         generated: list[int] = []
         stats, cancelled = None, False
         t0 = time.perf_counter()

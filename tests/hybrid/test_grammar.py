@@ -60,3 +60,47 @@ def test_bad_schemas_are_one_clear_error(model):
         Constraint(model.tokenizer, json_schema_grammar({"type": "object", "required": 5}))
     with pytest.raises(HybridError, match="does not compile"):
         Constraint(model.tokenizer, json_schema_grammar({"type": "no-such-type"}))
+
+
+def generated(model, grammar, draft, temperature, seed):
+    ids = model.encode_chat_text(model.chat_template.render([{"role": "user", "content": "Describe a list"}]))
+    text, done = [], None
+    for ev in model.generate(ids, max_tokens=64, temperature=temperature, seed=seed, draft=draft, grammar=grammar):
+        if isinstance(ev, Token):
+            text.append(ev.text)
+        elif isinstance(ev, Done):
+            text.append(ev.text)
+            done = ev
+    return "".join(text), done
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, 0), (1.0, 1), (1.0, 2)])
+def test_drafting_under_a_grammar_prints_plain_constrained_decodings_text(model, temperature, seed):
+    """Drafts are verified against the grammar, each verify row masked by the grammar's state
+    after the tokens emitted before it: the reply is plain constrained decoding's, token for
+    token, greedy or seeded, whatever the depth; and the drafts were made and kept."""
+    grammar = json_schema_grammar(SCHEMA)
+    plain, done = generated(model, grammar, 0, temperature, seed)
+    assert done.stats.stop_reason == "eog" and json.loads(plain)
+    for draft in (1, 3, "auto"):
+        text, done = generated(model, grammar, draft, temperature, seed)
+        assert text == plain, draft
+        assert done.stats.stop_reason == "eog"
+        assert done.stats.draft["drafted"] > 0 and done.stats.draft["accepted"] > 0
+
+
+def test_drafts_the_grammar_refuses_are_not_verified(model):
+    """`allowed_prefix` cuts a draft at the first token the grammar would refuse, consuming
+    nothing: inside a digits-only string a letter ends it, and the grammar's state is unchanged."""
+    grammar = json_schema_grammar({"type": "object", "required": ["id"], "additionalProperties": False,
+                                   "properties": {"id": {"type": "string", "pattern": "^[0-9]{8}$"}}})
+    c = Constraint(model.tokenizer, grammar)
+    for tok in model.tokenizer.encode('{"id":"12'):
+        c.accept(tok)
+    digits, letter = model.tokenizer.encode("3"), model.tokenizer.encode("x")
+    draft = [*digits, *digits, *letter, *digits]
+    assert c.allowed_prefix(draft) == [*digits, *digits]
+    assert c.allowed_prefix(draft) == [*digits, *digits]           # nothing was consumed
+    text, done = generated(model, grammar, 3, 1.0, 5)
+    value = json.loads(text)
+    assert list(value) == ["id"] and value["id"].isdigit() and len(value["id"]) == 8
