@@ -58,6 +58,12 @@ of steps.
 Only steady steps teach a step cost: a step that compiled a kernel, allocated a new call size's
 buffers or captured a CUDA graph (the first uses of each depth) cost many times what the same
 step costs afterwards, and one such sample would keep its depth unused for the rest of the run.
+Nor does the first drafting step after plain ones (the caller's rule: its MTP call runs the rows
+those left waiting); a change between drafting depths costs what a steady step there costs.
+
+The priors (a_i = 0.8, 15% of a step per verify row) price the depths no step has timed, and on
+a small model they overrate deep drafts by far: the choice moves toward an untimed depth one
+depth at a time, each timed on the way, rather than jumping to it on the priors' word.
 """
 from __future__ import annotations
 
@@ -188,6 +194,9 @@ class DepthController:
         best = rate.index(max(rate))
         if rate[best] <= (1.0 + _SWITCH_MARGIN) * rate[self.choice]:
             best = self.choice
+        elif best not in self.cost and abs(best - self.choice) > 1:
+            # an untimed depth's rate is the priors' guess: one step toward it, timed on the way
+            best = self.choice + (1 if best > self.choice else -1)
         if self.home is not None:   # the first choice after a probe: did it change the choice?
             self.spacing = min(2 * self.spacing, _PROBE_MAX) if best == self.home else _PROBE_EVERY
             self.home = None
@@ -216,10 +225,12 @@ class DepthController:
                 best += 1
             else:
                 best -= 1
-        # A probe lasts two steps: the first after a change of depth does work the depth's steps
-        # do not (the MTP rows that steps drafting nothing left waiting), and the caller marks it
-        # unsteady, so the second one is what teaches the probed depth's cost.
-        self.held = best != self.depth
+        # A first step away from depth 0 does work the new depth's steps do not (the MTP rows
+        # that plain steps left waiting), and the caller marks it unsteady: such a change lasts
+        # two steps, so the second one teaches the depth's cost. Other changes cost what a
+        # steady step at the new depth costs: an exploration (for a cost sample) is one step; a
+        # probe is two all the same, each an observation of the acceptance one draft deeper.
+        self.held = best != self.depth and (self.depth == 0 or self.home is not None)
         self.depth = best
         return best
 

@@ -148,7 +148,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
         argmax_only, candidates = sampler.config.argmax_only, sampler.config.candidates or 0
         if constraint is not None:      # the grammar masks whole rows: no device-side pick
             argmax_only, candidates = False, 0
-        last = None             # the last step, for the controller: (drafted, kept, start, one-off count, depth changed)
+        last = None             # the last step, for the controller: (drafted, kept, start, one-off count, caught up)
+        was_plain = False       # the step before drafted nothing, leaving its MTP row waiting
         while True:
             # emit what the last step produced, checking every stop condition per token
             for tok in emit_queue:
@@ -177,11 +178,12 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                 # A step's cost is the whole cycle to the next step's start: its tokens' emission
                 # (detokenising, stop checks, the caller's own work per token) belongs to it too.
                 # A step that did once-only work says nothing of its depth's cost, nor does the
-                # first step at a new depth: its MTP call redoes the rows the previous step left
-                # (all that plain steps left waiting, or as many as a deeper step had kept), so it
-                # would teach a cost that belongs to the depth before.
-                drafted, kept, t_last, work_last, changed = last
-                auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not changed)
+                # first drafting step after plain ones: its MTP call runs every row those left
+                # waiting, a cost that belongs to the depth before. (After a drafting step the
+                # MTP call redoes only the rows that step kept: a change between drafting depths
+                # costs within a few percent of a steady step, docs/MEASUREMENTS.md.)
+                drafted, kept, t_last, work_last, caught_up = last
+                auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not caught_up)
                 ds.depth = f"auto({auto.depth})"
             want = auto.choose() if auto else depth
             # The last token a step emits sits at n_past + k + 1 unprocessed; plain decoding's last
@@ -219,7 +221,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             ds.verify_seconds += t_commit - t_verify
             ds.commit_seconds += t_end - t_commit
             ds.record(len(drafts), m)
-            last = (len(drafts), m, t_step, one_offs, last is not None and len(drafts) != last[0])
+            last = (len(drafts), m, t_step, one_offs, was_plain and not plain)
+            was_plain = plain
             stats.decode_seconds = t_end - t0
             stats.draft = ds.to_dict()
     except KeyboardInterrupt:

@@ -5,7 +5,7 @@ carried from run to run after two short warm-up runs), and auto ÷ the best fixe
 A machine's run-to-run noise hides differences of a few percent between controllers; this shows
 them in seconds, for the shapes the benchmarks measured.
 
-    python3 tools/depth_sim.py [--against REV ...] [--seeds 24] [--scenario NAME ...]
+    python3 tools/depth_sim.py [--against REV ...] [--seeds 24] [--scenario NAME ...] [--fresh]
 
 --against: also simulate the controller as it was at a git revision (e.g. HEAD). Each cell is
 the mean ÷ the worst over seeds of auto's median run ÷ the best fixed depth's median run.
@@ -44,7 +44,10 @@ SCENARIOS = {
 }
 NOISE = 0.03            # relative noise of a step's time (lognormal: a step is never faster than
                         # its depth's cost by more than the noise allows, and now and then far slower)
-CHANGE = 0.15           # a change of depth adds this share of a depth-1 step (the MTP rows it redoes)
+# What a change of depth adds, as a share of a depth-1 step: between drafting depths ~1.5% (the
+# first step at the new depth, H200 and dev box, docs/MEASUREMENTS.md 2026-11-29 stop 53); away
+# from depth 0 the MTP call also runs the rows plain steps left waiting (up to 7: ~0.3 of a step)
+CHANGE, CATCH_UP = 0.015, 0.3
 
 
 def controller_class(source: str):
@@ -65,9 +68,10 @@ def run(controller, depth: int | None, scenario, rng) -> float:
         while kept < d and rng.random() < a[kept]:
             kept += 1
         changed = previous is not None and d != previous
-        s = costs[d] * rng.lognormal(0.0, noise) + (CHANGE * costs[1] if changed else 0.0)
+        caught_up = changed and previous == 0          # the engine's rule: such a step is not steady
+        s = costs[d] * rng.lognormal(0.0, noise) + costs[1] * (CHANGE * changed + CATCH_UP * caught_up)
         if controller:
-            controller.record(d, kept, s, steady=previous is not None and not changed)
+            controller.record(d, kept, s, steady=previous is not None and not caught_up)
         seconds += s
         made += kept + 1
         steps += 1
@@ -75,17 +79,20 @@ def run(controller, depth: int | None, scenario, rng) -> float:
     return made / seconds
 
 
-def auto_over_best(classes: dict, scenario, seeds: int, rounds: int = 5) -> dict[str, list[float]]:
+def auto_over_best(classes: dict, scenario, seeds: int, rounds: int = 5, fresh: bool = False) -> dict[str, list[float]]:
+    """Per controller class, per seed: auto's median run ÷ the best fixed depth's. fresh: each of
+    auto's runs with a new controller and no warm-up (one `hybrid decode` each), else one
+    controller warmed by two 16-token runs and carried through the rounds (a benchmark, a server)."""
     out = {name: [] for name in classes}
+    warm = (*scenario[:3], 16, *scenario[4:])
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         best = max(median(run(None, d, scenario, rng) for _ in range(rounds)) for d in range(5))
         for name, cls in classes.items():
             c = cls(4)
-            warm = (*scenario[:3], 16, *scenario[4:])
-            for _ in range(2):
+            for _ in range(0 if fresh else 2):
                 run(c, None, warm, rng)
-            out[name].append(median(run(c, None, scenario, rng) for _ in range(rounds)) / best)
+            out[name].append(median(run(cls(4) if fresh else c, None, scenario, rng) for _ in range(rounds)) / best)
     return out
 
 
@@ -94,6 +101,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--against", action="append", default=[], metavar="REV", help="a git revision's controller too")
     p.add_argument("--seeds", type=int, default=24)
     p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    p.add_argument("--fresh", action="store_true", help="every auto run with a new controller, no warm-up")
     args = p.parse_args(argv)
     classes = {"working tree": controller_class((ROOT / "hybrid/draft_depth.py").read_text())}
     for rev in args.against:
@@ -102,7 +110,7 @@ def main(argv: list[str]) -> int:
         classes[rev] = controller_class(source)
     print(f"{'scenario':10}" + "".join(f"{name:>16}" for name in classes) + "   (mean / worst of auto ÷ best fixed)")
     for name in args.scenario or SCENARIOS:
-        ratios = auto_over_best(classes, SCENARIOS[name], args.seeds)
+        ratios = auto_over_best(classes, SCENARIOS[name], args.seeds, fresh=args.fresh)
         print(f"{name:10}" + "".join(f"{np.mean(v):>10.3f} / {min(v):.2f}" for v in ratios.values()), flush=True)
     return 0
 

@@ -1,5 +1,7 @@
 """DepthController (hybrid/draft_depth.py): picks the depth with the most expected tokens per
 second from scripted acceptance and step costs; probes one deeper now and then."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -337,3 +339,35 @@ def test_a_streak_of_misses_does_not_trap_the_choice_at_depth_zero():
     drive(c, 50, accepted=accepted, cost=lambda d: per_depth[d])
     later = np.asarray(drive(c, 100, accepted=accepted, cost=lambda d: per_depth[d]))
     assert np.mean(later > 0) > 0.8
+
+
+def test_an_untimed_depth_is_approached_one_depth_at_a_time():
+    """From depth 1, the priors (every draft kept, 15% a row) price depth 4 best, while its real
+    steps cost three plain ones: the choice climbs one depth at a time, timing each, and never
+    settles on the depth it was never shown to pay at (a jump there straight from the priors
+    spent two of a short run's first steps at the slowest depth)."""
+    cost = (1.0, 1.3, 1.7, 2.5, 3.0)
+    c, choices = DepthController(MAX, start=1), []
+    for _ in range(40):
+        d = c.choose()
+        choices.append(c.choice)
+        c.record(d, d, cost[d])
+    assert all(abs(b - a) <= 1 for a, b in zip(choices, choices[1:]))
+    assert MAX not in choices and choices[-1] == 2
+
+
+def test_explorations_between_drafting_depths_are_one_step_and_from_depth_zero_two():
+    """A change between drafting depths costs what a steady step there costs (the caller marks it
+    steady): an exploration of such a neighbour is one step. Leaving depth 0, the first step runs
+    the MTP rows plain steps left waiting (the caller marks it unsteady), so it lasts two."""
+    c = DepthController(MAX, start=2)
+    for _ in range(_COST_WINDOW):           # depths 2 and 3 timed, draft 3 never kept: the choice is 2
+        c.record(2, 2, 1.3)
+        c.record(3, 2, 1.45)
+    chosen = drive(c, 6 * _EXPLORE_EVERY, accepted=lambda d: min(d, 2), cost=linear(0.15))
+    runs = [len(list(g)) for k, g in itertools.groupby(chosen) if k == 1]
+    assert len(runs) >= _KNOWN_SAMPLES and all(n == 1 for n in runs) and c.choice == 2
+    z = DepthController(MAX, start=0)
+    chosen = drive(z, 4 * _EXPLORE_EVERY, accepted=lambda d: min(d, 1), cost=linear(0.3))
+    runs = [len(list(g)) for k, g in itertools.groupby(chosen) if k == 1]
+    assert runs and all(n >= 2 for n in runs[:-1])
