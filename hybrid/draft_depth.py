@@ -23,10 +23,10 @@ draft, the older ones are never run.
 The choice moves only to a depth expected to beat it by more than _SWITCH_MARGIN of tokens/s.
 On a model whose depths run at nearly the same speed, the measured costs wobble by more than
 their differences; a choice that followed the wobble went back and forth between two tied depths,
-and a run that mixed them came out slower than either depth alone (each change is a step that
-redoes MTP rows, and a reset of the probe spacing on each wobble held the probes, two changes of
-depth each, near their shortest spacing). A draft that got better is still found: probes go one
-deeper in turn and see its acceptance, and a real gain is more than the margin.
+and a run that mixed them came out slower than either depth alone (a reset of the probe spacing
+on each wobble held the probes near their shortest spacing). A draft that got better is still
+found: probes go one deeper in turn and see its acceptance, and a real gain is more than the
+margin.
 
 A step's wall time has outliers (a collection pause, the OS taking the core), and a depth the
 controller only probes has few samples: a median shrugs off one slow step where an average would
@@ -182,12 +182,12 @@ class DepthController:
         if not self._times:         # nothing timed yet: the start depth, not the priors' pick
             return self.depth
         if self.settled and self.steps % _EXPLORE_EVERY and self.steps < self.next_probe and self.home is None:
-            # Between decisions: the choice (for two steps after an exploration, as after any
-            # change of depth). The choice is re-decided every _EXPLORE_EVERY steps once its
+            # Between decisions: the choice (for two steps when it leaves depth 0, see below).
+            # The choice is re-decided every _EXPLORE_EVERY steps once its
             # neighbours are timed: choose() and record() run in the step's critical path, where
             # their Python runs with caches cold from the step's kernels, several times slower
             # than in a loop by itself (docs/MEASUREMENTS.md, 2026-11-29 stop 53).
-            self.held = self.choice != self.depth
+            self.held = self.choice != self.depth and self.depth == 0
             self.depth = self.choice
             return self.depth
         rate = self.rates()
