@@ -78,7 +78,8 @@ def generated(model, grammar, draft, temperature, seed):
 def test_drafting_under_a_grammar_prints_plain_constrained_decodings_text(model, temperature, seed):
     """Drafts are verified against the grammar, each verify row masked by the grammar's state
     after the tokens emitted before it: the reply is plain constrained decoding's, token for
-    token, greedy or seeded, whatever the depth; and the drafts were made and kept."""
+    token, greedy or seeded, whatever the depth; and at a fixed depth drafts were made and kept
+    (auto's depth depends on the machine's timing)."""
     grammar = json_schema_grammar(SCHEMA)
     plain, done = generated(model, grammar, 0, temperature, seed)
     assert done.stats.stop_reason == "eog" and json.loads(plain)
@@ -86,7 +87,8 @@ def test_drafting_under_a_grammar_prints_plain_constrained_decodings_text(model,
         text, done = generated(model, grammar, draft, temperature, seed)
         assert text == plain, draft
         assert done.stats.stop_reason == "eog"
-        assert done.stats.draft["drafted"] > 0 and done.stats.draft["accepted"] > 0
+        if draft != "auto":
+            assert done.stats.draft["drafted"] > 0 and done.stats.draft["accepted"] > 0
 
 
 def test_drafts_the_grammar_refuses_are_not_verified(model):
