@@ -262,6 +262,42 @@ def assert_drafting_equals_plain_decoding(stepping):
     assert stats["accepted"] > 0 and stats["accepted"] < stats["drafted"]   # both outcomes happened
 
 
+class BanEveryThird:
+    """A grammar's interface (`hybrid.grammar.Constraint`) that refuses every token id divisible by 3."""
+    stopped = False
+
+    def mask(self, logits):
+        out = np.array(logits, np.float32).reshape(-1)
+        out[::3] = -np.inf
+        return out
+
+    def accept(self, token):
+        assert token % 3, token
+
+    def allowed_prefix(self, tokens):
+        cut = next((i for i, t in enumerate(tokens) if t % 3 == 0), len(tokens))
+        return list(tokens[:cut])
+
+
+def test_drafting_under_a_constraint_equals_plain_constrained_decoding(stepping):
+    """The verify pass's whole rows come back from the device and each is masked in turn: the
+    tokens are plain constrained decoding's, and drafts the constraint refuses (a third of the
+    head's wrong ones) are cut before the verify."""
+    prompt = [int(t) for t in PROMPT]
+    n_ctx = len(prompt) + N_TOKENS + 8
+    plain = [e.id for e in generate_tokens(stepping, stepping.new_state(n_ctx), LetterTokenizer(), prompt,
+                                           max_tokens=N_TOKENS, sampler=greedy(), n_ctx=n_ctx, ignore_eos=True,
+                                           constraint=BanEveryThird())
+             if hasattr(e, "id")]
+    assert all(t % 3 for t in plain)
+    head = KnownFutureHead(MTPHead(stepping), prompt + plain, stepping.config.n_vocab)
+    events = list(generate_speculative(stepping, head, stepping.new_state(n_ctx, n_ring=3), LetterTokenizer(),
+                                       prompt, max_tokens=N_TOKENS, sampler=greedy(), depth=2, n_ctx=n_ctx,
+                                       ignore_eos=True, constraint=BanEveryThird()))
+    assert [e.id for e in events if hasattr(e, "id")] == plain
+    assert events[-1].stats.draft["accepted"] > 0
+
+
 SPLIT = {0: 16, 1: 16}      # of n_ff 32: each FFN's first 16 hidden rows on the GPU
 
 
