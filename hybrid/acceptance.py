@@ -32,13 +32,13 @@ def accept_drafts(logits, drafts: Sequence[int], sampler, history: list[int], co
     emitted: list[int] = []
     seen = list(history)
     for i in range(len(drafts) + 1):
-        row = logits[i] if constraint is None else constraint.mask(logits[i])
-        choice = sampler.sample(row, seen)
+        if constraint is None:
+            choice = sampler.sample(logits[i], seen)
+        else:
+            choice = constraint.sample(sampler, logits[i], seen)
         emitted.append(choice)
-        if constraint is not None:
-            constraint.accept(choice)
-            if constraint.stopped:
-                break
+        if constraint is not None and constraint.stopped:
+            break
         if i == len(drafts) or choice != drafts[i]:
             break
         seen.append(choice)

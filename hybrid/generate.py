@@ -90,8 +90,7 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             if picked is not None:
                 tok = picked
             elif constraint is not None:
-                tok = sampler.sample(constraint.mask(logits), history)
-                constraint.accept(tok)
+                tok = constraint.sample(sampler, logits, history)
             else:
                 tok = sampler.sample(logits, history)
             lp = _logprobs(logits, tok, logprobs) if logprobs is not None else None

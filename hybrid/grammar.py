@@ -91,6 +91,12 @@ class Constraint:
         out[k:] = -np.inf
         return out
 
+    def sample(self, sampler, logits: np.ndarray, history) -> int:
+        """`sampler`'s token from the row masked by the grammar, and the grammar told of it."""
+        token = sampler.sample(self.mask(logits), history)
+        self.accept(token)
+        return token
+
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):
             raise HybridError(f"the grammar refused token {token}: {self._matcher.get_error()}")

@@ -135,9 +135,9 @@ def grammar_option(grammar: str | None, grammar_file: Path | None, json_schema: 
     return json_schema_grammar(schema or None)
 
 
-def reasoning_with_grammar(think: bool | None, constraint: str | None) -> bool | None:
+def reasoning_with_grammar(think: bool | None, grammar: str | None) -> bool | None:
     """--reasoning under a grammar, which holds from the reply's first token: off (on is an error)."""
-    if constraint is None:
+    if grammar is None:
         return think
     if think:
         raise HybridError("a grammar (--grammar, -j) needs --reasoning off: it holds from the reply's first token")

@@ -23,6 +23,7 @@ from hybrid.errors import HybridError
 from hybrid.events import Stats
 from hybrid.forward import Forward
 from hybrid.generate import generate_tokens, prefill, prompt_chunks
+from hybrid.grammar import Constraint
 from hybrid.model_file import open_model
 from hybrid.session import _Checkpoint
 from hybrid.mtp import MTPHead
@@ -262,9 +263,13 @@ def assert_drafting_equals_plain_decoding(stepping):
     assert stats["accepted"] > 0 and stats["accepted"] < stats["drafted"]   # both outcomes happened
 
 
-class BanEveryThird:
-    """A grammar's interface (`hybrid.grammar.Constraint`) that refuses every token id divisible by 3."""
+class BanEveryThird(Constraint):
+    """A grammar (`hybrid.grammar.Constraint`'s sampling over these rules) that refuses every
+    token id divisible by 3."""
     stopped = False
+
+    def __init__(self):     # no llguidance matcher: the rules below stand in for it
+        pass
 
     def mask(self, logits):
         out = np.array(logits, np.float32).reshape(-1)
