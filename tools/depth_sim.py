@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 GPU = (0.511, 0.885, 1.219, 1.537, 1.855)     # bundled model, H200: ms per step at depth 0..4
 CPU = (1.145, 1.94, 2.684, 3.419, 4.155)      # bundled model, dev box CPU
 BIG = (70.0, 80.0, 95.0, 115.0, 157.0)        # a 27B at 12 GiB: verify k rows ≈ 1.14 / 1.36 / 1.64 / 2.25 steps
-MOE = (8.4, 12.0, 15.0, 18.0, 21.0)           # the 35B-A3B at 12 GiB (step times spread 8-21 ms: the expert cache)
+MOE = (8.4, 12.0, 15.0, 18.0, 21.0)           # the 35B-A3B at 12 GiB (its steps spread 8-21 ms on a noisy box)
 OPENING = (0.7, 0.4, 0.4, 0.3)                # a text's first steps: deeper drafts miss more
 
 # name: (costs, acceptance a_1..a_4 after the opening, opening steps, tokens a run[, noise])
