@@ -7,7 +7,7 @@ cold and warm start. Runs on the dev box and on the GPU machine; prints one tabl
                                           [--vram 12GiB] [--trace PREFIX]
     python3 tools/default_speed.py load [--model PATH] [--busy N] [--tokens 128] [--rounds 3]
     python3 tools/default_speed.py start [--tokens 64] [--devices auto,cpu]
-    python3 tools/default_speed.py all [--model PATH ...] [depths' --tokens/--rounds/--model-tokens/--model-rounds]
+    python3 tools/default_speed.py all [--model PATH ...] [depths' --tokens/--rounds/--model-tokens/--model-rounds/--trace]
 
 all: start, then load, then depths (the bundled model and each --model), each with its defaults
     but depths' token and round counts: the three tables of issue 29 from one run (start first,
@@ -270,13 +270,15 @@ def main(argv: list[str]) -> int:
     a = sub.add_parser("all")
     a.add_argument("--model", action="append", default=[], help="a GGUF path for depths, beside the bundled model")
     add_depth_counts(a)
+    a.add_argument("--trace", default=None, metavar="PREFIX", help="as for depths")
     args = p.parse_args(argv)
     if args.part == "all":
         defaults = {part: p.parse_args([part]) for part in ("start", "load", "depths")}
         start(defaults["start"])
         load(defaults["load"])
         counts = {k: getattr(args, k) for k in ("tokens", "rounds", "model_tokens", "model_rounds")}
-        depths(argparse.Namespace(**{**vars(defaults["depths"]), "model": ["bundled", *args.model], **counts}))
+        depths(argparse.Namespace(**{**vars(defaults["depths"]), "model": ["bundled", *args.model],
+                                   "trace": args.trace, **counts}))
     elif args.part == "depths":
         args.model = args.model or ["bundled"]
         depths(args)
