@@ -41,6 +41,12 @@ def check_fits(n_prompt: int, n_ctx: int) -> None:
             f"(raise -c/--ctx-size or shorten the prompt)")
 
 
+def ends_reply(tokenizer, tok: int, ignore_eos: bool, constraint) -> bool:
+    """An end-of-generation token ends the reply unless ignore_eos; under a grammar always (the
+    grammar allowed it as its last token: nothing may follow)."""
+    return tokenizer.is_eog(tok) and (not ignore_eos or constraint is not None)
+
+
 def prefill(forward, state, prompt: Sequence[int], stats: Stats) -> Iterator[Prefill | np.ndarray]:
     """Feed the prompt in chunks; yields progress events, and last the logits of the final row."""
     t0 = time.perf_counter()
@@ -96,7 +102,7 @@ def generate_tokens(forward, state, tokenizer, prompt: Sequence[int], *, max_tok
             lp = _logprobs(logits, tok, logprobs) if logprobs is not None else None
             history.append(tok)
             stats.generated_tokens += 1
-            if tokenizer.is_eog(tok) and (not ignore_eos or constraint is not None):
+            if ends_reply(tokenizer, tok, ignore_eos, constraint):
                 stats.decode_seconds = time.perf_counter() - t0
                 stats.stop_reason = "eog"
                 break

@@ -27,7 +27,7 @@ from .acceptance import accept_drafts, accept_greedy
 from .draft_depth import DepthController
 from .draft_policy import AUTO, MAX_AUTO_DEPTH
 from .events import Done, Prefill, Stats, Token
-from .generate import check_fits, prompt_chunks
+from .generate import check_fits, ends_reply, prompt_chunks
 from .sampling import Sampler, StopChecker
 
 PENDING_MAX = 8     # MTP rows left waiting by steps that draft nothing (flush_pending)
@@ -155,7 +155,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
             for tok in emit_queue:
                 history.append(tok)
                 stats.generated_tokens += 1
-                if tokenizer.is_eog(tok) and (not ignore_eos or constraint is not None):
+                if ends_reply(tokenizer, tok, ignore_eos, constraint):
                     stats.stop_reason = "eog"
                     break
                 step = stopper.push(decoder.push(tok))
