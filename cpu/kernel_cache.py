@@ -39,7 +39,9 @@ def source_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def _default_root() -> Path:
+def cache_root() -> Path:
+    """hybrid's folder in the user's cache directory (XDG_CACHE_HOME, else ~/.cache): the kernels'
+    default parent, and where hybrid keeps what else it learns about a machine."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hybrid"
 
 
@@ -61,7 +63,7 @@ def use() -> str:
     if given and Path(given).name == name:         # inherited from a parent that chose it
         directory = Path(given)
     else:
-        parent = Path(given) if given else _default_root()
+        parent = Path(given) if given else cache_root()
         directory = parent / name
         if not directory.exists():
             _prune(parent, directory)

@@ -11,7 +11,7 @@ from cpu import threads as cpu_threads
 from cpu.threads import ThreadPolicy
 
 from .chat_template import ChatTemplate
-from .draft_depth import DepthController
+from .draft_memory import recall, record_path
 from .draft_policy import MAX_AUTO_DEPTH, DraftPolicy
 from .errors import HybridError
 from .events import Done, Prefill, Token
@@ -276,9 +276,13 @@ class Model:
     @property
     def depth_controller(self):
         """The auto depth's controller, kept for the model's lifetime: step costs and acceptance
-        learnt in one generation carry to the next (a chat, a server, a benchmark's rounds)."""
+        learnt in one generation carry to the next (a chat, a server, a benchmark's rounds), and
+        from one process to the next on the same model file and placement (hybrid/draft_memory.py)."""
         if self._depth_controller is None:
-            self._depth_controller = DepthController(MAX_AUTO_DEPTH)
+            # what the last process on this model file and placement learnt (hybrid/draft_memory.py)
+            where = record_path(self.file.identity, self.device, self.plan.per_token(CPU), self.plan.vram_used,
+                                self.forward.threads, MAX_AUTO_DEPTH)
+            self._depth_controller = recall(where, MAX_AUTO_DEPTH)
         return self._depth_controller
 
     def with_fresh_state(self, run, n_ring: int = 0):

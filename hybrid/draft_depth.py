@@ -121,6 +121,37 @@ class DepthController:
         self.home = None                         # the choice a probe left, until the next choice
         self.settled = False                     # the choice's neighbours are timed: decide every _EXPLORE_EVERY steps
 
+    def learnt(self) -> dict:
+        """What this controller learnt, as plain JSON values: the acceptance counts, each depth's
+        window of steady step seconds, and the choice (`resumed` starts from it)."""
+        return {"kept": list(self.kept), "tried": list(self.tried), "choice": self.choice,
+                "seconds": {str(d): [s for _, s in times] for d, times in self._times.items()}}
+
+    @classmethod
+    def resumed(cls, max_depth: int, learnt: dict) -> "DepthController":
+        """A controller that starts from what another one learnt (`learnt`): its acceptance, its
+        prices and its choice, as if those steps had just run here. Where the machine runs at
+        another pace now, the samples age out (_COST_AGE) or a revisit re-times the depth
+        (_DRIFT) as for a drift within a run. ValueError if `learnt` is not such a record."""
+        try:
+            kept = [float(v) for v in learnt["kept"]][:max_depth + 1]
+            tried = [float(v) for v in learnt["tried"]][:max_depth + 1]
+            choice = int(learnt["choice"])
+            seconds = {int(d): [float(s) for s in v] for d, v in learnt["seconds"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"not a depth controller's record: {e}") from None
+        if (len(kept) != len(tried) or not all(0.0 <= k <= t for k, t in zip(kept, tried))
+                or not all(0 <= d <= max_depth and all(x > 0.0 for x in v) for d, v in seconds.items())):
+            raise ValueError("not a depth controller's record: counts or seconds out of range")
+        c = cls(max_depth, start=min(max(choice, 0), max_depth))
+        c.kept[:len(kept)], c.tried[:len(tried)] = kept, tried
+        for d, values in seconds.items():
+            if values:
+                c._times[d] = deque(((0, x) for x in values[-_COST_WINDOW:]), maxlen=_COST_WINDOW)
+                c.timed[d] = len(c._times[d])
+        c._fresh = False
+        return c
+
     def acceptance(self) -> list[float]:
         """a_i for i = 1..max_depth: a_1 as observed (an optimistic prior, 0.8, until seen);
         a_i for i ≥ 2 counts _SHRINK pseudo-observations at a_{i−1}."""

@@ -66,7 +66,8 @@ JsonSchemaFileOpt = typer.Option(None, "--json-schema-file", help="Read --json-s
 DraftOpt = typer.Option(
     None, "--draft", "--spec-draft-n-max",
     help="MTP draft depth per step: 0 = off, N, or 'auto' (picked from measured acceptance and step "
-         "cost). Default: auto when the model has an MTP head, else 0.")
+         "cost, remembered per model and placement in ~/.cache/hybrid/draft-depth for the next run). "
+         "Default: auto when the model has an MTP head, else 0.")
 DraftPMinOpt = typer.Option(0.0, "--spec-draft-p-min", min=0.0, max=1.0,
                             help="Stop a draft when the MTP head's top probability falls below this (0 = never).")
 VramOpt = typer.Option(None, "--vram", help="GPU memory budget, e.g. 12GiB, 8G, 500MiB "
