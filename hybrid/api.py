@@ -114,25 +114,32 @@ class Model:
         depth = draft_depth if gpu and self.has_mtp else 0
         forward, zeros = self.forward.forward, np.zeros
 
+        # positions for every call below: a chunk, 3 plain steps, the verify steps' kept rows
+        # (1, then 1..depth, twice), the MTP calls 1 + 2 + … + PENDING_MAX, PENDING_MAX − 1 and a chunk
+        n_ctx = 2 * chunk + 3 + 2 * (1 + depth * (depth + 1) // 2) + PENDING_MAX * (PENDING_MAX + 3) // 2 + PENDING_MAX
+
         def run():
-            # positions for every call below: the MTP calls alone take 1 + 2 + … + PENDING_MAX,
-            # PENDING_MAX − 1 and a chunk
-            n_ctx = 2 * chunk + 2 * (depth + 2) + PENDING_MAX * (PENDING_MAX + 3) // 2 + PENDING_MAX
-            state = self.forward.new_state(n_ctx, n_ring=depth + 1 if depth else 0)
+            calls(self.forward.new_state(n_ctx, n_ring=depth + 1 if depth else 0))
+
+        def calls(state):
             if chunk > 1:
                 forward(state, zeros(chunk, np.int32), logits="last")
             forward(state, zeros(1, np.int32), logits="last")
+            candidates = SamplerConfig().candidates or 1
+            for how in ({"pick": True}, {"top": candidates}):    # plain decoding: greedy, sampled
+                forward(state, zeros(1, np.int32), logits="last", **how)
             if not depth:
                 return
             # the calls of a drafting run (hybrid/speculative.py): verify steps of 1..depth+1
-            # rows, picked greedily or as top logits for a sampler, and MTP calls of 1..PENDING_MAX
-            # rows and of a prompt chunk
+            # rows, picked greedily or as top logits for a sampler, each rollback to a ring slot
+            # (a step of its own: all but the last row kept, so the sizes meet every slot), and
+            # MTP calls of 1..PENDING_MAX rows and of a prompt chunk
             hidden = zeros((max(chunk, PENDING_MAX), self.config.n_embd), np.float32)
-            for how in ({"pick": True}, {"top": SamplerConfig().candidates or 1}):
+            for how in ({"pick": True}, {"top": candidates}):
                 for n in range(1, depth + 2):
                     forward(state, zeros(n, np.int32), logits="all", snapshot=n > 1, **how)
                     if n > 1:
-                        state.rollback(1)
+                        state.rollback(n - 1)
             for n in range(1, PENDING_MAX + 1):
                 self.mtp.forward(state, zeros(n, np.int32), hidden[:n], logits="last", pick=True)
             for n in (PENDING_MAX - 1, chunk):
@@ -145,6 +152,18 @@ class Model:
         backend = self.forward.backend
         done = prepare(run, progress, cuda=True, plan_context=backend.planning)
         done += prepare(run, progress, done_before=done)
+        if backend.graphs.enabled and self.n_ctx >= n_ctx:
+            # A step's CUDA graph is bound to the state it steps, and made on the step's second
+            # run (the first is eager). Run the calls twice more on the state the next generation
+            # gets (`with_fresh_state`): that generation replays from its first step, rather than
+            # paying an eager run and a capture in its own time for every call size it meets.
+            def capture(state):
+                for _ in range(2):
+                    state.reset()
+                    calls(state)
+                return iter(())
+            for _ in self.with_fresh_state(capture, n_ring=depth + 1 if depth else 0):
+                pass
         self._warm_depth = max(self._warm_depth, depth)     # only once built: an interrupted warm-up runs again
         return done
 

@@ -13,18 +13,9 @@ from gpu import available as _gpu_available, simulated as _gpu_simulated  # noqa
 if not _gpu_available() and not _gpu_simulated():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
-import atexit  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import threading  # noqa: E402
 
-# What `--draft auto` learnt is kept in the user's cache directory (hybrid/draft_memory.py): a
-# run of the tests (and every process it starts) learns in a folder of its own, so neither the
-# user's records nor another run's reach a test. (The kernels stay where they are: importing
-# gpu above pointed NUMBA_CACHE_DIR at them, cpu/kernel_cache.py.)
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hybrid-tests-cache-")
-atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)   # registered first: runs after the records' writes
 import traceback  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -58,6 +49,15 @@ def _share_simulated_shared_arrays() -> None:
 
 if _gpu_simulated():
     _share_simulated_shared_arrays()
+
+@pytest.fixture(autouse=True)
+def _own_cache_folder(tmp_path_factory, monkeypatch):
+    """What `--draft auto` learnt is kept in the user's cache folder (hybrid/draft_memory.py): each
+    test, and every process it starts, learns in a folder of its own, so a record left by one
+    test (a CLI run in a subprocess) never sets where another starts, nor do the user's. (The
+    kernels stay put: importing gpu above pointed NUMBA_CACHE_DIR at them, cpu/kernel_cache.py.)"""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLED_MODEL = ROOT / "hybrid" / "data" / "tiny-qwen35-mtp-Q4_K_M.gguf"

@@ -152,3 +152,29 @@ def test_depth_changes_replay_captured_steps(model, monkeypatch):
         run(depth)
     assert cache.captures == captures and cache.replays > replays
     assert fw.one_off_work() == work
+
+
+@real_gpu
+def test_after_the_warm_up_a_generation_replays_from_its_first_step():
+    """Model.warmup captures its calls on the state the next generation gets, so a fresh process's
+    first generation (the README's one-shot job) captures nothing and builds nothing after its
+    prompt, at the auto depth and at depth 0, greedy and sampled. (Captured on the warm-up's own
+    state, every step of such a run was an eager run and a capture in the run's time: on the
+    H200, auto's 64-token run came out at a quarter of depth 0's speed. The calls themselves are
+    checked without a GPU in tests/hybrid/test_warmup_calls.py.)"""
+    import hybrid
+    from hybrid.draft_policy import MAX_AUTO_DEPTH
+    from hybrid.events import Prefill
+    m = hybrid.load(device="cuda")
+    m.warmup(draft_depth=MAX_AUTO_DEPTH)
+    cache = m.forward.backend.graphs
+    for draft in ("auto", 0):
+        for sampled in (False, True):
+            events = m.generate("def fibonacci(n):", max_tokens=24, temperature=0.8 if sampled else 0.0,
+                                seed=1, draft=draft, ignore_eos=True)
+            for ev in events:                       # past the prompt: the steps alone
+                if isinstance(ev, Prefill) and ev.done == ev.total:
+                    break
+            captures, work = cache.captures, m.forward.one_off_work()
+            assert sum(1 for _ in events) >= 24
+            assert (cache.captures, m.forward.one_off_work()) == (captures, work), (draft, sampled)
