@@ -81,8 +81,9 @@ def run(controller, depth: int | None, scenario, rng) -> float:
 
 def auto_over_best(classes: dict, scenario, seeds: int, rounds: int = 5, fresh: bool = False) -> dict[str, list[float]]:
     """Per controller class, per seed: auto's median run ÷ the best fixed depth's. fresh: each of
-    auto's runs with a new controller and no warm-up (one `hybrid decode` each), else one
-    controller warmed by two 16-token runs and carried through the rounds (a benchmark, a server)."""
+    auto's runs with a new controller and no warm-up (a `hybrid decode` with no record of an
+    earlier process, hybrid/draft_memory.py), else one controller warmed by two 16-token runs and
+    carried through the rounds (a benchmark, a server, or one-shot runs resuming the record)."""
     out = {name: [] for name in classes}
     warm = (*scenario[:3], 16, *scenario[4:])
     for seed in range(seeds):
