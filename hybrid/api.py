@@ -304,6 +304,17 @@ class Model:
             self._depth_controller = recall(where, MAX_AUTO_DEPTH)
         return self._depth_controller
 
+    def claim_state(self, n_ctx: int, n_ring: int):
+        """An empty state for a caller that keeps it (a chat session, the server's engine): the one
+        `with_fresh_state` would hand out next, the warm-up's captured steps bound to it, where it
+        has that context and at least that ring (the first turn then replays them), else a new one."""
+        state, self._idle_state = self._idle_state, None
+        if state is not None and state.n_ctx == n_ctx and state.n_ring >= n_ring:
+            state.reset()
+            return state
+        self._idle_state = state
+        return self.forward.new_state(n_ctx, n_ring=n_ring)
+
     def with_fresh_state(self, run, n_ring: int = 0):
         """Iterate run(state) over an empty state of this model's context. The state is kept for
         the next call once the iteration ends (reset, not reallocated): its device buffers stay

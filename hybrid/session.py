@@ -55,8 +55,8 @@ class ChatSession:
         self.n_ctx = min(n_ctx or model.n_ctx, model.config.context_length)
         if self.n_ctx < 2:
             raise HybridError(f"context size must be ≥ 2, got {self.n_ctx}")
-        self.state = model.forward.new_state(self.n_ctx, n_ring=policy.ring)
-        model.prepare_drafting(policy.max_depth)
+        model.prepare_drafting(policy.max_depth)                  # first: it captures on the state claimed next
+        self.state = model.claim_state(self.n_ctx, policy.ring)
         self.messages: list[dict] = []
         self._history: list[int] = []          # every token of the sequence, the last reply's included
         self._consumed: list[int] | None = []  # the ids the state holds, in order; None = not known

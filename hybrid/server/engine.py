@@ -76,7 +76,7 @@ class Engine:
         self.model = model
         policy = DraftPolicy.parse(draft, model.has_mtp)
         self.depth, self.draft_p_min = policy.depth, draft_p_min
-        self.state = model.forward.new_state(model.n_ctx, n_ring=policy.ring)
+        self.state = model.claim_state(model.n_ctx, policy.ring)
         self.cache = StateCache(cache_bytes)
         self.reuse = cache_bytes > 0     # off: every request prefills from scratch (benchmarks)
         self._live: list[int] | None = []   # the ids the live state holds; None = not known

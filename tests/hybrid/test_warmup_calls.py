@@ -38,17 +38,38 @@ def logged(m, monkeypatch) -> list:
     return log
 
 
-@pytest.mark.parametrize("depth", [2, 4])
-def test_the_warm_up_runs_every_step_of_the_next_generation_twice_on_its_state(monkeypatch, depth):
-    m = hybrid.load(None, device="cpu")
+def warmed(m, monkeypatch, depth: int) -> tuple[list, dict]:
+    """The log from now on, and what `m`'s warm-up (its GPU branch, with a graph cache) ran on
+    each state: {state: {call: times}}."""
     log = logged(m, monkeypatch)
-    with monkeypatch.context() as gpu:          # the warm-up's GPU branch, with a graph cache
+    with monkeypatch.context() as gpu:
         gpu.setattr(m, "device", "cuda")
         gpu.setattr(m.forward.backend, "graphs", types.SimpleNamespace(enabled=True), raising=False)
         gpu.setattr(m.forward.backend, "planning", None, raising=False)
         gpu.setattr(hybrid.api, "prepare", lambda run, *a, **k: 0)          # nothing to compile here
         m.warmup(draft_depth=depth)
-    warm = list(log)
+    ran: dict = {}
+    for s, c in log:
+        ran.setdefault(s, {})[c] = ran.setdefault(s, {}).get(c, 0) + 1
+    del log[:]
+    return log, ran
+
+
+def steps_after_prompt(log, events) -> list:
+    """The logged calls of a generation past its prompt (calls of the prompt's row count left out)."""
+    prompt_rows = events[-1].stats.prompt_tokens
+    return [(s, c) for s, c in log if c[1] != prompt_rows]
+
+
+def uncaptured(ran: dict, met: list) -> set:
+    """Calls of `met` that the warm-up did not run twice on the state they stepped."""
+    return {c for s, c in met if ran.get(s, {}).get(c, 0) < 2}
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_the_warm_up_runs_every_step_of_the_next_generation_twice_on_its_state(monkeypatch, depth):
+    m = hybrid.load(None, device="cpu")
+    log, ran = warmed(m, monkeypatch, depth)
     met = []
     for draft, temperature in ((depth, 0.0), (depth, 0.8), ("auto", 0.0), (0, 0.0), (0, 0.8)):
         if draft == "auto" and depth < 4:
@@ -57,15 +78,24 @@ def test_the_warm_up_runs_every_step_of_the_next_generation_twice_on_its_state(m
         events = list(m.generate("def fibonacci(n):", max_tokens=40, temperature=temperature, seed=3,
                                  draft=draft, ignore_eos=True))
         assert events[-1].stats.generated_tokens == 40
-        prompt_rows = events[-1].stats.prompt_tokens
-        met += [(s, c) for s, c in log if c[1] != prompt_rows]              # the steps after the prompt
-    states = {s for s, _ in met}
-    assert len(states) == 1                                                    # one state, kept and reused
-    state = states.pop()
-    captured = {}
-    for s, c in warm:
-        if s == state:
-            captured[c] = captured.get(c, 0) + 1
-    missing = {c for _, c in met if captured.get(c, 0) < 2}
-    assert not missing, sorted(missing)
+        met += steps_after_prompt(log, events)
+    assert len({s for s, _ in met}) == 1                                       # one state, kept and reused
+    assert not uncaptured(ran, met), sorted(uncaptured(ran, met))
     assert any(c[0] == "rollback" for _, c in met) and any(c[0] == "mtp" for _, c in met)
+
+
+def test_a_chat_session_claims_the_state_the_warm_up_captured_on():
+    """`hybrid chat` and the server keep one state for their lifetime: they take the one the
+    warm-up captured its steps on (`Model.claim_state`), so their first turn replays too."""
+    m = hybrid.load(None, device="cpu")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        log, ran = warmed(m, monkeypatch, 4)
+        session = m.session(draft="auto")
+        met = []
+        for text in ("Write a function.", "Now a test for it."):
+            events = list(session.send(text, max_tokens=24, temperature=0.0, ignore_eos=True))
+            met += steps_after_prompt(log, events)
+            del log[:]
+    assert {s for s, _ in met} == {id(session.state)} and id(session.state) in ran
+    assert not uncaptured(ran, met), sorted(uncaptured(ran, met))
+    assert m.claim_state(m.n_ctx, 5) is not session.state                     # handed out once
