@@ -121,8 +121,8 @@ class Model:
         def run():
             calls(self.forward.new_state(n_ctx, n_ring=depth + 1 if depth else 0))
 
-        def calls(state):
-            if chunk > 1:
+        def calls(state, chunks=True):
+            if chunk > 1 and chunks:
                 forward(state, zeros(chunk, np.int32), logits="last")
             forward(state, zeros(1, np.int32), logits="last")
             candidates = SamplerConfig().candidates or 1
@@ -142,7 +142,7 @@ class Model:
                         state.rollback(n - 1)
             for n in range(1, PENDING_MAX + 1):
                 self.mtp.forward(state, zeros(n, np.int32), hidden[:n], logits="last", pick=True)
-            for n in (PENDING_MAX - 1, chunk):
+            for n in (PENDING_MAX - 1, chunk) if chunks else (PENDING_MAX - 1,):
                 self.mtp.forward(state, zeros(n, np.int32), hidden[:n], logits="none")
 
         if not gpu:
@@ -157,10 +157,11 @@ class Model:
             # run (the first is eager). Run the calls twice more on the state the next generation
             # gets (`with_fresh_state`): that generation replays from its first step, rather than
             # paying an eager run and a capture in its own time for every call size it meets.
+            # (Not the prompt chunk: a prompt of exactly its rows is rare, and a prompt runs once.)
             def capture(state):
                 for _ in range(2):
                     state.reset()
-                    calls(state)
+                    calls(state, chunks=False)
                 return iter(())
             for _ in self.with_fresh_state(capture, n_ring=depth + 1 if depth else 0):
                 pass
