@@ -124,6 +124,7 @@ class DepthController:
     def learnt(self) -> dict:
         """What this controller learnt, as plain JSON values: the acceptance counts, each depth's
         window of steady step seconds, and the choice (`resumed` starts from it)."""
+        self.cost           # brings the windows up to date: samples past _COST_AGE leave first
         return {"kept": list(self.kept), "tried": list(self.tried), "choice": self.choice,
                 "seconds": {str(d): [s for _, s in times] for d, times in self._times.items()}}
 
