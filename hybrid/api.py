@@ -105,8 +105,9 @@ class Model:
         builds kernels per call size, so each verify and MTP size is warmed too (an auto depth
         would otherwise compile mid-run as it tries each depth). The kernels missing from the
         disk cache compile first, spread over worker processes, calling progress(done, total)
-        as they do (`hybrid.kernel_prep`; never when none is missing). Returns the number of
-        kernels compiled."""
+        as they do (`hybrid.kernel_prep`; never when none is missing). With CUDA graphs, the
+        steps are then captured on the state the next generation (or `claim_state`) gets, so it
+        replays from its first step. Returns the number of kernels compiled."""
         chunk = min(16, PREFILL_CHUNK)           # long enough for the multi-threaded prompt kernels
         if max_rows is not None:
             chunk = max(1, min(chunk, max_rows))
