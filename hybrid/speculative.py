@@ -184,7 +184,7 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                 # costs within a few percent of a steady step, docs/MEASUREMENTS.md.)
                 drafted, kept, t_last, work_last, caught_up = last
                 auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not caught_up)
-                ds.depth = f"auto({auto.depth})"
+                ds.depth = f"auto({auto.choice})"     # where it settled, not a probe's depth
             want = auto.choose() if auto else depth
             # The last token a step emits sits at n_past + k + 1 unprocessed; plain decoding's last
             # token sits at most at n_ctx − 1, so drafting never runs past that (−2, not −1).

@@ -231,6 +231,19 @@ def test_the_first_drafting_step_after_plain_ones_teaches_no_cost():
     assert [steady for _, steady in spy.records] == [True] + [not (a == 0 and b > 0) for a, b in zip(drafted, drafted[1:])]
 
 
+def test_the_stats_name_the_depth_auto_settled_on_not_a_probes():
+    """A run whose last steps were a probe's (here: every step away from the choice, depth 2)
+    reports the choice it returns to, not the depth it probed."""
+    class Probing(DepthController):
+        def choose(self):
+            self.steps += 1
+            self.choice, self.depth = 2, 0
+            return self.depth
+
+    events, _, _ = run_speculative(ScriptedHead(), depth=AUTO, max_tokens=12, controller=Probing(3))
+    assert events[-1].stats.draft["depth"] == "auto(2)"
+
+
 def test_p_min_stops_a_draft_early():
     script = [(4, 0.9), (5, 0.9), (6, 0.3),      # step 1: the third draft is too unsure
               (8, 0.2)]                          # step 2: even the first one is
