@@ -119,8 +119,10 @@ class Model:
         # (1, then 1..depth, twice), the MTP calls 1 + 2 + … + PENDING_MAX, PENDING_MAX − 1 and a chunk
         n_ctx = 2 * chunk + 3 + 2 * (1 + depth * (depth + 1) // 2) + PENDING_MAX * (PENDING_MAX + 3) // 2 + PENDING_MAX
 
+        ring = depth + 1 if depth else 0
+
         def run():
-            calls(self.forward.new_state(n_ctx, n_ring=depth + 1 if depth else 0))
+            calls(self.forward.new_state(n_ctx, n_ring=ring))
 
         def calls(state, chunks=True):
             if chunk > 1 and chunks:
@@ -164,7 +166,7 @@ class Model:
                     state.reset()
                     calls(state, chunks=False)
                 return iter(())
-            for _ in self.with_fresh_state(capture, n_ring=depth + 1 if depth else 0):
+            for _ in self.with_fresh_state(capture, n_ring=ring):
                 pass
         self._warm_depth = max(self._warm_depth, depth)     # only once built: an interrupted warm-up runs again
         return done
@@ -310,12 +312,18 @@ class Model:
         """An empty state for a caller that keeps it (a chat session, the server's engine): the one
         `with_fresh_state` would hand out next, the warm-up's captured steps bound to it, where it
         has that context and at least that ring (the first turn then replays them), else a new one."""
-        state, self._idle_state = self._idle_state, None
-        if state is not None and state.n_ctx == n_ctx and state.n_ring >= n_ring:
-            state.reset()
-            return state
-        self._idle_state = state
-        return self.forward.new_state(n_ctx, n_ring=n_ring)
+        state = self._kept_state(n_ctx, n_ring)
+        return state if state is not None else self.forward.new_state(n_ctx, n_ring=n_ring)
+
+    def _kept_state(self, n_ctx: int, n_ring: int):
+        """The state kept for reuse, reset and no longer kept, if it has that context and at least
+        that ring; else None (and it stays kept)."""
+        state = self._idle_state
+        if state is None or state.n_ctx != n_ctx or state.n_ring < n_ring:
+            return None
+        self._idle_state = None
+        state.reset()
+        return state
 
     def with_fresh_state(self, run, n_ring: int = 0):
         """Iterate run(state) over an empty state of this model's context. The state is kept for
@@ -324,13 +332,12 @@ class Model:
         the next instead of being launched and captured again. A state still in use by an
         unfinished iteration is never handed out twice. A kept state with a larger snapshot ring
         than asked serves too (a depth-0 run after a drafting one keeps the same buffers)."""
-        state, self._idle_state = self._idle_state, None
-        if state is None or state.n_ring < n_ring:
+        state = self._kept_state(self.n_ctx, n_ring)
+        if state is None:
+            self._idle_state = None     # replaced: its buffers go before the new ones are made
             # a drafting state gets the ring the plan made room for (the default depth's), so
             # runs at other depths reuse it and the steps captured with it
             state = self.forward.new_state(self.n_ctx, n_ring=max(n_ring, self.planned_ring) if n_ring else 0)
-        else:
-            state.reset()
         try:
             yield from run(state)
         finally:
