@@ -159,9 +159,9 @@ def test_after_the_warm_up_a_generation_replays_from_its_first_step():
     """Model.warmup captures its calls on the state the next generation gets, so a fresh process's
     first generation (the README's one-shot job) captures nothing and builds nothing after its
     prompt, at the auto depth and at depth 0, greedy and sampled. (Captured on the warm-up's own
-    state, every step of such a run was an eager run and a capture in the run's time: on the
-    H200, auto's 64-token run came out at a quarter of depth 0's speed. The calls themselves are
-    checked without a GPU in tests/hybrid/test_warmup_calls.py.)"""
+    state, every step of such a run was an eager run and a capture in the run's time; figures in
+    docs/MEASUREMENTS.md. The calls themselves are checked without a GPU in
+    tests/hybrid/test_warmup_calls.py.)"""
     import hybrid
     from hybrid.draft_policy import MAX_AUTO_DEPTH
     from hybrid.events import Prefill
