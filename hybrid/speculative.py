@@ -180,8 +180,8 @@ def generate_speculative(forward, mtp, state, tokenizer, prompt: Sequence[int], 
                 # A step that did once-only work says nothing of its depth's cost, nor does the
                 # first drafting step after plain ones: its MTP call runs every row those left
                 # waiting, a cost that belongs to the depth before. (After a drafting step the
-                # MTP call redoes only the rows that step kept: a change between drafting depths
-                # costs within a few percent of a steady step, docs/MEASUREMENTS.md.)
+                # MTP call redoes only the rows that step kept, as a steady step's does: a change
+                # between drafting depths is steady, docs/MEASUREMENTS.md.)
                 drafted, kept, t_last, work_last, caught_up = last
                 auto.record(drafted, kept, t_step - t_last, steady=one_offs == work_last and not caught_up)
                 ds.depth = f"auto({auto.choice})"     # where it settled, not a probe's depth
